@@ -1,0 +1,20 @@
+"""coconet-suite's DSL: computation and communication as first-class statements of one program.
+
+Public surface: the IR (`Program`, `Stmt`, `Value`, ...), types and layouts, symbolic sizes, the
+`Builder`, `verify`, the reference semantics `interpret`, `check_equivalent`, the transforms in
+`dsl.transforms`, and the error classes (all derive from `DSLError`).
+"""
+from .builder import Builder, Tensor
+from .errors import BindError, DSLError, DTypeError, LayoutError, ShapeError, TransformError
+from .ir import Const, Fuse, Input, Overlap, Program, Stmt, Value
+from .printer import format_program, format_stmt
+from .sizes import P, Size, sym
+from .types import DType, Local, Replicated, Sliced, TensorType, bf16, f16, f32, f64, i32, i64
+from .verify import verify
+
+__all__ = [
+    "Builder", "Tensor", "BindError", "DSLError", "DTypeError", "LayoutError", "ShapeError",
+    "TransformError", "Const", "Fuse", "Input", "Overlap", "Program", "Stmt", "Value",
+    "format_program", "format_stmt", "P", "Size", "sym", "DType", "Local", "Replicated", "Sliced",
+    "TensorType", "bf16", "f16", "f32", "f64", "i32", "i64", "verify",
+]

@@ -1,0 +1,180 @@
+"""The surface users write programs with: a `Builder` and the `Tensor` handles it returns.
+
+    b = Builder("adam")
+    N = sym("N")
+    g = b.input("g", f32, [N], Local())
+    w = b.input("w", f32, [N], Replicated())
+    lr = b.param("lr", 1e-3)
+    g = b.all_reduce(g)
+    b.update(w, w - lr * g)
+    program = b.build()
+
+Handles support + - * / ** unary -, < <= > >= and methods for everything else. Each op is
+checked when it is written: a bad shape, layout or dtype raises at that line with the statement's
+printed form. There is no global "current program": every handle knows its builder.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from .errors import DSLError, ShapeError
+from .ir import Const, Input, Program, Stmt, Value
+from .ops import Ctx, infer
+from .sizes import Size, SizeLike
+from .types import DType, Layout, Local, Replicated, TensorType, f32
+from .verify import verify
+
+Operand = Union["Tensor", float, int, Size]
+
+
+class Tensor:
+    """A handle on a Value of the program being built."""
+
+    def __init__(self, builder: "Builder", value: Value):
+        self.b, self.value = builder, value
+
+    @property
+    def type(self) -> TensorType:
+        return self.value.type
+
+    def __add__(self, o): return self.b.op("add", self, o)
+    def __radd__(self, o): return self.b.op("add", o, self)
+    def __sub__(self, o): return self.b.op("sub", self, o)
+    def __rsub__(self, o): return self.b.op("sub", o, self)
+    def __mul__(self, o): return self.b.op("mul", self, o)
+    def __rmul__(self, o): return self.b.op("mul", o, self)
+    def __truediv__(self, o): return self.b.op("div", self, o)
+    def __rtruediv__(self, o): return self.b.op("div", o, self)
+    def __pow__(self, o): return self.b.op("pow", self, o)
+    def __rpow__(self, o): return self.b.op("pow", o, self)
+    def __neg__(self): return self.b.op("neg", self)
+    def __lt__(self, o): return self.b.op("lt", self, o)
+    def __le__(self, o): return self.b.op("le", self, o)
+    def __gt__(self, o): return self.b.op("gt", self, o)
+    def __ge__(self, o): return self.b.op("ge", self, o)
+    def __matmul__(self, o): return self.b.op("matmul", self, o)
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"Tensor(%{self.value.id} {self.value.name}: {self.type})"
+
+
+class Builder:
+    def __init__(self, name: str, stages: int = 1):
+        if stages < 1:
+            raise ShapeError(f"a program needs at least one pipeline stage, got {stages}")
+        self.name, self.stages = name, stages
+        self.inputs: list[Input] = []
+        self.body: list[Stmt] = []
+        self.outputs: list[tuple[str, Value]] = []
+        self._names: set[str] = set()
+
+    # -- values -------------------------------------------------------------------------------
+    def _value(self, name: Optional[str], type_: TensorType) -> Value:
+        base = name or f"t{len(self.inputs) + len(self.body)}"
+        name, k = base, 1
+        while name in self._names:
+            name, k = f"{base}.{k}", k + 1
+        self._names.add(name)
+        return Value(len(self.inputs) + len(self.body), name, type_)
+
+    def input(self, name: str, dtype: DType, shape: Sequence[SizeLike], layout: Layout,
+              stage: Optional[int] = None, init: str = "normal") -> Tensor:
+        if name in self._names:
+            raise ShapeError(f"input name {name!r} is already used")
+        if stage is not None and not 0 <= stage < self.stages:
+            raise ShapeError(f"input {name}: stage {stage} not in [0, {self.stages})")
+        v = self._value(name, TensorType(dtype, tuple(Size.of(s) for s in shape), layout, stage))
+        self.inputs.append(Input(v, None, init))
+        return Tensor(self, v)
+
+    def param(self, name: str, default: float, dtype: DType = f32) -> Tensor:
+        """A scalar hyper-parameter (replicated, on every stage) with a default value."""
+        v = self._value(name, TensorType(dtype, (), Replicated(), None))
+        self.inputs.append(Input(v, float(default)))
+        return Tensor(self, v)
+
+    def _arg(self, x: Operand):
+        if isinstance(x, Tensor):
+            if x.b is not self:
+                raise ShapeError(f"{x!r} belongs to another program")
+            return x.value
+        if isinstance(x, (int, float, Size)) and not isinstance(x, bool):
+            return Const(x)
+        raise ShapeError(f"operand {x!r} is neither a tensor nor a number")
+
+    def op(self, kind: str, *operands: Operand, name: Optional[str] = None, **attrs) -> Tensor:
+        args = tuple(self._arg(x) for x in operands)
+        attr_t = tuple(attrs.items())
+        types = [a.type if isinstance(a, Value) else a for a in args]
+        try:
+            t = infer(kind, types, attrs, Ctx(self.stages))
+        except DSLError as e:
+            shown = ",".join(f"{k}={v}" for k, v in attr_t)
+            text = f"{kind}[{shown}]({', '.join(map(str, args))})"
+            raise type(e)(f"{text}: {e}") from None
+        s = Stmt(self._value(name, t), kind, args, attr_t)
+        self.body.append(s)
+        return Tensor(self, s.out)
+
+    # -- ops that need names or attributes ----------------------------------------------------
+    def neg(self, x, **kw): return self.op("neg", x, **kw)
+    def sqrt(self, x, **kw): return self.op("sqrt", x, **kw)
+    def rsqrt(self, x, **kw): return self.op("rsqrt", x, **kw)
+    def exp(self, x, **kw): return self.op("exp", x, **kw)
+    def maximum(self, a, b, **kw): return self.op("maximum", a, b, **kw)
+    def minimum(self, a, b, **kw): return self.op("minimum", a, b, **kw)
+    def eq(self, a, b, **kw): return self.op("eq", a, b, **kw)
+    def ne(self, a, b, **kw): return self.op("ne", a, b, **kw)
+    def where(self, c, a, b, **kw): return self.op("where", c, a, b, **kw)
+    def cast(self, x, dtype: DType, **kw): return self.op("cast", x, dtype=dtype, **kw)
+    def sum(self, x, **kw): return self.op("sum", x, **kw)
+    def mean(self, x, **kw): return self.op("mean", x, **kw)
+    def norm(self, x, **kw): return self.op("norm", x, **kw)
+    def matmul(self, a, b, **kw): return self.op("matmul", a, b, **kw)
+    def slice(self, x, dim: int = 0, **kw): return self.op("slice", x, dim=dim, **kw)
+
+    def dropout(self, x, p: float, seed: int, **kw):
+        return self.op("dropout", x, p=p, seed=seed, **kw)
+
+    def all_reduce(self, x, op: str = "sum", **kw): return self.op("all_reduce", x, op=op, **kw)
+
+    def reduce_scatter(self, x, dim: int = 0, op: str = "sum", **kw):
+        return self.op("reduce_scatter", x, op=op, dim=dim, **kw)
+
+    def all_gather(self, x, **kw): return self.op("all_gather", x, **kw)
+    def broadcast(self, x, root: int = 0, **kw): return self.op("broadcast", x, root=root, **kw)
+
+    def reduce(self, x, root: int = 0, op: str = "sum", **kw):
+        return self.op("reduce", x, op=op, root=root, **kw)
+
+    def all_to_all(self, x, split_dim: int, concat_dim: int, **kw):
+        return self.op("all_to_all", x, split_dim=split_dim, concat_dim=concat_dim, **kw)
+
+    def send(self, x, dst: int, **kw) -> Tensor:
+        """Send x from its stage to stage `dst` (rank i to rank i); the result lives on `dst`."""
+        return self.op("p2p", x, dst=dst, **kw)
+
+    def update(self, target: Tensor, value: Operand, **kw) -> Tensor:
+        """Write `value` back into input `target`; the program outputs it under target's name."""
+        if not any(i.value is target.value for i in self.inputs):
+            raise ShapeError(f"update target {target.value.name} is not a program input")
+        if any(n == target.value.name for n, _ in self.outputs):
+            raise ShapeError(f"input {target.value.name} is updated twice")
+        t = self.op("update", target, value, name=kw.pop("name", f"{target.value.name}.new"))
+        self.outputs.append((target.value.name, t.value))
+        return t
+
+    def output(self, name: str, x: Tensor) -> None:
+        if any(n == name for n, _ in self.outputs):
+            raise ShapeError(f"output {name} is defined twice")
+        self.outputs.append((name, self._arg(x)))
+
+    def build(self, schedule: str = "") -> Program:
+        p = Program(self.name, tuple(self.inputs), tuple(self.body), tuple(self.outputs),
+                    self.stages, schedule=schedule)
+        verify(p)
+        return p
+
+
+__all__ = ["Builder", "Tensor", "Local", "Replicated"]
