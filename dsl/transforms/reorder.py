@@ -1,0 +1,196 @@
+"""`reorder(program, at=None)`: move computation across a communication statement.
+
+Rules, keyed by the kind of the statement `at` names:
+
+- all_gather g = all_gather(s), s Sliced(d): the pointwise computation that consumes g (directly
+  or through other such computation) moves before the gather and runs on slices:
+      f(allgather(s), r) -> allgather(f(s, slice(r)))
+  Replicated operands are read as their slice. A reduction to a scalar (LAMB's norms) of a moved
+  value, or of a replicated tensor whose result feeds moved computation, becomes a partial
+  reduction of the slice followed by an all_reduce of the partials:
+      norm(x) -> sqrt(allreduce(sum(x_s * x_s)));  sum(x) -> allreduce(sum(x_s));
+      mean(x) -> allreduce(sum(x_s)) / numel(x)
+  New all_gathers are placed just before the first statement that needs a full tensor (a matmul,
+  an update, an output, ...).
+- p2p y' = p2p(y): the computation and all_gathers that produce y (back to the last other
+  collective or input) move after the transfer and run on the receiving stage; what they read on
+  the sending stage is sent instead:
+      p2p(f(allgather(s))) -> f(allgather(p2p(s)))
+  Operands that live on every stage (stage None) are read where they are.
+
+Preconditions: `at` is an all_gather or p2p (or the program has exactly one); there is something
+to move; a moved value is not used elsewhere (p2p); an operand cannot be sliced (a Local operand
+meeting a slice) -> TransformError naming the statement.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import TransformError
+from ..ir import Const, Program, Ref, Stmt, Value
+from ..ops import POINTWISE, REDUCE
+from ..printer import format_stmt
+from ..sizes import Size
+from ..types import Replicated, Sliced
+from ._rebuild import Rebuild, no_schedule, select
+
+MOVABLE = POINTWISE + REDUCE
+
+
+def _numel(v: Value) -> Size:
+    n = Size.of(1)
+    for s in v.type.shape:
+        n = n * s
+    return n
+
+
+def _movable_after_gather(p: Program, g: Stmt) -> set[int]:
+    """Ids of the statements that move onto slices."""
+    tainted, moved = {g.out.id}, set()
+    for s in p.body:
+        if s.op in MOVABLE and any(a.id in tainted for a in s.values):
+            tainted.add(s.out.id)
+            moved.add(s.out.id)
+    # replicated pointwise computation used only by moved computation moves too (b1 * m)
+    full_shape, changed = g.out.type.shape, True
+    while changed:
+        changed = False
+        for s in p.body:
+            users = p.users(s.out.id)
+            if (s.op in POINTWISE and s.out.id not in moved and s.out.type.shape == full_shape
+                    and isinstance(s.out.type.layout, Replicated) and not p.is_output(s.out.id)
+                    and users and all(u.out.id in moved for u in users)):
+                moved.add(s.out.id)
+                changed = True
+    # reductions of replicated tensors whose results feed moved computation
+    d = g.args[0].type.layout.dim
+    for s in p.body:
+        x = s.args[0]
+        if (s.op in REDUCE and s.out.id not in moved and isinstance(x.type.layout, Replicated)
+                and x.type.rank > d and any(u.out.id in moved for u in p.users(s.out.id))):
+            moved.add(s.out.id)
+    return moved
+
+
+def _sliced_reduction(r: Rebuild, s: Stmt, xs: Value) -> Value:
+    name = s.out.name
+    if s.op == "norm":
+        xs = r.emit("mul", [xs, xs], (), f"{name}.sq")
+    part = r.emit("sum", [xs], (), f"{name}.part")
+    if s.op == "sum":
+        return r.emit("all_reduce", [part], (("op", "sum"),), name, like=s)
+    total = r.emit("all_reduce", [part], (("op", "sum"),), f"{name}.total")
+    if s.op == "norm":
+        return r.emit("sqrt", [total], (), name, like=s)
+    return r.emit("div", [total, Const(_numel(s.args[0]))], (), name, like=s)  # mean
+
+
+def _sliced_operand(r: Rebuild, sliced: dict[int, Value], a, d: int, rank: int):
+    """The operand of a moved statement: its slice when it has one or can be sliced along the
+    gathered dimension (aligned to the right, as broadcasting does), else itself."""
+    if not isinstance(a, Value):
+        return a
+    if a.id in sliced:
+        return sliced[a.id]
+    new = r.arg(a)
+    ad = d - (rank - new.type.rank)
+    if (isinstance(new.type.layout, Replicated) and 0 <= ad < new.type.rank
+            and new.type.shape[ad] != Size.of(1)):
+        return _slice_of(r, new, ad)
+    return new
+
+
+def _slice_of(r: Rebuild, x: Value, dim: int) -> Value:
+    """slice(x, dim), emitted once per (x, dim)."""
+    cache = r.memo
+    if (x.id, dim) not in cache:
+        cache[(x.id, dim)] = r.emit("slice", [x], (("dim", dim),), f"{x.name}.s")  # r -> slice(r)
+    return cache[(x.id, dim)]
+
+
+def _reorder_gather(p: Program, g: Stmt) -> Program:
+    moved = _movable_after_gather(p, g)
+    if not moved:
+        raise TransformError(f"reorder: {format_stmt(g)}: no pointwise computation consumes it")
+    d = g.args[0].type.layout.dim
+    r = Rebuild(p, "reorder")
+    sliced: dict[int, Value] = {}  # old id -> its slice in the new program
+
+    def full(a):
+        if isinstance(a, Value) and a.id in sliced and a.id not in r.env:
+            r.env[a.id] = r.emit("all_gather", [sliced[a.id]], (), f"{a.name}.ag")
+        return r.arg(a)
+
+    for s in p.body:
+        if s is g:
+            sliced[g.out.id] = r.arg(g.args[0])
+        elif s.out.id in moved and s.op in REDUCE:
+            x = s.args[0]
+            xs = sliced.get(x.id) or _slice_of(r, r.arg(x), d)
+            r.env[s.out.id] = _sliced_reduction(r, s, xs)
+        elif s.out.id in moved:
+            args = [_sliced_operand(r, sliced, a, d, s.out.type.rank) for a in s.args]
+            v = r.emit(s.op, args, s.attrs, f"{s.out.name}.s", like=s)
+            if isinstance(v.type.layout, Sliced):
+                sliced[s.out.id] = v
+            else:
+                r.env[s.out.id] = v
+        else:
+            args = [full(a) for a in s.args]
+            r.env[s.out.id] = r.emit(s.op, args, s.attrs, s.out.name, like=s)
+    for _, v in p.outputs:
+        full(v)
+    return r.finish()
+
+
+def _chain_before_send(p: Program, send: Stmt) -> list[Stmt]:
+    """The computation and all_gathers producing the sent value, in body order."""
+    chain: dict[int, Stmt] = {}
+    todo = [send.args[0]]
+    while todo:
+        v = todo.pop()
+        s = p.producer(v.id)
+        if s is None or s.out.id in chain or not (s.op in MOVABLE or s.op == "all_gather"):
+            continue
+        chain[s.out.id] = s
+        todo.extend(s.values)
+    return [s for s in p.body if s.out.id in chain]
+
+
+def _reorder_send(p: Program, send: Stmt) -> Program:
+    chain = _chain_before_send(p, send)
+    if not chain:
+        raise TransformError(f"reorder: {format_stmt(send)}: no computation or all_gather produces "
+                             "the sent tensor; nothing to move")
+    ids = {s.out.id for s in chain} | {send.out.id}
+    for s in chain:
+        outside = [u for u in p.users(s.out.id) if u.out.id not in ids]
+        if outside or p.is_output(s.out.id):
+            at = format_stmt(outside[0]) if outside else f"output {s.out.name}"
+            raise TransformError(f"reorder: {format_stmt(s)}: also used by {at}; cannot move it past "
+                                 "the send")
+    dst = send.attr("dst")
+    r = Rebuild(p, "reorder")
+    for s in p.body:
+        if s.out.id in ids and s is not send:
+            continue
+        if s is not send:
+            r.copy(s)
+            continue
+        leaves = [a for c in chain for a in c.values if a.id not in ids]
+        for v in dict.fromkeys(leaves):  # send what the moved computation reads on this stage
+            if v.type.stage is not None:
+                r.env[v.id] = r.emit("p2p", [r.arg(v)], (("dst", dst),), f"{v.name}.p2p")
+        for c in chain:
+            r.copy(c)
+        r.env[send.out.id] = r.env[send.args[0].id]
+    return r.finish()
+
+
+RULES = {"all_gather": _reorder_gather, "p2p": _reorder_send}
+
+
+def reorder(p: Program, at: Optional[Ref] = None) -> Program:
+    no_schedule(p, "reorder")
+    s = select(p, at, tuple(RULES), "reorder")
+    return RULES[s.op](p, s)

@@ -1,0 +1,31 @@
+"""The Megatron layer's tail shared by the model- and pipeline-parallel programs.
+
+After a row-parallel matmul every rank holds partial sums of the layer output [B,S,H]; the layer
+all-reduces them, adds the bias, applies dropout and adds the residual:
+    out = dropout(all_reduce(partial) + bias, p) + residual
+The split schedules reduce-scatter along the sequence dimension (dim 1), as Megatron's sequence
+parallelism does, so that micro-batch 1 (GPT-3) still slices.
+"""
+from __future__ import annotations
+
+from dsl import Builder, Program, Replicated, Tensor, sym
+
+B, S, H = sym("B"), sym("S"), sym("H")
+DROPOUT_P = 0.1
+DROPOUT_SEED = 1234
+SCATTER_DIM = 1
+
+
+def bias_dropout_residual(b: Builder, partial: Tensor, dtype, stage=None) -> Tensor:
+    bias = b.input("bias", dtype, [H], Replicated())
+    residual = b.input("residual", dtype, [B, S, H], Replicated())
+    total = b.all_reduce(partial, name="y.sum")
+    return b.dropout(total + bias, p=DROPOUT_P, seed=DROPOUT_SEED) + residual
+
+
+def value_of(p: Program, op: str):
+    """The only statement of kind `op` in p (its out value), for naming transform targets."""
+    found = [s.out for s in p.body if s.op == op and s.out.type.rank > 0]
+    if len(found) != 1:
+        raise LookupError(f"{p.name} has {len(found)} statements of kind {op}")
+    return found[0]

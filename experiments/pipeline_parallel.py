@@ -1,0 +1,45 @@
+"""Pipeline-parallel stage boundary of the Megatron layer (paper Fig. 12).
+
+Two pipeline stages, each a tensor-parallel group of P ranks. On stage 0 the layer's partial sums
+are all-reduced, then + bias, dropout, + residual, and the result is sent to the peer rank of stage
+1 (rank i of stage 0 to rank i of stage 1). Bias and residual are held by both stages.
+
+Schedules: `AR-C-P2P` (the program, Megatron's order), `AR-P2P-C` (the computation moved to the
+receiving stage), `RS-P2P-C-AG` (each rank sends only its slice; stage 1 computes on slices and
+all-gathers), `ol(RS,fuse(P2P-C-AG))` (the reduce-scatter overlapped chunk by chunk with the fused
+send + computation + all-gather).
+"""
+from __future__ import annotations
+
+from dsl import Builder, Local, Program, f32
+from dsl.transforms import fuse, overlap, reorder, split
+
+from ._layer import B, S, SCATTER_DIM, H, bias_dropout_residual, value_of
+
+NAME = "pipeline_parallel"
+FIGURE = "Fig. 12"
+CHUNKS = 4
+
+
+def program(dtype=f32) -> Program:
+    b = Builder("pipeline_boundary", stages=2)
+    partial = b.input("y", dtype, [B, S, H], Local(), stage=0)
+    out = bias_dropout_residual(b, partial, dtype)
+    b.output("out", b.send(out, dst=1, name="sent"))
+    return b.build(schedule="AR-C-P2P")
+
+
+def schedules(dtype=f32, chunks: int = CHUNKS) -> dict[str, Program]:
+    p = program(dtype)
+    ar_p2p_c = reorder(p, value_of(p, "p2p"))
+    rs = split(p, dim=SCATTER_DIM)
+    rs = reorder(rs, value_of(rs, "p2p"))
+    rs_p2p_c_ag = reorder(rs, value_of(rs, "all_gather"))
+    fused = fuse(rs_p2p_c_ag, first=value_of(rs_p2p_c_ag, "p2p"))
+    ol = overlap(fused, value_of(fused, "reduce_scatter"), chunks=chunks)
+    return {q.schedule: q for q in (p, ar_p2p_c, rs_p2p_c_ag, ol)}
+
+
+def verify_bindings(scale: str) -> list[dict[str, int]]:
+    small = [{"B": 1, "S": 8, "H": 8}]
+    return small if scale == "smoke" else small + [{"B": 2, "S": 16, "H": 12}]

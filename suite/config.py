@@ -1,0 +1,95 @@
+"""The configuration's schema: keyword-only dataclasses registered in Hydra's ConfigStore.
+
+`conf/config.yaml` lists `config_schema` first in its defaults, so every value composed on top of
+it (the group files in `conf/<group>/`, command-line overrides) is checked against these types at
+compose time: an unknown key or a value of the wrong type fails before anything runs.
+
+One config group per axis of variation:
+- `experiment`: which experiment (`experiment.name`, one of `experiments.EXPERIMENTS`), plus
+  per-experiment knobs; `conf/experiment/<name>.yaml` are deltas (`# @package _global_`).
+- `scale`: smoke | default | paper, how much work (repeats, sizes, verification trials).
+- `backend`: cpu | sim | cuda, what measures (gloo ranks, the cost model only, NCCL on GPUs).
+- `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx1_v100, the hardware predicted on.
+
+`validate(cfg)` checks what types cannot express (world sizes >= 1, trials >= 1, ...); checks that
+need the experiment's program (divisibility by its pipeline stages) live in `suite.run`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from .errors import SuiteError
+
+
+@dataclass(kw_only=True)
+class ExperimentConf:
+    name: str = MISSING  # a module of experiments/, e.g. "adam_fusion"
+    schedules: Optional[List[str]] = None  # the schedules to run (paper names); null: all
+    # Size-symbol bindings (e.g. [{N: 1048576}]) to measure and predict at instead of the
+    # experiment's own sweep for the scale; null: the experiment's sweep. Used by later issues.
+    sizes: Optional[List[Dict[str, int]]] = None
+
+
+@dataclass(kw_only=True)
+class ScaleConf:
+    name: str = MISSING  # smoke | default | paper
+    warmup: int = 1  # untimed runs before measuring a point
+    repeats: int = 5  # timed runs per measured point
+    verify_trials: int = 3  # random input draws per equivalence check
+    max_elements: int = 1 << 24  # the largest principal tensor measured at this scale
+
+
+@dataclass(kw_only=True)
+class BackendConf:
+    name: str = MISSING  # cpu | sim | cuda
+    dist: str = "gloo"  # torch.distributed backend of the ranks: gloo | nccl | none (sim)
+
+
+@dataclass(kw_only=True)
+class TopologyConf:
+    # The cost-model issue fills topologies with hardware figures (devices, links, NICs).
+    name: str = MISSING  # local | dgx2 | dgx_a100 | dgx_h100 | dgx1_v100
+    nodes: int = 1
+    path: Optional[str] = None  # a calibrated topology file to load instead of the figures
+
+
+@dataclass(kw_only=True)
+class VerifyConf:
+    world_sizes: List[int] = field(default_factory=lambda: [2, 4])
+    trials: int = 3
+
+
+@dataclass(kw_only=True)
+class Config:
+    experiment: ExperimentConf = field(default_factory=ExperimentConf)
+    scale: ScaleConf = field(default_factory=ScaleConf)
+    backend: BackendConf = field(default_factory=BackendConf)
+    topology: TopologyConf = field(default_factory=TopologyConf)
+    verify: VerifyConf = field(default_factory=VerifyConf)
+    world_size: int = 2  # ranks for measurement (later issues)
+    seed: int = 0
+
+
+def register() -> None:
+    """Register the schema as `config_schema`, the first entry of conf/config.yaml's defaults."""
+    ConfigStore.instance().store(name="config_schema", node=Config)
+
+
+def validate(cfg: Config) -> None:
+    """Raise SuiteError naming the first setting no run can use."""
+    if not cfg.verify.world_sizes:
+        raise SuiteError("verify.world_sizes is empty; give at least one world size")
+    for ws in [*cfg.verify.world_sizes, cfg.world_size]:
+        if ws < 1:
+            raise SuiteError(f"world size {ws} is impossible; world sizes must be >= 1")
+    positive = {"verify.trials": cfg.verify.trials, "scale.repeats": cfg.scale.repeats,
+                "scale.max_elements": cfg.scale.max_elements, "topology.nodes": cfg.topology.nodes}
+    for key, value in positive.items():
+        if value < 1:
+            raise SuiteError(f"{key}={value} is impossible; it must be >= 1")
+    if cfg.scale.warmup < 0:
+        raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
