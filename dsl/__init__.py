@@ -5,7 +5,9 @@ Public surface: the IR (`Program`, `Stmt`, `Value`, ...), types and layouts, sym
 `dsl.transforms`, and the error classes (all derive from `DSLError`).
 """
 from .builder import Builder, Tensor
+from .equivalence import EquivalenceError, check_equivalent, default_bindings, random_inputs
 from .errors import BindError, DSLError, DTypeError, LayoutError, ShapeError, TransformError
+from .interpret import interpret
 from .ir import Const, Fuse, Input, Overlap, Program, Stmt, Value
 from .printer import format_program, format_stmt
 from .sizes import P, Size, sym
@@ -16,5 +18,6 @@ __all__ = [
     "Builder", "Tensor", "BindError", "DSLError", "DTypeError", "LayoutError", "ShapeError",
     "TransformError", "Const", "Fuse", "Input", "Overlap", "Program", "Stmt", "Value",
     "format_program", "format_stmt", "P", "Size", "sym", "DType", "Local", "Replicated", "Sliced",
-    "TensorType", "bf16", "f16", "f32", "f64", "i32", "i64", "verify",
+    "TensorType", "bf16", "f16", "f32", "f64", "i32", "i64", "verify", "interpret",
+    "check_equivalent", "random_inputs", "EquivalenceError", "default_bindings",
 ]

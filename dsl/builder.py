@@ -20,6 +20,7 @@ from typing import Optional, Sequence, Union
 from .errors import DSLError, ShapeError
 from .ir import Const, Input, Program, Stmt, Value
 from .ops import Ctx, infer
+from .printer import _attr
 from .sizes import Size, SizeLike
 from .types import DType, Layout, Local, Replicated, TensorType, f32
 from .verify import verify
@@ -110,8 +111,8 @@ class Builder:
         try:
             t = infer(kind, types, attrs, Ctx(self.stages))
         except DSLError as e:
-            shown = ",".join(f"{k}={v}" for k, v in attr_t)
-            text = f"{kind}[{shown}]({', '.join(map(str, args))})"
+            shown = ",".join(_attr(k, v) for k, v in attr_t)  # as the printer shows them
+            text = (f"{kind}[{shown}]" if shown else kind) + f"({', '.join(map(str, args))})"
             raise type(e)(f"{text}: {e}") from None
         s = Stmt(self._value(name, t), kind, args, attr_t)
         self.body.append(s)

@@ -10,7 +10,8 @@ Contract
   bindings (a Sliced tensor's type shape is already the per-rank shape). A rank needs the inputs
   whose stage is None or its own; inputs with a `default` (hyper-parameters) may be left out.
   Values are converted to the input's dtype. Replicated inputs must be identical on all the ranks
-  of a tp group. Violations raise `BindError` naming the input and the rank.
+  of a tp group. Violations raise `BindError` naming the input and the rank; a size that does
+  not divide (N/P with N=6, P=4) raises the `ShapeError` of `Size.evaluate`, on one line.
 - The result has one dict per rank, output name -> array, holding the outputs whose value lives on
   that rank's stage (stage None: every rank). Arrays are fresh copies.
 - `program.fused` and `program.overlaps` do not change the semantics and are ignored.
@@ -20,7 +21,8 @@ Numerics
   float32 and rounded to bf16 (round to nearest even on the bit pattern) after every op.
 - Reductions (sum, mean, norm, the reduction of every collective) and matmul accumulate in
   float64 (int64 for integer and bool tensors) and are then cast to the dtype (bf16: float64 ->
-  float32 -> bf16, as generated code does). Integer division truncates toward zero, and an integer x/0 is 0.
+  float32 -> bf16, as generated code does). Integer division truncates toward zero, and an
+  integer x/0 is 0.
 - A `Const` operand (a number, or a `Size` such as 1/P evaluated as a fraction) takes the dtype of
   the tensor operands it meets.
 - dropout keeps an element iff `dropout_keep(seed, global flat index, p)`, a hash of the seed and
@@ -38,9 +40,10 @@ import numpy as np
 
 from .errors import BindError, DSLError, ShapeError
 from .ir import Const, Program, Stmt, Value
+from .ops import POINTWISE
 from .printer import format_stmt
 from .sizes import Size
-from .types import DType, Local, Replicated, Sliced, TensorType
+from .types import DType, Replicated, Sliced, TensorType
 
 # -- dtypes -------------------------------------------------------------------------------------
 
@@ -49,7 +52,8 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     """float32 values rounded to the nearest bfloat16 (ties to even), kept as float32."""
     x = np.asarray(x, dtype=np.float32)
     bits = x.reshape(-1).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    odd = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = (bits + np.uint32(0x7FFF) + odd) & np.uint32(0xFFFF0000)
     nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     rounded = np.where(nan, (bits & np.uint32(0xFFFF0000)) | np.uint32(0x00400000), rounded)
     return rounded.astype(np.uint32).view(np.float32).reshape(x.shape)
@@ -62,9 +66,9 @@ def as_dtype(x, dtype: DType) -> np.ndarray:
     return round_bf16(arr) if dtype is DType.bf16 else arr
 
 
-def _acc(dtype: DType) -> type:
-    """The accumulation type of reductions and matmul."""
-    return np.float64 if dtype.is_float else np.int64
+def _acc_of(x: np.ndarray) -> type:
+    """The accumulation type of reductions and matmul: float64, or int64 for ints and bools."""
+    return np.float64 if x.dtype.kind == "f" else np.int64
 
 
 def evaluate_shape(t: TensorType, bindings: Mapping[str, int]) -> tuple[int, ...]:
@@ -157,7 +161,7 @@ def _const_dtype(s: Stmt) -> DType:
 def _operands(s: Stmt, args: list, g: Group, i: int) -> list[np.ndarray]:
     """Rank i's operands as arrays: constants in the op's dtype, replicated ones read as slices."""
     out_t = s.out.type
-    sliced = out_t.layout.dim if isinstance(out_t.layout, Sliced) else None
+    sliced = out_t.layout.dim if isinstance(out_t.layout, Sliced) and s.op in POINTWISE else None
     res = []
     for a, x in zip(s.args, args):
         if isinstance(a, Const):
@@ -199,17 +203,14 @@ def _cast(s, xs, g, i):
 def _dropout(s, xs, g, i):
     (x,) = xs
     p = float(s.attr("p"))
-    keep = dropout_keep(s.attr("seed"), global_flat_index(x.shape, s.values[0].type.layout, g.P, i), p)
+    index = global_flat_index(x.shape, s.values[0].type.layout, g.P, i)
+    keep = dropout_keep(s.attr("seed"), index, p)
     scale = as_dtype(1.0 / (1.0 - p), s.out.type.dtype)
     return np.where(keep, x * scale, np.zeros((), x.dtype))
 
 
 def _sum(x):
     return x.astype(_acc_of(x)).sum()
-
-
-def _acc_of(x: np.ndarray) -> type:
-    return np.float64 if x.dtype.kind == "f" else np.int64
 
 
 def _mean(x):
@@ -250,31 +251,38 @@ def _root(s: Stmt, g: Group) -> int:
     return root
 
 
+# Collectives: args[i] = [tp index i's operand]; the result list is indexed by tp index too.
 def _all_reduce(s, args, g):
+    """Everyone gets the reduction."""
     r = _reduced(s, args)
     return [r] * g.P
 
 
 def _reduce_scatter(s, args, g):
+    """Tp index i gets piece i (along `dim`) of the reduction."""
     r = _reduced(s, args)
     return [piece(r, s.attr("dim", 0), g.P, i) for i in range(g.P)]
 
 
 def _all_gather(s, args, g):
+    """Everyone gets the pieces concatenated in tp order along the operand's Sliced dim."""
     full = np.concatenate([a[0] for a in args], axis=s.values[0].type.layout.dim)
     return [full] * g.P
 
 
 def _broadcast(s, args, g):
+    """Everyone gets tp index root's array."""
     return [args[_root(s, g)][0]] * g.P
 
 
 def _reduce(s, args, g):
+    """Tp index root gets the reduction, the others zeros."""
     root, r = _root(s, g), _reduced(s, args)
     return [r if i == root else np.zeros_like(r) for i in range(g.P)]
 
 
 def _all_to_all(s, args, g):
+    """Tp index j gets piece j (along split_dim) of every rank i, concatenated in i order."""
     sd, cd = s.attr("split_dim"), s.attr("concat_dim")
     return [np.concatenate([piece(a[0], sd, g.P, j) for a in args], axis=cd) for j in range(g.P)]
 
@@ -301,10 +309,11 @@ EVAL: dict[str, Rule] = {
 # -- the interpreter ------------------------------------------------------------------------------
 def bind(program: Program, world_size: int, bindings: Optional[Mapping[str, int]]) -> tuple[int, dict]:
     """(P, bindings with P) for `program` on `world_size` ranks."""
-    if not isinstance(world_size, int) or world_size < 1 or world_size % program.stages:
+    if (not isinstance(world_size, (int, np.integer)) or isinstance(world_size, bool)
+            or world_size < 1 or world_size % program.stages):
         raise BindError(f"world size {world_size!r} is not a positive multiple of the "
                         f"{program.stages} pipeline stage(s) of program {program.name}")
-    P = world_size // program.stages
+    P = int(world_size) // program.stages
     bound = dict(bindings or {})
     if bound.get("P", P) != P:
         raise BindError(f"bindings give P={bound['P']} but world size {world_size} with "
@@ -357,7 +366,7 @@ def _load(program: Program, inputs: Sequence[Mapping], P: int, bound: dict) -> l
 def _run(s: Stmt, program: Program, P: int, bound: dict, env: list[dict]) -> None:
     rule = EVAL.get(s.op)
     if rule is None:
-        raise ShapeError(f"{format_stmt(s)}: interpret rule for {s.op} not implemented")
+        raise DSLError(f"{format_stmt(s)}: interpret rule for {s.op} not implemented")
     try:
         shape = evaluate_shape(s.out.type, bound)
     except DSLError as e:

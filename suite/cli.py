@@ -6,20 +6,22 @@ against the schema in `suite.config`, and raises `SuiteError` with one line nami
 an unknown experiment (or other group option), an unknown key, a value of the wrong type, an
 override Hydra cannot parse, or a setting `suite.config.validate` rejects. Hydra's own error
 output is several lines long (and a traceback without HYDRA_FULL_ERROR's help), hence this step.
-Commands that only ask Hydra for information (`--help`, `--info`, ...) are left to Hydra.
+Commands that only ask Hydra for information (`--help`, `--info`, ...) or read configuration
+from elsewhere (`--config-dir`, `--config-path`) are left to Hydra.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, MissingConfigException
-from omegaconf import OmegaConf
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import CONF_DIR
@@ -28,6 +30,7 @@ from .errors import SuiteError, one_line
 
 INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--info", "--shell-completion", "-sc",
               "--experimental-rerun")
+GROUPS = ("experiment", "scale", "backend", "topology")  # each option sets <group>.name
 MAX_CHECKED_JOBS = 256  # a larger sweep is checked on its first jobs only
 
 
@@ -36,6 +39,8 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
     if any(a.split("=")[0] in INFO_FLAGS for a in argv):
         return None
     args = _parse_args(argv)
+    if args.config_dir or args.config_path:  # configuration from elsewhere: Hydra checks it
+        return None
     if not conf_dir.is_dir():
         raise SuiteError(f"configuration folder {conf_dir} not found; install the project "
                          "editable from its checkout (pip install -e .)")
@@ -44,6 +49,8 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="suite"):
         for overrides in itertools.islice(_jobs(args.overrides), MAX_CHECKED_JOBS):
             cfg = compose_config(overrides, args.config_name or "config", conf_dir)
+            for group in GROUPS:
+                _check_option(group, getattr(cfg, group).name, conf_dir)
             validate(cfg)
             first = first or cfg
     return first
@@ -56,10 +63,29 @@ def compose_config(overrides: list[str], config_name: str = "config",
         cfg = compose(config_name=config_name, overrides=overrides)
         obj = OmegaConf.to_object(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
-        raise SuiteError(_describe(e, overrides, conf_dir)) from None
+        _check_group_overrides(overrides, conf_dir)
+        raise SuiteError(_describe(e)) from None
+    unknown = _unknown_keys(cfg)
+    if unknown:  # `+key=value` adds keys even to a structured config
+        raise SuiteError(f"bad configuration: unknown key {unknown[0]!r} (not in the schema, "
+                         "suite/config.py)")
     if not isinstance(obj, Config):
         raise SuiteError(f"config {config_name!r} does not start from config_schema")
     return obj
+
+
+def _unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Keys of `node` (recursively) that its dataclass schema does not declare."""
+    schema = OmegaConf.get_type(node)
+    declared = {f.name for f in fields(schema)} if is_dataclass(schema) else None
+    unknown = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if declared is not None and key not in declared:
+            unknown.append(path)
+        elif OmegaConf.is_dict(child := node[key]):
+            unknown += _unknown_keys(child, f"{path}.")
+    return unknown
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -88,32 +114,30 @@ def _jobs(overrides: list[str]) -> Iterator[list[str]]:
             choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
         except HydraException:  # e.g. interval(): only a sweeper plugin can draw from it
             choices.append([])
-    fixed = [[c for c in options] for options in choices if options]
-    yield from (list(job) for job in itertools.product(*fixed))
+    yield from (list(job) for job in itertools.product(*(c for c in choices if c)))
 
 
-def _describe(e: Exception, overrides: list[str], conf_dir: Path) -> str:
+def _describe(e: Exception) -> str:
     """One line for a compose error: the override at fault and the rule it breaks."""
     text = str(e)
-    if isinstance(e, MissingConfigException) or text.startswith("In '"):
-        missing = _missing_option(overrides, conf_dir)
-        if missing:
-            return missing
+    head = text.split("\n")[0].rstrip(".")
     cause = e.__cause__ or e.__context__
-    detail = getattr(cause, "msg", None) or (str(cause) if cause else "")
-    head = one_line(text.split("\n")[0])
-    if detail and detail.split("\n")[0] not in head:
-        head = f"{head} {one_line(detail.split(chr(10))[0])}"
-    return f"bad configuration: {head}"
+    detail = (getattr(cause, "msg", None) or str(cause or "")).split("\n")[0]
+    if detail and detail not in head:
+        head = f"{head}: {detail}"
+    return f"bad configuration: {one_line(head)}"
 
 
-def _missing_option(overrides: list[str], conf_dir: Path) -> Optional[str]:
-    """'unknown experiment ...' when an override names a group option that has no file."""
+def _check_option(group: str, name: str, conf_dir: Path) -> None:
+    """`<group>.name` must name an option of the group (`experiment.name=x` bypasses the files)."""
+    known = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    if name not in known:
+        raise SuiteError(f"unknown {group} {name!r}; known: {', '.join(known)}")
+
+
+def _check_group_overrides(overrides: list[str], conf_dir: Path) -> None:
+    """Raise 'unknown experiment ...' when an override names a group option with no file."""
     for line in overrides:
         key, _, value = line.lstrip("+~").partition("=")
-        group = conf_dir / key
-        if not value or not group.is_dir() or (group / f"{value}.yaml").is_file():
-            continue
-        known = sorted(p.stem for p in group.glob("*.yaml"))
-        return f"unknown {key} {value!r}; known: {', '.join(known)}"
-    return None
+        if value and (conf_dir / key).is_dir():
+            _check_option(key, value, conf_dir)

@@ -108,6 +108,24 @@ def _slice_of(r: Rebuild, x: Value, dim: int) -> Value:
     return cache[(x.id, dim)]
 
 
+def _deferred(p: Program, g: Stmt, moved: set[int]) -> set[int]:
+    """Statements between the gather and the last moved statement that need a full tensor the
+    move slices (or a deferred result) and that no moved statement needs: they move after the
+    moved computation, so its all_gathers come together at the end."""
+    needed: set[int] = set()
+    for s in reversed(p.body):
+        if s.out.id in moved or s.out.id in needed:
+            needed |= {a.id for a in s.values}
+    k0 = p.body.index(g)
+    last = max(k for k, s in enumerate(p.body) if s.out.id in moved)
+    changed, deferred = moved | {g.out.id}, set()
+    for s in p.body[k0 + 1:last]:
+        if (s.out.id not in moved and s.out.id not in needed
+                and any(a.id in changed or a.id in deferred for a in s.values)):
+            deferred.add(s.out.id)
+    return deferred
+
+
 def _reorder_gather(p: Program, g: Stmt) -> Program:
     moved = _movable_after_gather(p, g)
     if not moved:
@@ -121,23 +139,30 @@ def _reorder_gather(p: Program, g: Stmt) -> Program:
             r.env[a.id] = r.emit("all_gather", [sliced[a.id]], (), f"{a.name}.ag")
         return r.arg(a)
 
-    for s in p.body:
-        if s is g:
-            sliced[g.out.id] = r.arg(g.args[0])
-        elif s.out.id in moved and s.op in REDUCE:
+    def emit_moved(s: Stmt) -> None:
+        if s.op in REDUCE:
             x = s.args[0]
             xs = sliced.get(x.id) or _slice_of(r, r.arg(x), d)
             r.env[s.out.id] = _sliced_reduction(r, s, xs)
+            return
+        args = [_sliced_operand(r, sliced, a, d, s.out.type.rank) for a in s.args]
+        v = r.emit(s.op, args, s.attrs, f"{s.out.name}.s", like=s)
+        (sliced if isinstance(v.type.layout, Sliced) else r.env)[s.out.id] = v
+
+    deferred = _deferred(p, g, moved)
+    last = max(k for k, s in enumerate(p.body) if s.out.id in moved)
+    for k, s in enumerate(p.body):
+        if s is g:
+            sliced[g.out.id] = r.arg(g.args[0])
         elif s.out.id in moved:
-            args = [_sliced_operand(r, sliced, a, d, s.out.type.rank) for a in s.args]
-            v = r.emit(s.op, args, s.attrs, f"{s.out.name}.s", like=s)
-            if isinstance(v.type.layout, Sliced):
-                sliced[s.out.id] = v
-            else:
-                r.env[s.out.id] = v
-        else:
-            args = [full(a) for a in s.args]
-            r.env[s.out.id] = r.emit(s.op, args, s.attrs, s.out.name, like=s)
+            emit_moved(s)
+        elif s.out.id not in deferred:
+            r.env[s.out.id] = r.emit(s.op, [full(a) for a in s.args], s.attrs, s.out.name, like=s)
+        if k == last:  # the statements that need full tensors follow the moved computation
+            for t in p.body:
+                if t.out.id in deferred:
+                    r.env[t.out.id] = r.emit(t.op, [full(a) for a in t.args], t.attrs, t.out.name,
+                                             like=t)
     for _, v in p.outputs:
         full(v)
     return r.finish()

@@ -1,0 +1,115 @@
+"""Orchestration: one run of one experiment, as a short sequence of named steps.
+
+    run(cfg, out_dir) -> exit status
+      load      experiments.load(cfg.experiment.name): program(), schedules(), verify_bindings()
+      check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
+      show      print each schedule's program
+      verify    every schedule against the unscheduled program (suite.verification)
+      report    out_dir/report.md (suite.report)
+
+Later issues add generate -> measure -> predict between verify and report. Exit status: 0 when
+every check verified, 1 when a schedule failed verification (the report is still written), 2 for
+bad input (`fail`: one line on stderr, `error: ...`).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn, Union
+
+import dsl
+
+from .config import Config, validate
+from .errors import SuiteError, one_line
+from .report import render_report, write_report
+from .verification import Check, verify_schedules
+
+
+def run(cfg: Config, out_dir: Union[str, Path]) -> int:
+    """Run the experiment `cfg` names, write its report into `out_dir`; return the exit status."""
+    try:
+        validate(cfg)
+        exp = load_experiment(cfg.experiment.name)
+        reference, schedules = load_programs(exp, cfg)
+        check_settings(cfg, reference, schedules)
+        show_programs(schedules)
+        checks = verify(cfg, exp, reference, schedules)
+    except (SuiteError, dsl.DSLError) as e:
+        fail(e)
+    path = report(cfg, exp, schedules, checks, Path(out_dir))
+    return summarize(checks, path)
+
+
+def fail(error: Exception) -> NoReturn:
+    """End the run for bad input: one line on stderr, exit status 2."""
+    print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def load_experiment(name: str) -> ModuleType:
+    try:
+        import experiments
+    except ModuleNotFoundError as e:
+        if e.name != "experiments":
+            raise
+        raise SuiteError(f"experiment {name!r} is not available: no experiments package") from None
+    if name not in experiments.EXPERIMENTS:
+        known = ", ".join(experiments.EXPERIMENTS)
+        raise SuiteError(f"unknown experiment {name!r}; known: {known}")
+    return experiments.load(name)
+
+
+def load_programs(exp: ModuleType, cfg: Config) -> tuple[dsl.Program, dict[str, dsl.Program]]:
+    """The unscheduled program and the schedules cfg.experiment.schedules selects (all: null)."""
+    reference, schedules = exp.program(), dict(exp.schedules())
+    wanted = cfg.experiment.schedules
+    if wanted is not None:
+        for name in wanted:
+            if name not in schedules:
+                known = ", ".join(schedules)
+                raise SuiteError(f"unknown schedule {name!r} for {exp.NAME}; known: {known}")
+        schedules = {name: schedules[name] for name in wanted}
+    return reference, schedules
+
+
+def check_settings(cfg: Config, reference: dsl.Program, schedules: dict[str, dsl.Program]) -> None:
+    """World sizes must divide into the pipeline stages of every program."""
+    for program in [reference, *schedules.values()]:
+        for ws in sorted({*cfg.verify.world_sizes, cfg.world_size}):
+            if ws % program.stages:
+                raise SuiteError(f"world size {ws} is not divisible by the {program.stages} "
+                                 f"pipeline stages of {program.name}")
+
+
+def show_programs(schedules: dict[str, dsl.Program]) -> None:
+    for name, program in schedules.items():
+        print(f"== {name} ==\n{program}\n", flush=True)
+
+
+def verify(cfg: Config, exp: ModuleType, reference: dsl.Program,
+           schedules: dict[str, dsl.Program]) -> list[Check]:
+    bindings = exp.verify_bindings(cfg.scale.name) or [None]
+    return verify_schedules(reference, schedules, cfg.verify.world_sizes, bindings,
+                            trials=cfg.verify.trials, seed=cfg.seed,
+                            show=lambda line: print(line, flush=True))
+
+
+def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], checks: list[Check],
+           out_dir: Path) -> Path:
+    settings = {"scale": cfg.scale.name, "backend": cfg.backend.name,
+                "topology": cfg.topology.name, "verify.world_sizes": cfg.verify.world_sizes,
+                "verify.trials": cfg.verify.trials, "seed": cfg.seed}
+    text = render_report(experiment=exp.NAME, figure=exp.FIGURE, settings=settings,
+                         programs={name: str(p) for name, p in schedules.items()}, checks=checks)
+    return write_report(out_dir, text)
+
+
+def summarize(checks: list[Check], path: Path) -> int:
+    failed = sum(not c.verified for c in checks)
+    if failed:
+        print(f"FAILED: {failed} of {len(checks)} checks did not verify; see {path}",
+              file=sys.stderr, flush=True)
+        return 1
+    print(f"verified {len(checks)} checks; report: {path}", flush=True)
+    return 0
