@@ -130,15 +130,9 @@ def test_unknown_schedule(monkeypatch):
 
 
 # -- the real experiments ---------------------------------------------------------------------
-def needs_experiments() -> None:
-    if not (PROJECT_ROOT / "experiments" / "adam_fusion.py").is_file():
-        pytest.skip("experiments/adam_fusion.py not written yet")
-
-
 @pytest.mark.parametrize("experiment", ["adam_fusion", "lamb_fusion", "model_parallel",
                                         "pipeline_parallel"])
 def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
-    needs_experiments()
     from experiments import load
 
     exp = load(experiment)
@@ -152,7 +146,6 @@ def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
 
 
 def test_real_pipeline_rejects_odd_world_size(tmp_path):
-    needs_experiments()
     proc = suite_cmd("experiment=pipeline_parallel", "verify.world_sizes=[3]",
                      f"hydra.run.dir={tmp_path}")
     assert_one_line_error(proc, "world size 3 is not divisible by the 2 pipeline stages")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Sequence
 
 from ..errors import DSLError, TransformError
-from ..ir import Arg, Const, Input, Program, Ref, Stmt, Value
+from ..ir import Arg, Input, Program, Ref, Stmt, Value
 from ..ops import Ctx, infer
 from ..printer import format_stmt
 from ..verify import verify
