@@ -18,7 +18,8 @@ tested against it). Steps keep the program's statement order. Lowering:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Mapping, Optional
 
@@ -184,10 +185,14 @@ class _Lowering:
                 (scalar_outs if s.out.type.rank == 0 else writes).append(pair)
             if s.op == "dropout":
                 dropout.append((s.out.id, self.global_index(s.out.type)))
-        name = "".join(c if c.isalnum() else "_" for c in f"{self.p.name}_k{k}")
-        kern = Kernel(name, self.shape(loop), tuple(body), tuple(sorted(scalars)),
+        kern = Kernel("", self.shape(loop), tuple(body), tuple(sorted(scalars)),
                       tuple(reads.values()), tuple(writes), tuple(reduces), tuple(scalar_outs),
                       tuple(dropout))
+        # the name says where the kernel comes from and, by a hash of its content, tells apart
+        # kernels of other sizes and schedules built into the same module
+        digest = hashlib.sha1(repr(kern).encode()).hexdigest()[:10]
+        base = "".join(c if c.isalnum() else "_" for c in self.p.name)
+        kern = replace(kern, name=f"{base}_k{k}_{digest}")
         n = kern.numel
         nbytes = sum(n * ITEMSIZE[self.buffers[a.buffer].dtype] for a in kern.reads)
         nbytes += sum(n * ITEMSIZE[self.buffers[b].dtype] for _, b in kern.writes)
@@ -266,7 +271,8 @@ def lower(p: Program, bindings: Optional[Mapping[str, int]], world_size: int,
     final += [Copy(low.step_id(), s, d, low.buffers[d].stage, low.buffers[d].nbytes) for s, d in copies]
     outputs = tuple((name, low.storage[v.id]) for name, v in p.outputs)
     return Plan(p.name, p.schedule, world_size, P, p.stages, tuple(sorted(bound.items())),
-                tuple(low.buffers.values()), inputs, outputs, tuple(final))
+                tuple(low.buffers.values()), inputs, outputs, tuple(final),
+                tuple((i.value.name, i.default) for i in p.inputs if i.default is not None))
 
 
 def _largest_divisor(n: int, at_most: int) -> int:

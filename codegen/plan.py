@@ -184,6 +184,7 @@ class Plan:
     inputs: tuple[tuple[str, int], ...]  # input name -> buffer id
     outputs: tuple[tuple[str, int], ...]  # output name -> buffer id
     steps: tuple[Step, ...]
+    defaults: tuple[tuple[str, float], ...] = ()  # hyper-parameter inputs' default values
 
     def buffer(self, id_: int) -> Buffer:
         for b in self.buffers:

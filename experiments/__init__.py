@@ -3,11 +3,15 @@
 Every module defines `NAME`, `FIGURE` (the paper figure it reproduces), `program()` (the
 unscheduled DSL program), `schedules()` (paper schedule name -> scheduled program, derived from
 `program()` by `dsl.transforms`, the unscheduled one included) and `verify_bindings(scale)` (size
-bindings to check the schedules at, P excluded).
+bindings to check the schedules at, P excluded). A module that can be measured on local ranks also
+defines `measure(settings: MeasureSettings) -> list[dict]` (rows of the results table, each also
+appended to `settings.csv_path` as soon as it is measured).
 """
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 EXPERIMENTS: tuple[str, ...] = ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel")
@@ -17,3 +21,16 @@ def load(name: str) -> ModuleType:
     if name not in EXPERIMENTS:
         raise KeyError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
     return importlib.import_module(f"experiments.{name}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSettings:
+    scale: str  # smoke | default | paper: picks the size sweep
+    max_elements: int  # the largest principal tensor to measure
+    world_size: int
+    warmup: int
+    repeats: int
+    csv_path: Path  # results.csv of the run
+    kernels_dir: Path  # where the generated sources are written
+    seed: int = 0
+    timeout_s: float = 1800.0  # the whole measurement; a hung rank ends the run after this

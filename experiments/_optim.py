@@ -70,3 +70,19 @@ def optimizer_schedules(p: Program) -> dict[str, Program]:
 def optimizer_bindings(scale: str) -> list[dict[str, int]]:
     return {"smoke": [{"N": 48}], "default": [{"N": 48}, {"N": 1000 * 12}],
             "paper": [{"N": 48}, {"N": 1 << 16}]}[scale]
+
+
+def optimizer_sizes(scale: str, max_elements: int) -> list[int]:
+    """Gradient sizes (elements) to measure: powers of two, capped by the scale's max_elements."""
+    lo, hi = {"smoke": (12, 16), "default": (20, 25), "paper": (20, 30)}[scale]
+    return [1 << k for k in range(lo, hi + 1) if 1 << k <= max_elements]
+
+
+def optimizer_measure(name: str, optimizer: str, program, settings) -> list[dict]:
+    """Measured rows of an optimizer experiment at every size (see experiments._dp_measure)."""
+    from ._dp_measure import measure
+
+    return measure(name, optimizer, program, optimizer_schedules(program),
+                   optimizer_sizes(settings.scale, settings.max_elements), settings.world_size,
+                   settings.warmup, settings.repeats, settings.csv_path, settings.kernels_dir,
+                   settings.seed, settings.timeout_s)

@@ -14,7 +14,7 @@ from .verification import Check, format_bindings, format_error
 
 
 def render_report(*, experiment: str, figure: str, settings: Mapping[str, object],
-                  programs: Mapping[str, str], checks: Sequence[Check]) -> str:
+                  programs: Mapping[str, str], checks: Sequence[Check], results: str = "") -> str:
     lines = [f"# {experiment}", "", f"Reproduces the paper's {figure}.", "", "## Settings", ""]
     lines += [f"- {key}: `{value}`" for key, value in settings.items()]
     lines += ["", "## Schedules", ""]
@@ -33,6 +33,8 @@ def render_report(*, experiment: str, figure: str, settings: Mapping[str, object
         lines += ["", "### Failures", ""]
         lines += [f"- `{c.schedule}` at P={c.world_size}, {format_bindings(c.bindings)}: "
                   f"{c.message}" for c in failed]
+    if results:
+        lines += ["", results.rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

@@ -5,9 +5,11 @@
       check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
       show      print each schedule's program
       verify    every schedule against the unscheduled program (suite.verification)
-      report    out_dir/report.md (suite.report)
+      measure   backend=cpu: generate the kernels into out_dir/kernels/, run every schedule and
+                the library baseline on local gloo ranks, append each point to results.csv
+      report    out_dir/report.md (suite.report), figures/<experiment>.png (reports/)
 
-Later issues add generate -> measure -> predict between verify and report. Exit status: 0 when
+Later issues add predict between measure and report. Exit status: 0 when
 every check verified, 1 when a schedule failed verification (the report is still written), 2 for
 bad input (`fail`: one line on stderr, `error: ...`).
 """
@@ -19,6 +21,13 @@ from types import ModuleType
 from typing import NoReturn, Union
 
 import dsl
+
+from codegen.build import BuildError
+from codegen.runtime.launch import RankError
+from experiments import MeasureSettings
+from reports.figures import speedup_figure
+from reports.table import read_table
+from reports.tables import measured_table
 
 from .config import Config, validate
 from .errors import SuiteError, one_line
@@ -35,10 +44,11 @@ def run(cfg: Config, out_dir: Union[str, Path]) -> int:
         check_settings(cfg, reference, schedules)
         show_programs(schedules)
         checks = verify(cfg, exp, reference, schedules)
-    except (SuiteError, dsl.DSLError) as e:
+        rows = measure(cfg, exp, Path(out_dir))
+    except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
         fail(e)
     path = report(cfg, exp, schedules, checks, Path(out_dir))
-    return summarize(checks, path)
+    return summarize(checks, rows, path)
 
 
 def fail(error: Exception) -> NoReturn:
@@ -95,18 +105,52 @@ def verify(cfg: Config, exp: ModuleType, reference: dsl.Program,
                             show=lambda line: print(line, flush=True))
 
 
+def measure(cfg: Config, exp: ModuleType, out_dir: Path) -> list[dict]:
+    """Measured rows (backend=cpu, for experiments that can run on local ranks)."""
+    if cfg.backend.name != "cpu" or not hasattr(exp, "measure"):
+        print(f"measure: skipped ({exp.NAME} on backend {cfg.backend.name} has no local "
+              "measurement)", flush=True)
+        return []
+    settings = MeasureSettings(scale=cfg.scale.name, max_elements=cfg.scale.max_elements,
+                               world_size=cfg.world_size, warmup=cfg.scale.warmup,
+                               repeats=cfg.scale.repeats, csv_path=out_dir / "results.csv",
+                               kernels_dir=out_dir / "kernels", seed=cfg.seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"measuring {exp.NAME} on {cfg.world_size} gloo ranks ({cfg.scale.name} scale)",
+          flush=True)
+    return exp.measure(settings)
+
+
+def results_section(exp: ModuleType, out_dir: Path) -> str:
+    """Markdown for the measured results, from results.csv alone (reports/)."""
+    csv = out_dir / "results.csv"
+    if not csv.exists():
+        return ""
+    df = read_table(csv)
+    fig = speedup_figure(df, exp.NAME, out_dir / "figures" / f"{exp.NAME}.png")
+    return ("## Measured\n\nMedian time per step [min, max over repeats] and speedup over "
+            "`baseline` (same run, same ranks); each repeat's time is the maximum over ranks.\n\n"
+            f"{measured_table(df, exp.NAME)}\n![{exp.NAME}](figures/{fig.name})\n")
+
+
 def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], checks: list[Check],
            out_dir: Path) -> Path:
     settings = {"scale": cfg.scale.name, "backend": cfg.backend.name,
                 "topology": cfg.topology.name, "verify.world_sizes": cfg.verify.world_sizes,
                 "verify.trials": cfg.verify.trials, "seed": cfg.seed}
     text = render_report(experiment=exp.NAME, figure=exp.FIGURE, settings=settings,
-                         programs={name: str(p) for name, p in schedules.items()}, checks=checks)
+                         programs={name: str(p) for name, p in schedules.items()}, checks=checks,
+                         results=results_section(exp, out_dir))
     return write_report(out_dir, text)
 
 
-def summarize(checks: list[Check], path: Path) -> int:
+def summarize(checks: list[Check], rows: list[dict], path: Path) -> int:
     failed = sum(not c.verified for c in checks)
+    unverified = [f"{r['schedule']}@{r['size']}" for r in rows if not r["verified"]]
+    if unverified:
+        print(f"FAILED: measured points not verified: {', '.join(unverified)}; see {path}",
+              file=sys.stderr, flush=True)
+        return 1
     if failed:
         print(f"FAILED: {failed} of {len(checks)} checks did not verify; see {path}",
               file=sys.stderr, flush=True)

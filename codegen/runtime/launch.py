@@ -1,0 +1,331 @@
+"""Start ranks on this machine, or join ranks that torchrun/SLURM started; never hang.
+
+Contract
+--------
+`launch(fn, world_size, args=(), timeout_s=120.0, *, threads_per_rank=None) -> list`
+    Spawns `world_size` processes (multiprocessing 'spawn' context). Rank r initialises
+    `torch.distributed` with the gloo backend (a TCPStore on 127.0.0.1 hosted by the calling process
+    on a free port chosen by the OS, so there is no port race; the process group's timeout is
+    `timeout_s`), calls `fn(rank, world_size, *args)` and sends its return value back. `fn`, `args`
+    and the return values must be picklable (`fn` a module-level function). Returns the values in
+    rank order.
+    - A rank that raises ends the run at once: the other ranks are killed and `RankError` is raised
+      with the one-line message `rank R failed: <ExceptionType>: <message>`; the remote traceback
+      is `err.remote_traceback`. When a rank's failure makes its peers fail too (a closed
+      connection in a collective), the root cause is reported, not the echo.
+    - A rank that exits without reporting (segfault, `os._exit`, killed) gives
+      `rank R failed: died with exit code C` (or `killed by signal SIGNAME`).
+    - After `timeout_s` of wall-clock time the run is ended and `RankError` names the ranks that
+      had not finished (`err.ranks`).
+    Children inherit the caller's `sys.path` (spawn sends it), so project modules and test modules
+    import in the ranks whether the project is installed or run from the repository root. Each
+    child's environment carries MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE as torchrun would set them, and OMP_NUM_THREADS = threads per rank.
+
+`init_from_env(timeout_s=120.0, *, threads_per_rank=None) -> (rank, world_size)`
+    For processes started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): initialises
+    the gloo process group from env:// (no-op if already initialised) and returns its coordinates.
+
+`run_ranks(fn, world_size=None, args=(), timeout_s=120.0, *, gather=True, threads_per_rank=None)`
+    Under torchrun: `init_from_env`, then `fn(rank, world_size, *args)` in this process; with
+    `gather=True` every rank returns the list of all ranks' values in rank order (gathered with
+    `all_gather_object`), with `gather=False` only its own value. Exceptions propagate unchanged
+    (torchrun's agent then stops the other ranks). Otherwise: `launch(...)`, which returns the list.
+    `world_size=None` means "what torchrun says" and is an error outside torchrun.
+
+Threads: each rank uses `threads_per_rank` threads, by default max(1, cores // ranks on this
+machine), both for torch (`torch.set_num_threads`) and for OpenMP code compiled later
+(OMP_NUM_THREADS), so that ranks sharing the cores do not oversubscribe them.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from multiprocessing.connection import wait as _wait_ready
+
+_HOST = "127.0.0.1"
+_ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+_ECHO_WORDS = ("connection closed", "connection reset", "broken pipe", "socket closed",
+               "ECONNRESET", "EPIPE")
+_ECHO_GRACE_S = 1.0     # after a failure that looks like an echo, wait this long for its cause
+_STOP_GRACE_S = 2.0     # SIGTERM, then SIGKILL after this long
+_EXIT_GRACE_S = 10.0    # after all results arrived, ranks may take this long to exit
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RankError(RuntimeError):
+    """A launched run failed: a rank raised, died, or the run passed its deadline.
+
+    Attributes: `rank` (the rank at fault, None for a timeout), `ranks` (ranks at fault: the one
+    rank, or all unfinished ranks on a timeout), `exc_type` and `exc_message` (the remote exception,
+    None if the rank died), `exitcode`, `remote_traceback` (text, '' if none), `failures` (every
+    failure collected, as (rank, one-line description) pairs, root cause first).
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, ranks: tuple[int, ...] = (),
+                 exc_type: str | None = None, exc_message: str | None = None,
+                 exitcode: int | None = None, remote_traceback: str = "",
+                 failures: tuple[tuple[int, str], ...] = ()):
+        super().__init__(message)
+        self.rank, self.ranks = rank, tuple(ranks)
+        self.exc_type, self.exc_message, self.exitcode = exc_type, exc_message, exitcode
+        self.remote_traceback, self.failures = remote_traceback, tuple(failures)
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(ranks_on_host: int) -> int:
+    """Threads per rank so that `ranks_on_host` ranks share the cores without oversubscribing."""
+    return max(1, cpu_cores() // max(1, ranks_on_host))
+
+
+def set_threads(threads: int) -> None:
+    """Use `threads` threads in torch and in OpenMP runtimes loaded from now on."""
+    import torch
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def started_by_torchrun() -> bool:
+    """True when the torchrun/SLURM-style rendezvous variables are all set."""
+    return all(k in os.environ for k in _TORCHRUN_VARS)
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
+           threads_per_rank: int | None = None) -> list:
+    """Run `fn(rank, world_size, *args)` on `world_size` local gloo ranks; see the module doc."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    import torch.distributed as dist
+    threads = threads_per_rank or default_threads(world_size)
+    deadline = time.monotonic() + timeout_s
+    store = dist.TCPStore(_HOST, 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    try:
+        with _env(OMP_NUM_THREADS=str(threads)):
+            for rank in range(world_size):
+                recv_end, send_end = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_rank_main, name=f"rank{rank}", args=(
+                    rank, world_size, store.port, fn, tuple(args), timeout_s, threads, send_end))
+                proc.start()
+                send_end.close()
+                procs.append(proc)
+                conns.append(recv_end)
+        results = _collect(procs, conns, deadline, timeout_s)
+        _stop(procs, grace_s=_EXIT_GRACE_S)
+        return results
+    finally:
+        _stop(procs, grace_s=0.0)
+        for conn in conns:
+            conn.close()
+        del store
+
+
+def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn) -> None:
+    """Body of a spawned rank: init gloo, run fn, send ('ok', value) or ('err', ...) back."""
+    os.environ.update(MASTER_ADDR=_HOST, MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size))
+    failed = False
+    try:
+        import torch.distributed as dist
+        set_threads(threads)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(_HOST, port, None, False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
+        value = fn(rank, world_size, *args)
+        _send(conn, ("ok", value))
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        failed = True
+        try:
+            _send(conn, ("err", type(exc).__name__, str(exc), traceback.format_exc()))
+        except BaseException:  # noqa: BLE001 - the pipe is gone; the exit code still tells
+            pass
+    finally:
+        conn.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if failed:
+        os._exit(1)  # peers may be blocked on us; do not run gloo's teardown
+    dist.destroy_process_group()
+
+
+def _send(conn, message) -> None:
+    # Plain pickle, not the pipe's ForkingPickler: that one shares tensors through file
+    # descriptors served by the sending process, which is about to exit.
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _collect(procs, conns, deadline: float, timeout_s: float) -> list:
+    """Wait for every rank's report; raise RankError on the first failure or at the deadline."""
+    results: dict[int, object] = {}
+    failures: list[dict] = []
+    pending = set(range(len(procs)))
+    decide_at = None
+    while pending:
+        now = time.monotonic()
+        if decide_at is not None and now >= decide_at:
+            break
+        if decide_at is None and now >= deadline:
+            _raise_timeout(sorted(pending), timeout_s)
+        waiting = {conns[r]: ("msg", r) for r in pending}
+        waiting.update({procs[r].sentinel: ("exit", r) for r in pending})
+        ready = _wait_ready(list(waiting), timeout=(decide_at or deadline) - now)
+        for kind, rank in sorted((waiting[obj] for obj in ready), key=lambda kr: kr[0] != "msg"):
+            if rank not in pending or (kind == "exit" and conns[rank].poll()):
+                continue
+            outcome = _read(conns[rank], procs[rank]) if kind == "msg" else None
+            if outcome is not None and outcome[0] == "ok":
+                results[rank] = outcome[1]
+            else:
+                failures.append(_failure(rank, outcome, procs[rank]))
+            pending.discard(rank)
+        if failures and decide_at is None:
+            echo_only = all(f["echo"] for f in failures)
+            decide_at = time.monotonic() + (_ECHO_GRACE_S if echo_only and pending else 0.0)
+    if failures:
+        _raise_failure(failures)
+    return [results[r] for r in range(len(procs))]
+
+
+def _read(conn, proc):
+    try:
+        data = conn.recv_bytes()
+    except (EOFError, OSError):
+        proc.join(_STOP_GRACE_S)
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - e.g. a class the caller cannot import
+        return ("err", type(exc).__name__, f"cannot unpickle the rank's report: {exc}",
+                traceback.format_exc())
+
+
+def _failure(rank: int, outcome, proc) -> dict:
+    if outcome is None:
+        proc.join(_STOP_GRACE_S)
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        else:
+            how = f"died with exit code {code}" + (" without returning" if code == 0 else "")
+        return dict(rank=rank, line=how, exc_type=None, exc_message=None, exitcode=code, tb="",
+                    echo=False)
+    _, exc_type, message, tb = outcome
+    text = " ".join(str(message).split())
+    if len(text) > 500:
+        text = text[:497] + "..."
+    echo = exc_type in _ECHO_TYPES or any(w.lower() in text.lower() for w in _ECHO_WORDS)
+    return dict(rank=rank, line=f"{exc_type}: {text}", exc_type=exc_type, exc_message=message,
+                exitcode=None, tb=tb, echo=echo)
+
+
+def _raise_failure(failures: list[dict]):
+    ordered = [f for f in failures if not f["echo"]] + [f for f in failures if f["echo"]]
+    root = ordered[0]
+    raise RankError(f"rank {root['rank']} failed: {root['line']}", rank=root["rank"],
+                    ranks=(root["rank"],), exc_type=root["exc_type"],
+                    exc_message=root["exc_message"], exitcode=root["exitcode"],
+                    remote_traceback=root["tb"],
+                    failures=tuple((f["rank"], f["line"]) for f in ordered))
+
+
+def _raise_timeout(ranks: list[int], timeout_s: float):
+    raise RankError(f"ranks {ranks} did not finish within timeout_s={timeout_s:g}", rank=None,
+                    ranks=tuple(ranks))
+
+
+def _stop(procs, grace_s: float) -> None:
+    """Let ranks exit for `grace_s`, then SIGTERM, then SIGKILL; reap them all."""
+    end = time.monotonic() + grace_s
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(max(0.0, end - time.monotonic()))
+    alive = [p for p in procs if p.pid is not None and p.is_alive()]
+    for proc in alive:
+        proc.terminate()
+    end = time.monotonic() + _STOP_GRACE_S
+    for proc in alive:
+        proc.join(max(0.0, end - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+@contextmanager
+def _env(**values: str):
+    """Set environment variables in this process for the duration (children inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+
+def init_from_env(timeout_s: float = 120.0, *, threads_per_rank: int | None = None
+                  ) -> tuple[int, int]:
+    """Join the gloo process group described by torchrun's variables; return (rank, world_size)."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"init_from_env: {', '.join(missing)} not set; start the ranks with "
+                           "torchrun, or use launch()")
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    set_threads(threads_per_rank or default_threads(local_size))
+    dist.init_process_group("gloo", init_method="env://",
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def run_ranks(fn, world_size: int | None = None, args: tuple = (), timeout_s: float = 120.0, *,
+              gather: bool = True, threads_per_rank: int | None = None):
+    """Run fn on every rank, joining torchrun's ranks or launching local ones; see the module doc."""
+    if not started_by_torchrun():
+        if world_size is None:
+            raise ValueError("run_ranks: world_size is required outside torchrun")
+        return launch(fn, world_size, args, timeout_s, threads_per_rank=threads_per_rank)
+    import torch.distributed as dist
+    rank, size = init_from_env(timeout_s, threads_per_rank=threads_per_rank)
+    if world_size is not None and world_size != size:
+        raise ValueError(f"run_ranks: world_size={world_size} but torchrun started {size} ranks")
+    value = fn(rank, size, *args)
+    if not gather:
+        return value
+    values: list = [None] * size
+    dist.all_gather_object(values, value)
+    return values

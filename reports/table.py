@@ -1,0 +1,38 @@
+"""The results table: one row per measured, predicted or paper point (`results.csv`).
+
+Columns (DESIGN.md): experiment, schedule, source (measured | predicted | paper), backend,
+topology, world_size, size (elements of the principal tensor, or bytes for collectives), shape,
+dtype, time_ms (median), time_ms_min, time_ms_max (spread over repeats, measured rows), speedup
+(baseline median / this median at the same point, source and topology), verified.
+
+`append_row(path, row)` appends one row at once (writing the header when the file is new), so a
+crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Mapping, Union
+
+COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_size", "size", "shape",
+           "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified")
+
+
+def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        raise KeyError(f"unknown result columns {sorted(unknown)}")
+    path = Path(path)
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerow({k: row.get(k, "") for k in COLUMNS})
+        f.flush()
+
+
+def read_table(path: Union[str, Path]):
+    import pandas as pd
+
+    return pd.read_csv(path)
