@@ -6,11 +6,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from codegen.runtime import comm  # noqa: E402
-from codegen.runtime.launch import run_ranks  # noqa: E402
+from codegen.runtime import comm
+from codegen.runtime.launch import run_ranks
 
 
 def body(rank: int, world_size: int) -> list:

@@ -27,12 +27,14 @@ P members; this rank is member `me`; "block i" of a tensor of n*P elements is el
 Chunks: `chunks` must divide n (the per-member slice), else ValueError. Chunk c of a slice is its
 elements [c*n/chunks, (c+1)*n/chunks); in a tensor of P blocks, chunk c of block i is elements
 [i*n + c*n/chunks, i*n + (c+1)*n/chunks). Chunks travel as separate messages and are pipelined:
-every receive and every first-step send is issued up front.
+every receive is posted up front, and every first-step send as soon as its data exists.
 
-Tags: each kind of transfer uses its own tag range (`tag` selects a sub-range, 0..63), so a
-reduce-scatter, an all-gather and a P2P transfer may be in flight together between the same
-ranks. Two concurrent transfers of the same kind between the same ranks need different `tag`s.
-Buffers given to an operation (x and out) must not be touched until it has completed.
+Tags: each kind of transfer (reduce-scatter, all-gather, P2P) has its own tag range, in which
+`tag` (0..63) selects a sub-range, so transfers of different kinds may be in flight together
+between the same ranks. Transfers of one kind and one `tag` in flight together are matched in
+issue order (gloo matches the messages of one tag first in, first out): every rank must create
+them, and issue their chunks, in the same order; give them distinct `tag`s to decouple them.
+Buffers given to an operation (x and out) must not be touched until it has completed (`wait()`).
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ class Group:
 
     @classmethod
     def new(cls, ranks, timeout_s: float | None = None) -> Group:
-        """Create a subgroup; collective: every rank of the world must call it with the same args."""
+        """Create a subgroup; collective: every rank must call it, with the same ranks."""
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         pg = dist.new_group(list(ranks), timeout=timeout, backend="gloo")
         return cls(pg, tuple(ranks), timeout_s or pg_timeout_s(None))
@@ -237,7 +239,9 @@ class RingAllGather:
     """Chunked ring all-gather. Receives are posted at construction; `start_chunk(c)` (alias
     `send_chunk`) sends chunk c of this member's slice once the caller has computed it (src[lo:hi]
     with (lo, hi) = chunk_range(c)); `wait()` starts any chunk not yet started and finishes all.
-    When src is not out's own block, start_chunk(c) copies src's chunk c into it first.
+    When src is not out's own block, start_chunk(c) copies src's chunk c into it first. For
+    P == 2 the whole transfer is issued by start_chunk; for P > 2 the forwarding steps run in
+    wait().
     """
 
     def __init__(self, src, out, chunks: int = 1, group: Group | None = None, tag: int = 0):
@@ -285,25 +289,21 @@ class RingAllGather:
             self.own[lo:hi].copy_(self.src[lo:hi])
         if self.P > 1:
             self._send(self.own[lo:hi], 0, c)
-        self._forward(block=False)
 
     send_chunk = start_chunk
-
-    def _forward(self, block: bool) -> None:
-        """Pass on received blocks that the right neighbour still needs (steps 1..P-2)."""
-        for (c, s), work in list(self._recvs.items()):
-            if not block and not work.is_completed():
-                continue
-            _wait(work, self.g)
-            del self._recvs[(c, s)]
-            if s < self.P - 2:
-                self._send(self._oblock(self.me - s - 1, c), s + 1, c)
 
     def wait(self) -> torch.Tensor:
         for c in range(self.chunks):
             if not self._started[c]:
                 self.start_chunk(c)
-        self._forward(block=True)  # dict order: step-major, the same on every member
+        # Forward what the right neighbour still needs (steps 1..P-2), in step-major order, the
+        # same on every member. (gloo's send/recv Work reports completion only once waited, so
+        # forwarding cannot be polled earlier.)
+        for (c, s), work in self._recvs.items():
+            _wait(work, self.g)
+            if s < self.P - 2:
+                self._send(self._oblock(self.me - s - 1, c), s + 1, c)
+        self._recvs.clear()
         for work in self._sends:
             _wait(work, self.g)
         self._sends.clear()
@@ -362,8 +362,9 @@ class P2P:
         return self
 
     def wait_chunk(self, c: int) -> tuple[int, int]:
-        if self._works:
+        if self._works and self._works[c] is not None:  # a gloo Work must be waited only once
             self._works[c].wait(self.timeout)
+            self._works[c] = None
         return self.chunk_range(c)
 
     def wait(self) -> torch.Tensor | None:
@@ -428,7 +429,7 @@ def all_to_all(x, out, group: Group | None = None) -> torch.Tensor:
 
 
 def library_reduce_scatter(x, out, op: str = "sum", group: Group | None = None) -> torch.Tensor:
-    """gloo's own reduce-scatter (an all-reduce inside): the baseline the ring is measured against."""
+    """gloo's own reduce-scatter (an all-reduce inside): the baseline the ring is measured by."""
     g = group or Group.world()
     _check(out, "out")
     _check(x, "x", out.numel() * g.size, out.dtype)

@@ -188,6 +188,7 @@ class PlanRunner:
                     gathers[len(gathers) - len(ags) + ags.index(ag)].start_chunk(c)
             if barrier is not None:
                 self.collective(barrier)
+        ring.wait()  # the sends of the reduce-scatter
         for g in gathers:
             g.wait()
 

@@ -16,7 +16,8 @@ Contract
     - A rank that exits without reporting (segfault, `os._exit`, killed) gives
       `rank R failed: died with exit code C` (or `killed by signal SIGNAME`).
     - After `timeout_s` of wall-clock time the run is ended and `RankError` names the ranks that
-      had not finished (`err.ranks`).
+      had not finished (`err.ranks`); `err.remote_traceback` holds their Python stacks at that
+      moment (dumped by faulthandler on SIGUSR1).
     Children inherit the caller's `sys.path` (spawn sends it), so project modules and test modules
     import in the ranks whether the project is installed or run from the repository root. Each
     child's environment carries MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
@@ -40,14 +41,16 @@ machine), both for torch (`torch.set_num_threads`) and for OpenMP code compiled 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import pickle
 import signal
 import sys
+import tempfile
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
 
 _HOST = "127.0.0.1"
@@ -57,6 +60,7 @@ _ECHO_WORDS = ("connection closed", "connection reset", "broken pipe", "socket c
 _ECHO_GRACE_S = 1.0     # after a failure that looks like an echo, wait this long for its cause
 _STOP_GRACE_S = 2.0     # SIGTERM, then SIGKILL after this long
 _EXIT_GRACE_S = 10.0    # after all results arrived, ranks may take this long to exit
+_DUMP_WAIT_S = 0.3      # on a timeout, time given to the hung ranks to dump their stacks
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -121,28 +125,39 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
                           wait_for_workers=False)
     ctx = mp.get_context("spawn")
     procs, conns = [], []
+    stacks_dir = tempfile.TemporaryDirectory(prefix="coconet-ranks-")
     try:
         with _env(OMP_NUM_THREADS=str(threads)):
             for rank in range(world_size):
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_rank_main, name=f"rank{rank}", args=(
-                    rank, world_size, store.port, fn, tuple(args), timeout_s, threads, send_end))
+                    rank, world_size, store.port, fn, tuple(args), timeout_s, threads, send_end,
+                    _stacks_path(stacks_dir.name, rank)))
                 proc.start()
                 send_end.close()
                 procs.append(proc)
                 conns.append(recv_end)
-        results = _collect(procs, conns, deadline, timeout_s)
+        results = _collect(procs, conns, deadline, timeout_s, stacks_dir.name)
         _stop(procs, grace_s=_EXIT_GRACE_S)
         return results
     finally:
         _stop(procs, grace_s=0.0)
         for conn in conns:
             conn.close()
+        stacks_dir.cleanup()
         del store
 
 
-def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn) -> None:
-    """Body of a spawned rank: init gloo, run fn, send ('ok', value) or ('err', ...) back."""
+def _stacks_path(folder: str, rank: int) -> str:
+    return os.path.join(folder, f"rank{rank}.stacks")
+
+
+def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn, stacks_path) -> None:
+    """Body of a spawned rank: init gloo, run fn, send ('ok', value) or ('err', ...) back.
+    SIGUSR1 dumps every thread's Python stack into `stacks_path` (read by the parent on a
+    timeout)."""
+    stacks = open(stacks_path, "w")  # noqa: SIM115 - lives as long as the process
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     os.environ.update(MASTER_ADDR=_HOST, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size))
@@ -158,10 +173,8 @@ def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn) -> No
         _send(conn, ("ok", value))
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         failed = True
-        try:
+        with suppress(BaseException):  # if the pipe is gone, the exit code still tells
             _send(conn, ("err", type(exc).__name__, str(exc), traceback.format_exc()))
-        except BaseException:  # noqa: BLE001 - the pipe is gone; the exit code still tells
-            pass
     finally:
         conn.close()
         sys.stdout.flush()
@@ -177,7 +190,7 @@ def _send(conn, message) -> None:
     conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _collect(procs, conns, deadline: float, timeout_s: float) -> list:
+def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -> list:
     """Wait for every rank's report; raise RankError on the first failure or at the deadline."""
     results: dict[int, object] = {}
     failures: list[dict] = []
@@ -188,7 +201,7 @@ def _collect(procs, conns, deadline: float, timeout_s: float) -> list:
         if decide_at is not None and now >= decide_at:
             break
         if decide_at is None and now >= deadline:
-            _raise_timeout(sorted(pending), timeout_s)
+            _raise_timeout(sorted(pending), timeout_s, _dump_stacks(procs, pending, stacks_dir))
         waiting = {conns[r]: ("msg", r) for r in pending}
         waiting.update({procs[r].sentinel: ("exit", r) for r in pending})
         ready = _wait_ready(list(waiting), timeout=(decide_at or deadline) - now)
@@ -233,15 +246,15 @@ def _failure(rank: int, outcome, proc) -> dict:
                 how = f"killed by signal {-code}"
         else:
             how = f"died with exit code {code}" + (" without returning" if code == 0 else "")
-        return dict(rank=rank, line=how, exc_type=None, exc_message=None, exitcode=code, tb="",
-                    echo=False)
+        return {"rank": rank, "line": how, "exc_type": None, "exc_message": None,
+                "exitcode": code, "tb": "", "echo": False}
     _, exc_type, message, tb = outcome
     text = " ".join(str(message).split())
     if len(text) > 500:
         text = text[:497] + "..."
     echo = exc_type in _ECHO_TYPES or any(w.lower() in text.lower() for w in _ECHO_WORDS)
-    return dict(rank=rank, line=f"{exc_type}: {text}", exc_type=exc_type, exc_message=message,
-                exitcode=None, tb=tb, echo=echo)
+    return {"rank": rank, "line": f"{exc_type}: {text}", "exc_type": exc_type,
+            "exc_message": message, "exitcode": None, "tb": tb, "echo": echo}
 
 
 def _raise_failure(failures: list[dict]):
@@ -254,9 +267,25 @@ def _raise_failure(failures: list[dict]):
                     failures=tuple((f["rank"], f["line"]) for f in ordered))
 
 
-def _raise_timeout(ranks: list[int], timeout_s: float):
+def _dump_stacks(procs, ranks, stacks_dir: str) -> str:
+    """Ask the hung ranks for their Python stacks (SIGUSR1, faulthandler); return the text."""
+    for rank in ranks:
+        if procs[rank].is_alive():
+            os.kill(procs[rank].pid, signal.SIGUSR1)
+    time.sleep(_DUMP_WAIT_S)
+    texts = []
+    for rank in sorted(ranks):
+        try:
+            with open(_stacks_path(stacks_dir, rank)) as f:
+                texts.append(f"rank {rank}:\n{f.read()}")
+        except OSError:
+            pass
+    return "\n".join(texts)
+
+
+def _raise_timeout(ranks: list[int], timeout_s: float, stacks: str):
     raise RankError(f"ranks {ranks} did not finish within timeout_s={timeout_s:g}", rank=None,
-                    ranks=tuple(ranks))
+                    ranks=tuple(ranks), remote_traceback=stacks)
 
 
 def _stop(procs, grace_s: float) -> None:
@@ -314,7 +343,7 @@ def init_from_env(timeout_s: float = 120.0, *, threads_per_rank: int | None = No
 
 def run_ranks(fn, world_size: int | None = None, args: tuple = (), timeout_s: float = 120.0, *,
               gather: bool = True, threads_per_rank: int | None = None):
-    """Run fn on every rank, joining torchrun's ranks or launching local ones; see the module doc."""
+    """Run fn on every rank: join torchrun's ranks, or launch local ones; see the module doc."""
     if not started_by_torchrun():
         if world_size is None:
             raise ValueError("run_ranks: world_size is required outside torchrun")

@@ -1,0 +1,288 @@
+"""`Renderer`: the target-independent walk that turns one `plan.Kernel` into C-style source text.
+
+Contract (the semantics of a Kernel are in the docstring of `codegen.plan`):
+- `render(kernel) -> str` is pure text: one function `<kernel.name>(begin, end, rank, bufs)` where
+  `bufs[j]` is the buffer `kernel.args()[j]`; `render_module(kernels) -> str` is a whole
+  translation unit (a header of helpers once, then each distinct function, then the bindings).
+- Every value a statement uses is exactly one of: a local computed by an earlier statement of the
+  kernel (`v<id>`), an operand read through its `Access` (`kernel.reads`, by value id), or a 0-d
+  buffer in `kernel.scalars` (by convention the buffer id equals the value id).
+- Prologue (once per call): scalar loads, loop-invariant reads (all strides 0), every 0-d
+  statement that is not a reduction, stores of `scalar_outs` (and of any 0-d value in `writes`).
+- Loop over flat e in [begin, end): loads of the operands used, the loop statements in program
+  order, `sum`s accumulated in double (int64 for integers and bools), stores of `writes` at e.
+- Epilogue: every accumulator ADDED to its 0-d buffer (the caller zeroes it before the 1st chunk).
+- f16/bf16 are loaded and computed as float (f32 accumulation) and converted back at the store;
+  a `cast` to f16/bf16 rounds to that type, as the interpreter does. Constants take the dtype of
+  their statement (a comparison's: its operands'), rounded to it as `dsl.interpret` does.
+
+Targets subclass `Renderer`, set the class attributes (type names, helper names, the op table
+`code_for_op`) and assemble the walk's pieces in `function()`. A missing rule raises `RenderError`
+("render rule for X not implemented"); `tests/test_render.py` checks none is missing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from dsl.interpret import as_dtype, mix32
+from dsl.ir import Const, Stmt, Value
+from dsl.types import DType
+
+from .plan import Access, Kernel
+
+_GOLDEN = 0x9E3779B9  # as dsl.interpret.dropout_keep
+
+
+class RenderError(Exception):
+    """A kernel the renderer cannot express (names the kernel and the statement at fault)."""
+
+
+@dataclass
+class Walk:
+    """The pieces of one kernel function, as lines of text, in the order they run."""
+    kernel: Kernel
+    buffers: dict[int, DType] = field(default_factory=dict)  # buffer id -> dtype (used ones)
+    prologue: list[str] = field(default_factory=list)  # scalar loads, 0-d stmts, scalar stores
+    index: dict[int, str] = field(default_factory=dict)  # loop dim -> its multi-index variable
+    loads: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+    stores: list[str] = field(default_factory=list)
+    accs: list[tuple[str, str, str]] = field(default_factory=list)  # (acc type, acc, final stmt)
+    rank_offsets: dict[int, str] = field(default_factory=dict)  # rank_stride -> hoisted name
+
+
+def _cmp(op: str) -> Callable[..., str]:
+    return lambda a, b, dt: f"({a} {op} {b})"
+
+
+class Renderer:
+    # -- target description (override in subclasses) -----------------------------------------
+    compute_type: dict[DType, str] = {}  # the type values of a dtype are computed in
+    storage_type: dict[DType, str] = {}  # the element type of a buffer of that dtype
+    acc_type = {"float": "double", "int": "int64_t"}
+    index_type = "int64_t"
+    float_suffix = {DType.f16: "f", DType.bf16: "f", DType.f32: "f", DType.f64: ""}
+    inf, nan = "INFINITY", "NAN"
+    bool_literals = ("false", "true")
+    # op kind -> expression (sum: the accumulation statement; update: the value it writes).
+    # Arguments are rendered operands, then the statement's dtype.
+    code_for_op: dict[str, Callable[..., str]] = {
+        "add": lambda a, b, dt: f"({a} + {b})", "sub": lambda a, b, dt: f"({a} - {b})",
+        "mul": lambda a, b, dt: f"({a} * {b})",
+        "div": lambda a, b, dt: f"({a} / {b})" if dt.is_float else f"cc_idiv({a}, {b})",
+        "pow": lambda a, b, dt: f"std::pow({a}, {b})" if dt.is_float else f"cc_ipow({a}, {b})",
+        "maximum": lambda a, b, dt: f"cc_max({a}, {b})", "minimum": lambda a, b, dt: f"cc_min({a}, {b})",
+        "lt": _cmp("<"), "le": _cmp("<="), "gt": _cmp(">"), "ge": _cmp(">="), "eq": _cmp("=="),
+        "ne": _cmp("!="),
+        "neg": lambda a, dt: f"(-{a})", "sqrt": lambda a, dt: f"std::sqrt({a})",
+        "rsqrt": lambda a, dt: f"(1 / std::sqrt({a}))",
+        "exp": lambda a, dt: f"std::exp({a})",
+        "where": lambda c, a, b, dt: f"({c} ? {a} : {b})",
+        "cast": lambda a, ctype, dt: f"static_cast<{ctype}>({a})",
+        "dropout": lambda x, index, seed, threshold, scale, zero, dt:
+            f"(cc_keep({index}, {seed}u, {threshold}u) ? {x} * {scale} : {zero})",
+        "sum": lambda acc, x, dt: f"{acc} += {x};",
+        "update": lambda target, value, dt: value,
+    }
+
+    # -- entry points -------------------------------------------------------------------------
+    def render(self, kernel: Kernel) -> str:
+        return self.function(self.walk(kernel))
+
+    def render_module(self, kernels: list[Kernel]) -> str:
+        """One translation unit: the helper header, each distinct function once (sorted by name,
+        so the same set of kernels always gives the same text), the bindings."""
+        funcs: dict[str, str] = {}
+        for k in kernels:
+            text = self.render(k)
+            if funcs.setdefault(k.name, text) != text:
+                raise RenderError(f"two different kernels are both named {k.name}")
+        names = sorted(funcs)
+        return self.module(names, [funcs[n] for n in names])
+
+    # -- target hooks -------------------------------------------------------------------------
+    def function(self, w: Walk) -> str:
+        raise NotImplementedError
+
+    def module(self, names: list[str], functions: list[str]) -> str:
+        raise NotImplementedError
+
+    def load(self, ptr: str, index: str, dt: DType) -> str:
+        return f"{ptr}[{index}]"
+
+    def store(self, ptr: str, index: str, value: str, dt: DType) -> str:
+        return f"{ptr}[{index}] = {value};"
+
+    def round_to(self, expr: str, dt: DType) -> str:
+        """`expr` rounded to dt's storage type and back to its compute type (cast to f16/bf16)."""
+        return expr
+
+    # -- constants ----------------------------------------------------------------------------
+    def const(self, value: object, dt: DType) -> str:
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+            raise RenderError(f"constant {value!r} is not a plain number (lower binds sizes)")
+        x = as_dtype(value, dt)[()]
+        if dt is DType.bool:
+            return self.bool_literals[bool(x)]
+        if not dt.is_float:
+            return f"{int(x)}" if dt is DType.i32 else f"{int(x)}LL"
+        if math.isnan(x):
+            return self.nan if dt is DType.f64 else f"float({self.nan})"
+        if math.isinf(x):
+            sign = "-" if x < 0 else ""
+            return sign + (self.inf if dt is DType.f64 else f"float({self.inf})")
+        text = str(np.float64(x)) if dt is DType.f64 else str(np.float32(x))
+        if "." not in text and "e" not in text:
+            text += ".0"
+        return text + self.float_suffix[dt]
+
+    # -- the walk -----------------------------------------------------------------------------
+    def walk(self, k: Kernel) -> Walk:
+        w = Walk(k)
+        reads = {a.value: a for a in k.reads}
+        values = _values(k)
+        used = _used(k)
+        local: set[int] = set()  # value ids with a variable in scope (prologue or loop)
+        writes = dict(k.writes)
+        for vid in [v for v in used if v in reads]:
+            self._read(w, reads[vid], values[vid], local)
+        for vid in sorted(v for v in used if v not in reads and v not in _outs(k)):
+            if values[vid].type.rank != 0 or vid not in k.scalars:
+                raise RenderError(f"kernel {k.name}: value %{vid} is neither computed, read nor a"
+                                  " scalar argument")
+            self._buffer(w, vid, values[vid].type.dtype)
+            w.prologue.append(self._decl(values[vid], self.load(f"b{vid}", "0", values[vid].type.dtype)))
+            local.add(vid)
+        for s in k.stmts:
+            self._stmt(w, s, reads, local)
+        for vid, buf in list(k.scalar_outs) + [(v, b) for v, b in k.writes if values[v].type.rank == 0]:
+            dt = values[vid].type.dtype
+            self._buffer(w, buf, dt)
+            w.prologue.append(self.store(f"b{buf}", "0", f"v{vid}", dt))
+        for vid, buf in k.writes:
+            if values[vid].type.rank != 0:
+                self._buffer(w, buf, values[vid].type.dtype)
+                w.stores.append(self.store(f"b{buf}", "e", f"v{vid}", values[vid].type.dtype))
+        return w
+
+    def _buffer(self, w: Walk, buf: int, dt: DType) -> None:
+        if w.buffers.setdefault(buf, dt) is not dt:
+            raise RenderError(f"kernel {w.kernel.name}: buffer {buf} is used as {w.buffers[buf]} and {dt}")
+
+    def _decl(self, v: Value, expr: str) -> str:
+        return f"const {self.compute_type[v.type.dtype]} v{v.id} = {expr};"
+
+    def _read(self, w: Walk, a: Access, v: Value, local: set[int]) -> None:
+        dt = v.type.dtype
+        self._buffer(w, a.buffer, dt)
+        if not any(a.strides):  # loop-invariant: load once
+            w.prologue.append(self._decl(v, self.load(f"b{a.buffer}", self._rank_term(w, a) or "0", dt)))
+        else:
+            w.loads.append(self._decl(v, self.load(f"b{a.buffer}", self.index_expr(w, a), dt)))
+        local.add(v.id)
+
+    def _rank_term(self, w: Walk, a: Access) -> str:
+        if not a.rank_stride:
+            return ""
+        return w.rank_offsets.setdefault(a.rank_stride, f"ro{a.rank_stride}")
+
+    def index_expr(self, w: Walk, a: Access) -> str:
+        """The element index of access `a` at loop element e (see `codegen.plan`)."""
+        terms = []
+        if a.is_contiguous(w.kernel.loop):
+            terms.append("e")
+        else:
+            for d, s in enumerate(a.strides):
+                if s:
+                    terms.append(self._dim(w, d) + ("" if s == 1 else f" * {s}"))
+        rank = self._rank_term(w, a)
+        return " + ".join(terms + ([rank] if rank else [])) or "0"
+
+    def _dim(self, w: Walk, d: int) -> str:
+        """The loop's multi-index i_d at e, declared once per iteration."""
+        if d not in w.index:
+            L = w.kernel.loop
+            inner = math.prod(L[d + 1:])
+            expr = "e" if inner == 1 else f"e / {inner}"
+            if d > 0:
+                expr = f"e % {L[d]}" if inner == 1 else f"({expr}) % {L[d]}"
+            w.index[d] = f"const {self.index_type} i{d} = {expr};"
+        return f"i{d}"
+
+    def _stmt(self, w: Walk, s: Stmt, reads: dict[int, Access], local: set[int]) -> None:
+        k, dt = w.kernel, s.out.type.dtype
+        rule = self.code_for_op.get(s.op)
+        if rule is None:
+            raise RenderError(f"kernel {k.name}: {s}: render rule for {s.op} not implemented")
+        cdt = s.values[0].type.dtype if s.op in ("lt", "le", "gt", "ge", "eq", "ne") else dt
+        args = [self.const(a.value, cdt) if isinstance(a, Const) else f"v{a.id}" for a in s.args]
+        for i, a in enumerate(s.args):
+            if isinstance(a, Value) and a.id not in local and not (s.op == "update" and i == 0):
+                raise RenderError(f"kernel {k.name}: {s}: operand %{a.id} is used before it is "
+                                  "computed, read or passed as a scalar")
+        if s.op == "sum":
+            if s.values[0].type.rank > len(k.loop):
+                raise RenderError(f"kernel {k.name}: {s}: sums a rank-{s.values[0].type.rank} "
+                                  f"tensor over a loop of shape {k.loop}")
+            acc = f"acc{s.out.id}"
+            kind = "float" if s.values[0].type.dtype.is_float else "int"
+            buf = dict(k.reduces).get(s.out.id)
+            if buf is None:
+                raise RenderError(f"kernel {k.name}: {s}: a sum that is not in kernel.reduces")
+            self._buffer(w, buf, dt)
+            total = f"{self.load(f'b{buf}', '0', dt)} + static_cast<{self.compute_type[dt]}>({acc})"
+            w.accs.append((self.acc_type[kind], acc, self.store(f"b{buf}", "0", total, dt)))
+            w.body.append(rule(acc, f"static_cast<{self.acc_type[kind]}>({args[0]})", dt))
+            return
+        if s.op == "update":
+            args[0] = ""  # the target's old contents are not read
+        elif s.op == "dropout":
+            args = self._dropout(w, s, args[0])
+        elif s.op == "cast":
+            args = [args[0], self.compute_type[dt]]
+        expr = rule(*args, dt)
+        if s.op == "cast":
+            expr = self.round_to(expr, dt)
+        line = f"{self._decl(s.out, expr)}  // {s.out.name}"
+        (w.prologue if s.out.type.rank == 0 else w.body).append(line)
+        local.add(s.out.id)
+
+    def _dropout(self, w: Walk, s: Stmt, x: str) -> list[str]:
+        acc = dict(w.kernel.dropout_index).get(s.out.id)
+        if acc is None:
+            raise RenderError(f"kernel {w.kernel.name}: {s}: no dropout_index for %{s.out.id}")
+        p, dt = float(s.attr("p")), s.out.type.dtype
+        seed = int(mix32(np.uint32((int(s.attr("seed")) & 0xFFFFFFFF) ^ _GOLDEN)))
+        threshold = int(np.ceil(p * 2.0**24))
+        index = f"static_cast<uint64_t>({self.index_expr(w, acc)})"
+        return [x, index, f"0x{seed:08x}", str(threshold), self.const(1.0 / (1.0 - p), dt),
+                self.const(0, dt)]
+
+
+def _values(k: Kernel) -> dict[int, Value]:
+    out: dict[int, Value] = {}
+    for s in k.stmts:
+        for a in s.values:
+            out.setdefault(a.id, a)
+        out[s.out.id] = s.out
+    return out
+
+
+def _outs(k: Kernel) -> set[int]:
+    return {s.out.id for s in k.stmts}
+
+
+def _used(k: Kernel) -> list[int]:
+    """Value ids the statements use, in first-use order (an update's target is not used)."""
+    seen: dict[int, None] = {}
+    for s in k.stmts:
+        for i, a in enumerate(s.args):
+            if isinstance(a, Value) and not (s.op == "update" and i == 0):
+                seen.setdefault(a.id, None)
+    return list(seen)
+
+
