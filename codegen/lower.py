@@ -110,6 +110,7 @@ class _Lowering:
         self.P = bound["P"]
         self.storage: dict[int, int] = {}  # value id -> buffer id
         self.buffers: dict[int, Buffer] = {}
+        self.slices: dict[int, tuple[Value, int]] = {}  # slice value id -> (tensor, dim)
         self.next_step = 0
 
     def shape(self, t: TensorType) -> tuple[int, ...]:
@@ -166,6 +167,7 @@ class _Lowering:
         scalars, writes, reduces, scalar_outs, dropout, body = set(), [], [], [], [], []
         for s in unit.stmts:
             if s.op == "slice":
+                self.slices[s.out.id] = (s.args[0], s.attr("dim"))
                 reads[s.out.id] = self.access(s.out, s.args[0], loop, s.attr("dim"))
                 continue
             for a in s.values:
@@ -173,6 +175,9 @@ class _Lowering:
                     continue
                 if a.type.rank == 0:
                     scalars.add(self.buffer(a))
+                elif a.id in self.slices:  # a slice taken in an earlier kernel: read it again
+                    src, dim = self.slices[a.id]
+                    reads[a.id] = self.access(a, src, loop, dim)
                 else:
                     reads[a.id] = self.access(a, a, loop, None)
             body.append(s)

@@ -68,6 +68,7 @@ class Renderer:
     float_suffix = {DType.f16: "f", DType.bf16: "f", DType.f32: "f", DType.f64: ""}
     inf, nan = "INFINITY", "NAN"
     bool_literals = ("false", "true")
+    int64_literal = "{}LL"
     # op kind -> expression (sum: the accumulation statement; update: the value it writes).
     # Arguments are rendered operands, then the statement's dtype.
     code_for_op: dict[str, Callable[..., str]] = {
@@ -83,8 +84,8 @@ class Renderer:
         "exp": lambda a, dt: f"std::exp({a})",
         "where": lambda c, a, b, dt: f"({c} ? {a} : {b})",
         "cast": lambda a, ctype, dt: f"static_cast<{ctype}>({a})",
-        "dropout": lambda x, index, seed, threshold, scale, zero, dt:
-            f"(cc_keep({index}, {seed}u, {threshold}u) ? {x} * {scale} : {zero})",
+        "dropout": lambda x, index, seed, threshold, scale, dt:
+            f"cc_dropout({x}, {index}, {seed}u, {threshold}u, {scale})",
         "sum": lambda acc, x, dt: f"{acc} += {x};",
         "update": lambda target, value, dt: value,
     }
@@ -129,7 +130,7 @@ class Renderer:
         if dt is DType.bool:
             return self.bool_literals[bool(x)]
         if not dt.is_float:
-            return f"{int(x)}" if dt is DType.i32 else f"{int(x)}LL"
+            return f"{int(x)}" if dt is DType.i32 else self.int64_literal.format(int(x))
         if math.isnan(x):
             return self.nan if dt is DType.f64 else f"float({self.nan})"
         if math.isinf(x):
@@ -147,10 +148,10 @@ class Renderer:
         values = _values(k)
         used = _used(k)
         local: set[int] = set()  # value ids with a variable in scope (prologue or loop)
-        writes = dict(k.writes)
+        outs = {s.out.id for s in k.stmts}
         for vid in [v for v in used if v in reads]:
             self._read(w, reads[vid], values[vid], local)
-        for vid in sorted(v for v in used if v not in reads and v not in _outs(k)):
+        for vid in sorted(v for v in used if v not in reads and v not in outs):
             if values[vid].type.rank != 0 or vid not in k.scalars:
                 raise RenderError(f"kernel {k.name}: value %{vid} is neither computed, read nor a"
                                   " scalar argument")
@@ -259,8 +260,7 @@ class Renderer:
         seed = int(mix32(np.uint32((int(s.attr("seed")) & 0xFFFFFFFF) ^ _GOLDEN)))
         threshold = int(np.ceil(p * 2.0**24))
         index = f"static_cast<uint64_t>({self.index_expr(w, acc)})"
-        return [x, index, f"0x{seed:08x}", str(threshold), self.const(1.0 / (1.0 - p), dt),
-                self.const(0, dt)]
+        return [x, index, f"0x{seed:08x}", str(threshold), self.const(1.0 / (1.0 - p), dt)]
 
 
 def _values(k: Kernel) -> dict[int, Value]:
@@ -270,10 +270,6 @@ def _values(k: Kernel) -> dict[int, Value]:
             out.setdefault(a.id, a)
         out[s.out.id] = s.out
     return out
-
-
-def _outs(k: Kernel) -> set[int]:
-    return {s.out.id for s in k.stmts}
 
 
 def _used(k: Kernel) -> list[int]:

@@ -161,8 +161,8 @@ def drop():
 DROP = """\
 void drop(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 2, "drop takes 2 buffers");
-  at::Half* b0 = bufs[0].data_ptr<at::Half>();
-  at::Half* b1 = bufs[1].data_ptr<at::Half>();
+  cc_half* b0 = reinterpret_cast<cc_half*>(bufs[0].data_ptr<at::Half>());
+  cc_half* b1 = reinterpret_cast<cc_half*>(bufs[1].data_ptr<at::Half>());
   const int64_t ro8 = rank * 8;
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
@@ -170,8 +170,8 @@ void drop(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs
     const int64_t i0 = e / 8;
     const int64_t i1 = e % 8;
     const float v0 = static_cast<float>(b0[e]);
-    const float v1 = (cc_keep(static_cast<uint64_t>(i0 * 16 + i1 + ro8), 0xa0df3600u, 1677722u) ? v0 * 1.1113281f : 0.0f);  // y
-    b1[e] = at::Half(v1);
+    const float v1 = cc_dropout(v0, static_cast<uint64_t>(i0 * 16 + i1 + ro8), 0xa0df3600u, 1677722u, 1.1113281f);  // y
+    b1[e] = static_cast<cc_half>(v1);
   }
 }
 """
@@ -234,8 +234,8 @@ def test_comparison_constants_take_the_operands_dtype_and_casts_round():
     text = R.render(_kernel("cmp", (8,), b.build(), reads=(Access(0, 0, (1,)),),
                             writes=((1, 1), (2, 2))))
     assert "const bool v1 = (v0 < 0.1);" in text
-    assert "const float v2 = static_cast<float>(at::Half(static_cast<float>(v0)));" in text
-    assert "b2[e] = at::Half(v2);" in text
+    assert "const float v2 = static_cast<float>(static_cast<cc_half>(static_cast<float>(v0)));" in text
+    assert "b2[e] = static_cast<cc_half>(v2);" in text
 
 
 def test_integer_ops_use_the_helpers():

@@ -120,14 +120,14 @@ class PlanRunner:
             comm.all_reduce(dst.view(-1), op=s.op, group=g)
         elif s.kind == "reduce_scatter":
             flat = src.movedim(s.dim, 0).contiguous().view(-1)
-            out = torch.empty_like(dst.movedim(s.dim, 0)) if s.dim else dst
+            out = _moved_buffer(dst, s.dim) if s.dim else dst
             comm.reduce_scatter(flat, out.view(-1), op=s.op, group=g)
             if s.dim:
                 dst.movedim(s.dim, 0).copy_(out)
         elif s.kind == "all_gather":
             d = src.dim() and _sliced_dim(self.plan, s.src)
             flat = src.movedim(d, 0).contiguous().view(-1)
-            out = torch.empty_like(dst.movedim(d, 0)) if d else dst
+            out = _moved_buffer(dst, d) if d else dst
             comm.all_gather(flat, out.view(-1), group=g)
             if d:
                 dst.movedim(d, 0).copy_(out)
@@ -174,23 +174,27 @@ class PlanRunner:
         phases = _phases(rest)
         gathers = []
         for k, (kernels, barrier, ags) in enumerate(phases):
+            mine = [comm.RingAllGather(self.bufs[ag.src].view(-1), self.bufs[ag.dst].view(-1),
+                                       chunks=C, group=self.group) for ag in ags]
+            gathers += mine
             for c in range(C):
                 if k == 0:
                     ring.wait_chunk(c)
                 for s in kernels:
                     n = s.kernel.numel
                     self.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0))
-                for ag in ags:
-                    if c == 0:
-                        gathers.append(comm.RingAllGather(self.bufs[ag.src].view(-1),
-                                                          self.bufs[ag.dst].view(-1),
-                                                          chunks=C, group=self.group))
-                    gathers[len(gathers) - len(ags) + ags.index(ag)].start_chunk(c)
+                for g in mine:
+                    g.start_chunk(c)
             if barrier is not None:
                 self.collective(barrier)
         ring.wait()  # the sends of the reduce-scatter
         for g in gathers:
             g.wait()
+
+
+def _moved_buffer(like: torch.Tensor, dim: int) -> torch.Tensor:
+    """A contiguous buffer shaped like `like` with dimension `dim` moved to the front."""
+    return torch.empty(like.movedim(dim, 0).shape, dtype=like.dtype)
 
 
 def _sliced_dim(plan: Plan, bid: int) -> int:
