@@ -71,7 +71,7 @@ def native_arch() -> Optional[str]:
     cxx = os.environ.get("CXX", "c++")
     try:
         out = subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.search(r"^\s*-march=\s*(\S+)", out.stdout, re.M)

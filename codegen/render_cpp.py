@@ -139,9 +139,9 @@ class CppRenderer(Renderer):
         lines += [f"{i1}{t} {acc} = 0;" for t, acc, _ in w.accs]
         if w.loads or w.body or w.stores or w.accs:
             clauses = f" reduction(+: {', '.join(acc for _, acc, _ in w.accs)})" if w.accs else ""
-            lines += [f"{i1}const int nt = at::get_num_threads();",
-                      f"{i1}#pragma omp parallel for simd num_threads(nt) "
-                      f"if(parallel: end - begin >= {PARALLEL_MIN}){clauses}",
+            pragma = (f"#pragma omp parallel for simd num_threads(nt) "
+                      f"if(parallel: end - begin >= {PARALLEL_MIN}){clauses}")
+            lines += [f"{i1}const int nt = at::get_num_threads();", i1 + pragma,
                       f"{i1}for (int64_t e = begin; e < end; ++e) {{"]
             lines += [i2 + line for line in [w.index[d] for d in sorted(w.index)]]
             lines += [i2 + line for line in w.loads + w.body + w.stores]

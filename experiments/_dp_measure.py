@@ -25,11 +25,11 @@ from codegen.build import build, write_sources
 from codegen.lower import lower
 from codegen.plan import Plan
 from codegen.runtime.execute import PlanRunner, tp_groups
-from codegen.runtime.launch import launch
+from codegen.runtime.launch import run_ranks
 from codegen.runtime.measure import time_ranks
 from reports.table import append_row
 
-RTOL = 1e-5  # f32: three steps of Adam/LAMB differ only by reduction order and op order
+RTOL = 2e-6  # f32: three steps differ only by reduction and op order (a few ulp of w, m, v)
 HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 
 
@@ -221,4 +221,5 @@ def measure(experiment: str, optimizer: str, program: dsl.Program, schedules: di
     ok = baseline_matches_program(optimizer, program, world_size, seed=seed)
     spec = Spec(experiment, optimizer, world_size, tuple(sizes), plans, warmup, repeats,
                 str(csv_path), seed, ok)
-    return launch(rank_main, world_size, args=(spec, kernels), timeout_s=timeout_s)[0]
+    # local ranks, or, when this process was started by torchrun, this rank of torchrun's group
+    return run_ranks(rank_main, world_size, args=(spec, kernels), timeout_s=timeout_s)[0]

@@ -58,7 +58,9 @@ class PlanRunner:
         """Copy this rank's local inputs in; hyper-parameters not given keep their values."""
         for name, bid in self.plan.inputs:
             if bid in self.bufs and name in inputs:
-                self.bufs[bid].copy_(torch.from_numpy(np.ascontiguousarray(inputs[name])))
+                buf = self.bufs[bid]
+                arr = np.array(inputs[name], order="C")  # keeps 0-d arrays 0-d
+                buf.copy_(torch.from_numpy(arr).reshape(buf.shape))
 
     def outputs(self) -> dict[str, np.ndarray]:
         return {name: self.bufs[bid].numpy().copy() for name, bid in self.plan.outputs
