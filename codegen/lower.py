@@ -87,7 +87,7 @@ def _partition(p: Program, stmts: list[Stmt], origin: dict[int, int]) -> list[_U
             units.append(_Unit("comm" if s.op in COMM else "matmul", [s], gi))
             continue
         cur = units[-1] if units else None
-        t = s.out.type
+        t = s.args[0].type if s.op == "sum" else s.out.type  # what the statement loops over
         fits = (cur is not None and cur.kind == "kernel" and cur.group == gi
                 and not any(a.id in reduced for a in s.values)
                 and (t.rank == 0 or cur.loop is None

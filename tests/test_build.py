@@ -25,7 +25,6 @@ from codegen import build as build_mod
 from codegen.build import BuildError, build, module_source, write_sources
 from codegen.lower import lower
 from codegen.plan import Collective, Compute, Copy
-from codegen.render import RenderError
 from codegen.render_cpp import CppRenderer
 from dsl import P, Builder, Local, Replicated, Sliced, bf16, f16, f32, f64, i32, i64, interpret, sym
 from dsl.interpret import dropout_keep, global_flat_index
@@ -156,31 +155,17 @@ def extra_programs():
 
 @pytest.fixture(scope="module")
 def compiled():
-    """The one-op cases, the extra programs and their functions: one build for the whole file.
-
-    A case whose lowered kernels the renderer rejects (a lowering bug) is left out of the module
-    and its test xfails with the renderer's message."""
+    """The one-op cases, the extra programs and their functions: one build for the whole file."""
     plans = {(op, dt): (p := one_op(op, dt), lower(p, {"N": SIZE}, 1)) for op, dt in CASES}
     extras = {k: (p, lower(p, bnd, w), bnd) for k, (p, bnd, w) in extra_programs().items()}
-    rejected, kernels = {}, []
-    for key, plan in [(k, pl) for k, (_, pl) in plans.items()] + [(k, pl) for k, (_, pl, _) in extras.items()]:
-        try:
-            R.render_module(plan.kernels())
-            kernels += plan.kernels()
-        except RenderError as e:
-            rejected[key] = str(e)
-    return SimpleNamespace(plans=plans, extras=extras, kernels=kernels, rejected=rejected,
+    kernels = [k for _, pl in plans.values() for k in pl.kernels()]
+    kernels += [k for _, pl, _ in extras.values() for k in pl.kernels()]
+    return SimpleNamespace(plans=plans, extras=extras, kernels=kernels,
                            fns=build(kernels, name="test_build"))
-
-
-def _rejected(compiled, key):
-    if key in compiled.rejected:
-        pytest.xfail(f"lowering gives a kernel the renderer rejects: {compiled.rejected[key]}")
 
 
 @pytest.mark.parametrize("op, dt", CASES, ids=[f"{op}-{dt}" for op, dt in CASES])
 def test_op_matches_interpret(compiled, op, dt):
-    _rejected(compiled, (op, dt))
     program, plan = compiled.plans[(op, dt)]
     given = {k: v for k, v in inputs(op, dt, SIZE).items() if k in {i.value.name for i in program.inputs}}
     want = interpret(program, [given], 1, {"N": SIZE})[0]
@@ -198,7 +183,6 @@ def test_op_matches_interpret(compiled, op, dt):
 
 @pytest.mark.parametrize("op, dt", [c for c in CASES if not c[0].startswith("sum")][:: 7])
 def test_chunks_equal_one_run_exactly(compiled, op, dt):
-    _rejected(compiled, (op, dt))
     program, plan = compiled.plans[(op, dt)]
     given = inputs(op, dt, SIZE, seed=5)
     one = run_plan(plan, program, compiled.fns, given)
