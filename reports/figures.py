@@ -9,22 +9,27 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-os.environ.setdefault("MPLCONFIGDIR", str(Path(__file__).resolve().parent.parent / ".cache" / "matplotlib"))
+_CACHE = Path(__file__).resolve().parent.parent / ".cache"
+os.environ.setdefault("MPLCONFIGDIR", str(_CACHE / "matplotlib"))
 
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ORDER = ["baseline", "AR-C", "RS-C-AG", "fuse(RS-C-AG)", "fuse(RS-C-AG)+as_slice", "MM-AR-C",
-         "MM-RS-C-AG", "ol(MM,fuse(RS-C-AG))", "AR-C-P2P", "AR-P2P-C", "RS-P2P-C-AG",
-         "ol(RS,fuse(P2P-C-AG))"]
+ORDER = ["baseline", "AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
+         "fuse(RS-C-AG)+as_slice", "MM-AR-C", "MM-RS-C-AG", "ol(MM,fuse(RS-C-AG))", "AR-C-P2P",
+         "AR-P2P-C", "RS-P2P-C-AG", "ol(RS,fuse(P2P-C-AG))"]
 
 
 def colour(schedule: str) -> str:
     palette = plt.get_cmap("tab20").colors
     k = ORDER.index(schedule) if schedule in ORDER else len(ORDER) + hash(schedule) % 8
     return matplotlib.colors.to_hex(palette[k % len(palette)])
+
+
+def _rank(schedule: str) -> int:
+    return ORDER.index(schedule) if schedule in ORDER else len(ORDER)
 
 
 def speedup_figure(df, experiment: str, path) -> Path:
@@ -34,7 +39,7 @@ def speedup_figure(df, experiment: str, path) -> Path:
                              squeeze=False)
     for ax, source in zip(axes[0], sources):
         part = rows[rows.source == source]
-        for schedule in sorted(set(part.schedule), key=lambda s: ORDER.index(s) if s in ORDER else 99):
+        for schedule in sorted(set(part.schedule), key=_rank):
             line = part[part.schedule == schedule].sort_values("size")
             ax.plot(line["size"], line["speedup"], marker="o", label=schedule, color=colour(schedule))
         ax.set_xscale("log", base=2)

@@ -25,11 +25,11 @@ def test_adam_and_lamb_match_the_library(tmp_path):
     for name in ("adam_fusion", "lamb_fusion"):
         rows = experiments.load(name).measure(_settings(tmp_path))
         schedules = {r["schedule"] for r in rows if r["experiment"] == name}
-        assert schedules == {"baseline", "AR-C", "RS-C-AG", "fuse(RS-C-AG)",
+        assert schedules == {"baseline", "AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
                              "fuse(RS-C-AG)+as_slice"}
         assert all(r["verified"] for r in rows), [r for r in rows if not r["verified"]]
     table = list(csv.DictReader((tmp_path / "results.csv").open()))
-    assert len(table) == 2 * 2 * 5  # two experiments x sizes 2^12, 2^13 x five schedules
+    assert len(table) == 2 * 2 * 6  # two experiments x sizes 2^12, 2^13 x six schedules
     assert {r["source"] for r in table} == {"measured"}
     assert all(float(r["time_ms_min"]) <= float(r["time_ms"]) <= float(r["time_ms_max"])
                for r in table)
@@ -53,4 +53,4 @@ def test_torchrun_runs_the_same_runtime(tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     table = list(csv.DictReader((tmp_path / "results.csv").open()))
-    assert len(table) == 5 * 5 and all(r["verified"] == "True" for r in table)
+    assert len(table) == 5 * 6 and all(r["verified"] == "True" for r in table)

@@ -9,8 +9,10 @@ from dsl.transforms import as_slice, check_chunks, fuse, overlap, reorder, split
 N = sym("N")
 
 NAMES = {
-    "adam_fusion": ["AR-C", "RS-C-AG", "fuse(RS-C-AG)", "fuse(RS-C-AG)+as_slice"],
-    "lamb_fusion": ["AR-C", "RS-C-AG", "fuse(RS-C-AG)", "fuse(RS-C-AG)+as_slice"],
+    "adam_fusion": ["AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
+                    "fuse(RS-C-AG)+as_slice"],
+    "lamb_fusion": ["AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
+                    "fuse(RS-C-AG)+as_slice"],
     "model_parallel": ["MM-AR-C", "MM-RS-C-AG", "ol(MM,fuse(RS-C-AG))"],
     "pipeline_parallel": ["AR-C-P2P", "AR-P2P-C", "RS-P2P-C-AG", "ol(RS,fuse(P2P-C-AG))"],
 }
