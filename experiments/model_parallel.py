@@ -1,7 +1,7 @@
 """Model (tensor) parallel Megatron layer: row-parallel matmul, all-reduce, bias, dropout, residual
 (paper Fig. 11).
 
-The matmul is either of the layer's two row-parallel ones, both [B,S,K/P] x [K/P,H]: the attention
+The matmul is either of the layer's two row-parallel ones, both [S,B,K/P] x [K/P,H]: the attention
 output projection (K = H) and the MLP's second matmul (K = 4H); K is bound per point.
 
 Schedules: `MM-AR-C` (the program), `MM-RS-C-AG` (split along S + reorder: bias, dropout and
@@ -23,7 +23,7 @@ CHUNKS = 4
 
 def program(dtype=f32) -> Program:
     b = Builder("megatron_layer")
-    x = b.input("x", dtype, [B, S, K / P], Sliced(2))
+    x = b.input("x", dtype, [S, B, K / P], Sliced(2))
     w = b.input("weight", dtype, [K / P, H], Sliced(0))
     partial = b.matmul(x, w, name="y")
     b.output("out", bias_dropout_residual(b, partial, dtype))
@@ -38,5 +38,5 @@ def schedules(dtype=f32, chunks: int = CHUNKS) -> dict[str, Program]:
 
 
 def verify_bindings(scale: str) -> list[dict[str, int]]:
-    small = [{"B": 2, "S": 8, "H": 8, "K": 8}, {"B": 2, "S": 8, "H": 8, "K": 32}]
-    return small if scale == "smoke" else small + [{"B": 4, "S": 16, "H": 16, "K": 64}]
+    small = [{"B": 2, "S": 16, "H": 8, "K": 8}, {"B": 2, "S": 16, "H": 8, "K": 32}]
+    return small if scale == "smoke" else small + [{"B": 4, "S": 32, "H": 16, "K": 64}]

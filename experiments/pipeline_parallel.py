@@ -23,7 +23,7 @@ CHUNKS = 4
 
 def program(dtype=f32) -> Program:
     b = Builder("pipeline_boundary", stages=2)
-    partial = b.input("y", dtype, [B, S, H], Local(), stage=0)
+    partial = b.input("y", dtype, [S, B, H], Local(), stage=0)
     out = bias_dropout_residual(b, partial, dtype)
     b.output("out", b.send(out, dst=1, name="sent"))
     return b.build(schedule="AR-C-P2P")
@@ -41,5 +41,5 @@ def schedules(dtype=f32, chunks: int = CHUNKS) -> dict[str, Program]:
 
 
 def verify_bindings(scale: str) -> list[dict[str, int]]:
-    small = [{"B": 1, "S": 8, "H": 8}]
-    return small if scale == "smoke" else small + [{"B": 2, "S": 16, "H": 12}]
+    small = [{"B": 1, "S": 16, "H": 8}]
+    return small if scale == "smoke" else small + [{"B": 2, "S": 32, "H": 12}]

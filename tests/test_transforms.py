@@ -145,8 +145,8 @@ def test_fuse_cycle_names_statement():
 def test_check_chunks():
     mod = experiments.load("model_parallel")
     ol = mod.schedules(chunks=3)["ol(MM,fuse(RS-C-AG))"]
-    check_chunks(ol, {"B": 3, "S": 4, "H": 8, "K": 8, "P": 2})
-    with pytest.raises(dsl.ShapeError, match="do not divide 16 rows"):
+    check_chunks(ol, {"B": 3, "S": 4, "H": 8, "K": 8, "P": 2})  # 6 rows per rank
+    with pytest.raises(dsl.ShapeError, match="3 chunks do not divide the 8 rows"):
         check_chunks(ol, {"B": 2, "S": 8, "H": 8, "K": 8, "P": 2})
 
 

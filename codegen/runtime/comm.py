@@ -180,7 +180,10 @@ class RingReduceScatter:
         begin = (block % self.P) * self.n + c * self.k
         return self.x[begin:begin + self.k]
 
-    def start(self) -> RingReduceScatter:
+    def start(self, send: bool = True) -> RingReduceScatter:
+        """Post every receive and, with `send`, every chunk's first send. With send=False the
+        caller produces the input chunk by chunk and calls `send_chunk(c)` when chunk c of every
+        block of x is ready (an overlapped producer)."""
         if self._started:
             raise RuntimeError("RingReduceScatter.start() called twice")
         self._started = True
@@ -196,9 +199,15 @@ class RingReduceScatter:
                                                                      s * self.n + hi]
                 work = dist.irecv(buf, src=self.g.left(me), group=self.g.pg, tag=self._t(s, c))
                 self._recvs[(c, s)] = (buf, work)
-        for c in range(self.chunks):  # step 0 sends come straight from x
-            self._send(self._xblock(me - 1, c), 0, c)
+        if send:
+            for c in range(self.chunks):  # step 0 sends come straight from x
+                self._send(self._xblock(me - 1, c), 0, c)
         return self
+
+    def send_chunk(self, c: int) -> None:
+        """The first send of chunk c (after `start(send=False)`); every member in the same order."""
+        if self.P > 1:
+            self._send(self._xblock(self.me - 1, c), 0, c)
 
     def _t(self, s: int, c: int) -> int:
         return _tag(_KIND_RS, self.tag, s * self.chunks + c)
@@ -347,19 +356,25 @@ class P2P:
         return c * self.k, (c + 1) * self.k
 
     def start(self) -> P2P:
-        pg = self.g.pg if self.g else None
         if self.src == self.dst:
             self.out.copy_(self.x)
             return self
         for c in range(self.chunks):
-            lo, hi = self.chunk_range(c)
-            tag = _tag(_KIND_P2P, self.tag, c)
-            if self.rank == self.src:
-                work = dist.isend(self.buf[lo:hi], dst=self.dst, group=pg, tag=tag)
-            else:
-                work = dist.irecv(self.buf[lo:hi], src=self.src, group=pg, tag=tag)
-            self._works.append(work)
+            self.start_chunk(c)
         return self
+
+    def start_chunk(self, c: int) -> None:
+        """Issue chunk c alone (in chunk order): the sender calls it once chunk c of x is ready."""
+        if not self._works:
+            self._works = [None] * self.chunks
+        lo, hi = self.chunk_range(c)
+        pg = self.g.pg if self.g else None
+        tag = _tag(_KIND_P2P, self.tag, c)
+        if self.rank == self.src:
+            work = dist.isend(self.buf[lo:hi], dst=self.dst, group=pg, tag=tag)
+        else:
+            work = dist.irecv(self.buf[lo:hi], src=self.src, group=pg, tag=tag)
+        self._works[c] = work
 
     def wait_chunk(self, c: int) -> tuple[int, int]:
         if self._works and self._works[c] is not None:  # a gloo Work must be waited only once

@@ -54,12 +54,15 @@ def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: i
 
 
 def chunk_rows(p: Program, o: Overlap, bindings: Mapping[str, int]) -> int:
-    """The rows the overlap splits into chunks: the producer's output flattened to [rows, last
-    dimension] (B*S rows of a [B,S,H] matmul output), at these bindings (P included)."""
+    """The rows each chunk count must divide: the producer's output flattened to [rows, last
+    dimension] (S*B rows of an [S,B,H] matmul output), and, when the consumer scatters them over
+    the P ranks (a reduce-scatter, or anything after one), the rows of one rank's slice."""
     shape = [s.evaluate(bindings) for s in p.producer(o.producer).out.type.shape]
     rows = 1
     for n in shape[:-1] or shape:
         rows *= n
+    if p.producer(o.consumer).op == "reduce_scatter" or p.producer(o.producer).op == "reduce_scatter":
+        rows //= bindings["P"]
     return rows
 
 
@@ -69,4 +72,5 @@ def check_chunks(p: Program, bindings: Mapping[str, int]) -> None:
         rows = chunk_rows(p, o, bindings)
         if rows % o.chunks:
             raise ShapeError(f"overlap(%{o.producer} -> %{o.consumer}): {o.chunks} chunks do not "
-                             f"divide {rows} rows; choose a chunk count that divides the rows")
+                             f"divide the {rows} rows of each rank's part; choose a chunk count "
+                             "that divides them")
