@@ -7,15 +7,13 @@ pipeline stage and those on every stage), `load(inputs)` copies this rank's loca
 `outputs()` returns this rank's outputs. The result equals `dsl.interpret` on the same inputs
 (within floating-point reduction order; tested).
 
-Fused collectives run chunk by chunk: a fused all-reduce (`RS, kernels, AG..`) starts the
-reduce-scatter of every chunk at once, runs the kernels on each chunk of this rank's slice as soon
-as that chunk is reduced, and starts that chunk's all-gathers right after; a 0-d all_reduce inside
-(LAMB's norms) is a barrier: the kernels before it finish on every chunk first. Other composite
-steps (fused P2P, overlapped matmul) run their parts one after the other (`sequential`), which
-computes the same result without the overlap.
+Fused collectives and overlaps run chunk by chunk (`codegen.runtime.pipelined`): the fused
+all-reduce, the matmul overlapped with it, and the reduce-scatter overlapped with a fused send.
+Other composites run their parts one after the other: the same result, without the overlap.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Mapping, Optional
 
 import numpy as np
@@ -23,7 +21,7 @@ import torch
 
 from dsl.types import DType
 
-from . import comm
+from . import comm, pipelined
 from ..plan import (Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan)
 
 TORCH = {DType.f16: torch.float16, DType.bf16: torch.bfloat16, DType.f32: torch.float32,
@@ -49,6 +47,7 @@ class PlanRunner:
         for b in plan.buffers:
             if b.stage is None or b.stage == self.stage:
                 self.bufs[b.id] = torch.zeros(b.shape, dtype=TORCH[b.dtype])
+        self.compute_ms = 0.0  # time in kernels and matmuls since construction (see `timed`)
         ids = dict(plan.inputs)
         for name, value in plan.defaults:
             self.bufs[ids[name]].fill_(value)
@@ -84,7 +83,8 @@ class PlanRunner:
                 self.compute(s, 0, s.kernel.numel)
         elif isinstance(s, MatMul):
             if self.mine(s.stage):
-                torch.matmul(self.bufs[s.a], self.bufs[s.b], out=self.bufs[s.out])
+                self.timed(lambda: torch.matmul(self.bufs[s.a], self.bufs[s.b],
+                                                out=self.bufs[s.out]))
         elif isinstance(s, Collective):
             if self.mine(s.stage):
                 self.collective(s)
@@ -94,13 +94,19 @@ class PlanRunner:
         elif isinstance(s, Copy):
             if self.mine(s.stage):
                 self.bufs[s.dst].copy_(self.bufs[s.src])
-        elif isinstance(s, FusedCollective) and self.fused and self.fusable(s):
+        elif isinstance(s, FusedCollective) and self.fused and pipelined.fusable(self.plan, s):
             if self.mine(s.steps[0].stage):
-                self.fused_all_reduce(s)
-        elif isinstance(s, FusedCollective):
+                pipelined.fused_all_reduce(self, s)
+        elif isinstance(s, Overlap) and self.fused and pipelined.overlappable(self.plan, s):
+            if isinstance(s.producer, MatMul):
+                if self.mine(s.producer.stage):
+                    pipelined.fused_all_reduce(self, s.consumer, producer=s.producer)
+            else:
+                pipelined.overlapped_send(self, s)
+        elif isinstance(s, FusedCollective):  # sequential: same result, no overlap
             for part in s.steps:
                 self.step(part)
-        elif isinstance(s, Overlap):  # sequential: same result, no overlap
+        elif isinstance(s, Overlap):
             self.step(s.producer)
             self.step(s.consumer)
         else:
@@ -111,7 +117,15 @@ class PlanRunner:
         if zero:
             for _, b in k.reduces:
                 self.bufs[b].zero_()
-        self.kernels[k.name](begin, end, self.tp, [self.bufs[b] for b in k.args()])
+        args = [self.bufs[b] for b in k.args()]
+        self.timed(lambda: self.kernels[k.name](begin, end, self.tp, args))
+
+    def timed(self, fn: Callable[[], object]) -> None:
+        """Run a computation, adding its wall time to `compute_ms` (the rest of a step's time
+        is communication that the computation did not hide)."""
+        t0 = time.perf_counter()
+        fn()
+        self.compute_ms += (time.perf_counter() - t0) * 1e3
 
     def collective(self, s: Collective) -> None:
         src, dst = self.bufs[s.src], self.bufs[s.dst]
@@ -156,44 +170,6 @@ class PlanRunner:
         comm.p2p(src.view(-1) if src is not None else None, dst.view(-1) if dst is not None else None,
                  src=peer_src, dst=peer_dst)
 
-    # -- the fused all-reduce -------------------------------------------------------------------
-    def fusable(self, f: FusedCollective) -> bool:
-        """A fused all-reduce along dim 0: RS first, then kernels, 0-d all_reduces, all_gathers."""
-        head = f.steps[0]
-        if not (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0):
-            return False
-        return all(isinstance(s, Compute) or (isinstance(s, Collective) and (
-            s.kind == "all_gather" or (s.kind == "all_reduce"
-                                       and self.plan.buffer(s.src).numel == 1)))
-            for s in f.steps[1:])
-
-    def fused_all_reduce(self, f: FusedCollective) -> None:
-        rs, rest = f.steps[0], f.steps[1:]
-        C = f.chunks
-        ring = comm.RingReduceScatter(self.bufs[rs.src].view(-1), self.bufs[rs.dst].view(-1),
-                                      op=rs.op, chunks=C, group=self.group)
-        ring.start()
-        phases = _phases(rest)
-        gathers = []
-        for k, (kernels, barrier, ags) in enumerate(phases):
-            mine = [comm.RingAllGather(self.bufs[ag.src].view(-1), self.bufs[ag.dst].view(-1),
-                                       chunks=C, group=self.group) for ag in ags]
-            gathers += mine
-            for c in range(C):
-                if k == 0:
-                    ring.wait_chunk(c)
-                for s in kernels:
-                    n = s.kernel.numel
-                    self.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0))
-                for g in mine:
-                    g.start_chunk(c)
-            if barrier is not None:
-                self.collective(barrier)
-        ring.wait()  # the sends of the reduce-scatter
-        for g in gathers:
-            g.wait()
-
-
 def _moved_buffer(like: torch.Tensor, dim: int) -> torch.Tensor:
     """A contiguous buffer shaped like `like` with dimension `dim` moved to the front."""
     return torch.empty(like.movedim(dim, 0).shape, dtype=like.dtype)
@@ -201,18 +177,3 @@ def _moved_buffer(like: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _sliced_dim(plan: Plan, bid: int) -> int:
     return plan.buffer(bid).layout.dim
-
-
-def _phases(steps) -> list:
-    """Split the fused steps at 0-d all_reduces: [(kernels, barrier or None, all_gathers)]."""
-    phases, kernels, ags = [], [], []
-    for s in steps:
-        if isinstance(s, Compute):
-            kernels.append(s)
-        elif s.kind == "all_gather":
-            ags.append(s)
-        else:
-            phases.append((kernels, s, ags))
-            kernels, ags = [], []
-    phases.append((kernels, None, ags))
-    return phases

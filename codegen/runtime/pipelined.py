@@ -1,0 +1,151 @@
+"""The composite steps of a Plan, run chunk by chunk on this rank (CPU, gloo).
+
+Chunk c of a rank's slice is elements [c*n/C, (c+1)*n/C) of it (n its element count), as in
+`codegen.runtime.comm`; kernels run on exactly that element range of their loop, so a fused
+stage computes chunk c as soon as chunk c has arrived.
+
+- `fused_all_reduce(r, f, producer=None)`: `RS, kernels, AG..`: the reduce-scatter of every chunk
+  is issued at once, the kernels run on each chunk as soon as it is reduced, each chunk's
+  all-gathers start right after. A 0-d all_reduce inside (LAMB's norms) is a barrier: the kernels
+  before it finish on every chunk first. With an overlapped `producer` (a MatMul whose output the
+  reduce-scatter reads), chunk c's rows are computed (for every rank's block) just before chunk c
+  is sent, while earlier chunks are in flight and being computed on.
+- `overlapped_send(r, o)`: `ol(RS, fuse(P2P-C-AG))`: stage `src` reduce-scatters in chunks and sends
+  each reduced chunk to its peer on the next stage at once; the next stage runs the kernels on each
+  chunk as it arrives and starts its all-gather.
+`fusable(plan, f)` / `overlappable(plan, o)` say which composites run this way; others run their
+parts one after the other (same result, no overlap).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import comm
+from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, P2P, Plan
+
+
+def _is_scalar_sync(plan: Plan, s) -> bool:
+    return isinstance(s, Collective) and s.kind == "all_reduce" and plan.buffer(s.src).numel == 1
+
+
+def fusable(plan: Plan, f: FusedCollective) -> bool:
+    """A fused all-reduce along dim 0: RS first, then kernels, 0-d all_reduces, all_gathers."""
+    head = f.steps[0]
+    if not (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0):
+        return False
+    return all(isinstance(s, Compute) or _is_scalar_sync(plan, s)
+               or (isinstance(s, Collective) and s.kind == "all_gather" and s.dim == 0)
+               for s in f.steps[1:])
+
+
+def _fused_send(plan: Plan, f) -> bool:
+    """`P2P, kernels, AG..` with no barrier."""
+    return (isinstance(f, FusedCollective) and isinstance(f.steps[0], P2P)
+            and all(isinstance(s, Compute) or (isinstance(s, Collective) and s.kind == "all_gather")
+                    for s in f.steps[1:]))
+
+
+def overlappable(plan: Plan, o: Overlap) -> bool:
+    if isinstance(o.producer, MatMul):
+        return (isinstance(o.consumer, FusedCollective) and fusable(plan, o.consumer)
+                and not any(_is_scalar_sync(plan, s) for s in o.consumer.steps))
+    return (isinstance(o.producer, Collective) and o.producer.kind == "reduce_scatter"
+            and o.producer.dim == 0 and _fused_send(plan, o.consumer))
+
+
+def _phases(plan: Plan, steps) -> list:
+    """Split the fused steps at 0-d all_reduces: [(kernels, barrier or None, all_gathers)]."""
+    phases, kernels, ags = [], [], []
+    for s in steps:
+        if isinstance(s, Compute):
+            kernels.append(s)
+        elif isinstance(s, Collective) and s.kind == "all_gather":
+            ags.append(s)
+        else:
+            phases.append((kernels, s, ags))
+            kernels, ags = [], []
+    phases.append((kernels, None, ags))
+    return phases
+
+
+def _chunk(r, kernels, c: int, C: int) -> None:
+    for s in kernels:
+        n = s.kernel.numel
+        r.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0))
+
+
+def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
+    """Rows of chunk c of every rank's block of the matmul's output."""
+    a, out = r.bufs[mm.a], r.bufs[mm.out]
+    a2, out2 = a.reshape(mm.m, mm.k), out.view(mm.m, mm.n)
+    rows = mm.m // r.plan.P  # rows of one rank's block
+    k = rows // C
+    for j in range(r.plan.P):
+        lo = j * rows + c * k
+        r.timed(lambda: torch.matmul(a2[lo:lo + k], r.bufs[mm.b], out=out2[lo:lo + k]))
+
+
+def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -> None:
+    rs, C = f.steps[0], f.chunks
+    ring = comm.RingReduceScatter(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), op=rs.op,
+                                  chunks=C, group=r.group).start(send=producer is None)
+    gathers = []
+    phases = _phases(r.plan, f.steps[1:])
+    for k, (kernels, barrier, ags) in enumerate(phases):
+        mine = [comm.RingAllGather(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), chunks=C,
+                                   group=r.group) for ag in ags]
+        gathers += mine
+
+        def finish(c: int) -> None:
+            if k == 0:
+                ring.wait_chunk(c)
+            _chunk(r, kernels, c, C)
+            for g in mine:
+                g.start_chunk(c)
+
+        for c in range(C):
+            if producer is not None and k == 0:  # chunk c computed while c-1 is reduced
+                _produce_rows(r, producer, c, C)
+                ring.send_chunk(c)
+                if c:
+                    finish(c - 1)
+            else:
+                finish(c)
+        if producer is not None and k == 0:
+            finish(C - 1)
+        if barrier is not None:
+            r.collective(barrier)
+    ring.wait()  # the reduce-scatter's sends
+    for g in gathers:
+        g.wait()
+
+
+def overlapped_send(r, o: Overlap) -> None:
+    rs, f = o.producer, o.consumer
+    send, C = f.steps[0], o.chunks
+    P = r.plan.P
+    src, dst = send.src_stage * P + r.tp, send.dst_stage * P + r.tp
+    if r.stage == send.src_stage:
+        ring = comm.RingReduceScatter(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), op=rs.op,
+                                      chunks=C, group=r.group).start()
+        p2p = comm.P2P(r.bufs[send.src].view(-1), None, src=src, dst=dst, chunks=C)
+        for c in range(C):
+            ring.wait_chunk(c)
+            p2p.start_chunk(c)
+        ring.wait()
+        p2p.wait()
+    elif r.stage == send.dst_stage:
+        p2p = comm.P2P(None, r.bufs[send.dst].view(-1), src=src, dst=dst, chunks=C).start()
+        kernels = [s for s in f.steps[1:] if isinstance(s, Compute)]
+        gathers = [comm.RingAllGather(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), chunks=C,
+                                      group=r.group)
+                   for ag in f.steps[1:] if isinstance(ag, Collective)]
+        for c in range(C):
+            p2p.wait_chunk(c)
+            _chunk(r, kernels, c, C)
+            for g in gathers:
+                g.start_chunk(c)
+        for g in gathers:
+            g.wait()
