@@ -31,3 +31,26 @@ def value_of(p: Program, op: str):
     if len(found) != 1:
         raise LookupError(f"{p.name} has {len(found)} statements of kind {op}")
     return found[0]
+
+
+def torch_dropout_(t, seed: int, p: float):
+    """In place: the DSL's deterministic dropout (`dsl.interpret.dropout_keep`) on a full tensor
+    whose global element index is its flat index, in torch integer ops, as a baseline computes
+    its mask (the hash replaces the random number generator Megatron-LM would call)."""
+    import math
+
+    import torch
+
+    mask32 = 0xFFFFFFFF
+
+    def mix32(x):
+        x = x ^ (x >> 16)
+        x = (x * 0x7FEB352D) & mask32  # int64 products wrap; the low 32 bits are exact
+        x = x ^ (x >> 15)
+        x = (x * 0x846CA68B) & mask32
+        return x ^ (x >> 16)
+
+    inner = int(mix32(torch.tensor(0 ^ int(mix32(torch.tensor(seed ^ 0x9E3779B9))))))
+    idx = torch.arange(t.numel(), dtype=torch.int64)
+    keep = (mix32((idx & mask32) ^ inner) >> 8) >= math.ceil(p * (1 << 24))
+    return t.view(-1).mul_(keep.to(t.dtype) * (1.0 / (1.0 - p))).view(t.shape)

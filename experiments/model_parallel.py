@@ -40,3 +40,20 @@ def schedules(dtype=f32, chunks: int = CHUNKS) -> dict[str, Program]:
 def verify_bindings(scale: str) -> list[dict[str, int]]:
     small = [{"B": 2, "S": 16, "H": 8, "K": 8}, {"B": 2, "S": 16, "H": 8, "K": 32}]
     return small if scale == "smoke" else small + [{"B": 4, "S": 32, "H": 16, "K": 64}]
+
+
+def points(scale: str, max_elements: int) -> list[dict[str, int]]:
+    """Measured sizes (fp32, 2 ranks on a CPU): both matmuls (K = H, 4H) of a few layer shapes."""
+    shapes = {"smoke": [(64, 1, 128)], "default": [(1024, 1, 1024), (1024, 4, 1024)],
+              "paper": [(1024, 1, 3072), (1024, 4, 3072)]}[scale]
+    return [{"S": S, "B": B, "H": H, "K": k * H} for S, B, H in shapes for k in (1, 4)
+            if S * B * H <= max_elements]
+
+
+def measure(settings):
+    from ._mp_measure import measure as run
+
+    return run(NAME, program(), schedules(), points(settings.scale, settings.max_elements),
+               settings.world_size, settings.warmup, settings.repeats, settings.csv_path,
+               settings.kernels_dir, "MM-RS-C-AG", settings.seed, settings.timeout_s,
+               check_bindings=verify_bindings("smoke")[0])

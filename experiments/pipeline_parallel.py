@@ -43,3 +43,23 @@ def schedules(dtype=f32, chunks: int = CHUNKS) -> dict[str, Program]:
 def verify_bindings(scale: str) -> list[dict[str, int]]:
     small = [{"B": 1, "S": 16, "H": 8}]
     return small if scale == "smoke" else small + [{"B": 2, "S": 32, "H": 12}]
+
+
+def points(scale: str, max_elements: int) -> list[dict[str, int]]:
+    """Measured sizes (fp32, micro-batch 1, on a CPU)."""
+    shapes = {"smoke": [(64, 1, 128)], "default": [(1024, 1, 1024), (1024, 1, 3072)],
+              "paper": [(2048, 1, 3072), (2048, 1, 12288)]}[scale]
+    return [{"S": S, "B": B, "H": H} for S, B, H in shapes if S * B * H <= max_elements]
+
+
+def measure(settings):
+    """Measured at 2 stages x 1 rank and 2 stages x 2 ranks (4 processes)."""
+    from ._mp_measure import measure as run
+
+    rows = []
+    for world in (2, 4):
+        rows += run(NAME, program(), schedules(), points(settings.scale, settings.max_elements),
+                    world, settings.warmup, settings.repeats, settings.csv_path,
+                    settings.kernels_dir, "RS-P2P-C-AG", settings.seed, settings.timeout_s,
+                    check_bindings=verify_bindings("smoke")[0])
+    return rows

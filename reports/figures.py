@@ -55,3 +55,46 @@ def speedup_figure(df, experiment: str, path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def breakdown_figure(df, experiment: str, path, source: str = "measured") -> Path:
+    """The paper's Fig. 11/12 style: per point, one bar per schedule of its time normalised to
+    `baseline`, stacked into computation not overlapped, communication hidden behind computation
+    (overlapped_ms), and communication exposed (comm_ms)."""
+    rows = df[(df.experiment == experiment) & (df.source == source)].fillna({"overlapped_ms": 0})
+    points = list(dict.fromkeys(zip(rows.world_size, rows["shape"])))
+    schedules = sorted(set(rows.schedule), key=_rank)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(points) * len(schedules) / 3), 4.2))
+    width = 0.8 / len(schedules)
+    parts = (("compute", "#4c72b0", None), ("overlapped", "#55a868", "//"),
+             ("exposed comm", "#dd8452", None))
+    for i, (world, shape) in enumerate(points):
+        at = rows[(rows.world_size == world) & (rows["shape"] == shape)]
+        base = at[at.schedule == "baseline"].time_ms
+        scale = float(base.iloc[0]) if len(base) else float(at.time_ms.max())
+        for j, sched in enumerate(schedules):
+            r = at[at.schedule == sched]
+            if r.empty:
+                continue
+            r = r.iloc[0]
+            hidden = min(float(r.overlapped_ms or 0), float(r.compute_ms))
+            heights = (float(r.compute_ms) - hidden, hidden, float(r.comm_ms))
+            bottom = 0.0
+            for (label, col, hatch), h in zip(parts, heights):
+                ax.bar(i + j * width, h / scale, width, bottom=bottom, color=col, hatch=hatch,
+                       edgecolor=colour(sched), linewidth=1.2,
+                       label=label if (i, j) == (0, 0) else None)
+                bottom += h / scale
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(points))])
+    ax.set_xticklabels([f"{s}\n{w} ranks" for w, s in points], fontsize=7)
+    ax.set_ylabel("time / baseline time")
+    ax.set_title(f"{experiment} ({source}): bars left to right: {', '.join(schedules)}",
+                 fontsize=8)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

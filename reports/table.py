@@ -3,7 +3,10 @@
 Columns (DESIGN.md): experiment, schedule, source (measured | predicted | paper), backend,
 topology, world_size, size (elements of the principal tensor, or bytes for collectives), shape,
 dtype, time_ms (median), time_ms_min, time_ms_max (spread over repeats, measured rows), speedup
-(baseline median / this median at the same point, source and topology), verified.
+(baseline median / this median at the same point, source and topology), verified; and, where
+known, the time split into compute_ms (kernels and matmuls), comm_ms (communication the
+computation did not hide: time_ms - compute_ms) and overlapped_ms (communication hidden behind
+computation), all per step.
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -15,7 +18,8 @@ from pathlib import Path
 from typing import Mapping, Union
 
 COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_size", "size", "shape",
-           "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified")
+           "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified", "compute_ms",
+           "comm_ms", "overlapped_ms")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

@@ -14,18 +14,27 @@ def _size(n) -> str:
     return f"2^{int(k)}" if k == int(k) else str(n)
 
 
+def point_label(row) -> str:
+    """A measured point's column heading: 2^k for a 1-D size, else the shape spelled out; with
+    the world size when a table mixes several."""
+    shape = str(row.shape)
+    return _size(row.size) if shape.startswith("[") or shape == "nan" else shape
+
+
 def measured_table(df, experiment: str, source: str = "measured") -> str:
-    rows = df[(df.experiment == experiment) & (df.source == source)]
+    rows = df[(df.experiment == experiment) & (df.source == source)].copy()
     if rows.empty:
         return f"_no {source} rows for {experiment}_\n"
-    sizes = sorted(set(rows["size"]))
+    several = rows.world_size.nunique() > 1
+    rows["point"] = [(f"{r.world_size} ranks: " if several else "") + point_label(r)
+                     for r in rows.itertuples()]
+    points = list(dict.fromkeys(rows.sort_values(["world_size", "size"]).point))
     schedules = list(dict.fromkeys(rows.schedule))
-    head = "| schedule | " + " | ".join(_size(n) for n in sizes) + " |"
-    out = [head, "|" + "---|" * (len(sizes) + 1)]
+    out = ["| schedule | " + " | ".join(points) + " |", "|" + "---|" * (len(points) + 1)]
     for sched in schedules:
         cells = []
-        for n in sizes:
-            r = rows[(rows.schedule == sched) & (rows["size"] == n)]
+        for pt in points:
+            r = rows[(rows.schedule == sched) & (rows.point == pt)]
             if r.empty:
                 cells.append("")
                 continue

@@ -25,9 +25,8 @@ import dsl
 from codegen.build import BuildError
 from codegen.runtime.launch import RankError
 from experiments import MeasureSettings
-from reports.figures import speedup_figure
+from reports.sections import measured_section
 from reports.table import read_table
-from reports.tables import measured_table
 
 from .config import Config, validate
 from .errors import SuiteError, one_line
@@ -126,11 +125,7 @@ def results_section(exp: ModuleType, out_dir: Path) -> str:
     csv = out_dir / "results.csv"
     if not csv.exists():
         return ""
-    df = read_table(csv)
-    fig = speedup_figure(df, exp.NAME, out_dir / "figures" / f"{exp.NAME}.png")
-    return ("## Measured\n\nMedian time per step [min, max over repeats] and speedup over "
-            "`baseline` (same run, same ranks); each repeat's time is the maximum over ranks.\n\n"
-            f"{measured_table(df, exp.NAME)}\n![{exp.NAME}](figures/{fig.name})\n")
+    return measured_section(read_table(csv), exp.NAME, out_dir)
 
 
 def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], checks: list[Check],

@@ -1,0 +1,351 @@
+"""Topologies as validated, frozen data: the hardware the cost model predicts on.
+
+A `Topology` is `nodes` nodes of `devices_per_node` devices (GPUs, or rank processes on a CPU),
+world rank r on node r // devices_per_node. Units are in the names: `bandwidth_gbps` in GB/s
+(1e9 bytes per second) per direction, `latency_us` in microseconds, `peak_tflops` in 1e12 flop/s,
+message and kernel sizes in bytes.
+
+- `Device`: dense peak flop/s per dtype name (`f16`, `bf16`, `f32`, `f64`), memory bandwidth, a
+  fixed cost per kernel (`launch_us`), the fraction of the memory bandwidth a kernel of a given size
+  reaches (`memory_efficiency`) and of the peak a library matmul reaches (`matmul_efficiency`).
+- `LinkClass`: one port or link, per direction: a message of b bytes holds it for
+  `latency_us + b / (bandwidth_gbps * efficiency(b))`.
+- `IntraNode`: `kind` switch (each device has one port into a non-blocking switch: NVSwitch, or
+  the loopback of local processes) or mesh (point-to-point links, `mesh` = [[a, b, links], ...]
+  between local devices, each link a `link`; pairs without one go over `fallback`: PCIe / host).
+- `InterNode`: `nics` NICs per node (rails: device d uses NIC d * nics // devices_per_node), each a
+  `nic` link class; the spine is non-blocking unless `spine_oversubscription` > 1.
+- `library`: where the runtime leaves a collective to its library (gloo on CPU) and that library
+  reaches another bandwidth than point-to-point transfers, its achieved link class; it serves the
+  kinds in `library_kinds`. `reduce_on_compute`: the runtime's ring reduce-scatter adds each
+  received chunk with a kernel on the rank's compute stream (CPU ranks), rather than inside the
+  transfer (NCCL). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
+- `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
+  `comm_slowdown` v: transfers run at (1 - v) of their speed while either end computes (CPU ranks
+  sharing cores with the library's threads).
+
+`efficiency` maps are {size in bytes: fraction}, interpolated linearly in log2(size) and clamped
+at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
+types, ranges) and raises `TopologyError` naming the field (`topology.intra.link.bandwidth_gbps=
+-1: must be > 0`); `load_topology(name, nodes, path)` reads `conf/topology/<name>.yaml` or a file;
+`hydra_schema(cls)` mirrors a schema class as the mutable dataclass Hydra composes against.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+CONF_TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "conf" / "topology"
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
+ALGORITHMS = ("ring", "tree", "hierarchical")
+
+
+class TopologyError(ValueError):
+    """A topology value that is missing, of the wrong type or out of range (names the field)."""
+
+
+def _positive(strict: bool = True) -> dict:
+    return {"min": 0.0, "strict": strict}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkClass:
+    bandwidth_gbps: float = field(metadata=_positive())
+    latency_us: float = field(metadata=_positive(False))
+    efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
+
+    def eff(self, nbytes: float) -> float:
+        return interpolate(self.efficiency, nbytes)
+
+    def time_us(self, nbytes: float) -> float:
+        """latency + bytes / achieved bandwidth, in microseconds."""
+        return self.latency_us + self.wire_us(nbytes)
+
+    def wire_us(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / (self.bandwidth_gbps * 1e3 * self.eff(nbytes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    name: str
+    peak_tflops: Dict[str, float] = field(metadata={"positive_values": True})
+    memory_bandwidth_gbps: float = field(metadata=_positive())
+    launch_us: float = field(metadata=_positive(False))
+    memory_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
+    matmul_efficiency: float = field(default=0.7, metadata={"min": 0.0, "strict": True, "max": 1.0})
+
+    def kernel_us(self, nbytes: float, flops: float, dtype: str) -> float:
+        """Roofline time of a generated kernel: launch + max(flops / peak, bytes / memory bw)."""
+        mem = nbytes / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency,
+                                                                       nbytes)) if nbytes else 0.0
+        return self.launch_us + max(flops / (self.peak(dtype) * 1e6), mem)
+
+    def matmul_us(self, nbytes: float, flops: float, dtype: str) -> float:
+        """A library matmul: launch + max(flops / (peak * matmul_efficiency), bytes / memory bw)."""
+        mem = nbytes / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency,
+                                                                       nbytes)) if nbytes else 0.0
+        return self.launch_us + max(flops / (self.peak(dtype) * 1e6 * self.matmul_efficiency), mem)
+
+    def peak(self, dtype: str) -> float:
+        if dtype in self.peak_tflops:
+            return self.peak_tflops[dtype]
+        raise TopologyError(f"device {self.name} has no peak_tflops for dtype {dtype} "
+                            f"(has {', '.join(sorted(self.peak_tflops))})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntraNode:
+    kind: str = field(metadata={"choices": ("switch", "mesh")})
+    link: LinkClass
+    mesh: List[List[int]] = field(default_factory=list)
+    fallback: Optional[LinkClass] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InterNode:
+    nics: int = field(metadata={"min": 1})
+    nic: LinkClass
+    spine_oversubscription: float = field(default=1.0, metadata={"min": 1.0})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    name: str
+    nodes: int = field(metadata={"min": 1})
+    devices_per_node: int = field(metadata={"min": 1})
+    device: Device
+    intra: IntraNode
+    inter: Optional[InterNode] = None
+    library: Optional[LinkClass] = None
+    library_kinds: List[str] = field(default_factory=list, metadata={"items": KINDS})
+    reduce_on_compute: bool = False
+    algorithm: Optional[str] = field(default=None, metadata={"choices": ALGORITHMS})
+    compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
+    comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
+    source: str = ""
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def rail_of(self, rank: int) -> int:
+        """The NIC a device uses to leave its node."""
+        nics = self.inter.nics if self.inter else 1
+        return (rank % self.devices_per_node) * nics // self.devices_per_node
+
+    def mesh_links(self, a: int, b: int) -> int:
+        """NVLinks between local devices a and b of a mesh (0: none)."""
+        a, b = a % self.devices_per_node, b % self.devices_per_node
+        return sum(e[2] for e in self.intra.mesh if {e[0], e[1]} == {a, b})
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], where: str = "topology") -> "Topology":
+        topo = _build(cls, data, where)
+        _check_consistency(topo, where)
+        return topo
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def with_nodes(self, nodes: int) -> "Topology":
+        if nodes < 1:
+            raise TopologyError(f"topology.nodes={nodes}: must be >= 1")
+        return dataclasses.replace(self, nodes=nodes)
+
+
+def interpolate(points: Dict[int, float], x: float) -> float:
+    """Piecewise linear in log2(x) through sorted (size, value) points, clamped at the ends."""
+    if not points:
+        return 1.0
+    keys = sorted(points)
+    if x <= keys[0]:
+        return points[keys[0]]
+    if x >= keys[-1]:
+        return points[keys[-1]]
+    lx = math.log2(x)
+    for lo, hi in zip(keys, keys[1:]):
+        if lo <= x <= hi:
+            t = (lx - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+            return points[lo] + t * (points[hi] - points[lo])
+    return points[keys[-1]]  # pragma: no cover
+
+
+# -- validation ---------------------------------------------------------------------------------
+def _build(cls, data, where: str):
+    if not isinstance(data, dict):
+        raise TopologyError(f"{where}={data!r}: must be a mapping with keys "
+                            f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            raise TopologyError(f"{where}.{key}: unknown key (known: {', '.join(sorted(names))})")
+    values = {}
+    for f in dataclasses.fields(cls):
+        path = f"{where}.{f.name}"
+        if f.name not in data or data[f.name] is None and not _optional(hints[f.name]):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TopologyError(f"{path}: missing (required)")
+            continue
+        values[f.name] = _value(hints[f.name], data[f.name], path)
+        _check_range(f, values[f.name], path)
+    return cls(**values)
+
+
+def _optional(tp) -> bool:
+    return typing.get_origin(tp) is Union and type(None) in typing.get_args(tp)
+
+
+def _value(tp, value, path: str):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union:
+        if value is None:
+            return None
+        return _value(next(a for a in args if a is not type(None)), value, path)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin in (dict, Dict):
+        if not isinstance(value, dict):
+            raise TopologyError(f"{path}={value!r}: must be a mapping")
+        return {_value(args[0], k, f"{path}[{k!r}]"): _value(args[1], v, f"{path}[{k!r}]")
+                for k, v in value.items()}
+    if origin in (list, List):
+        if not isinstance(value, (list, tuple)):
+            raise TopologyError(f"{path}={value!r}: must be a list")
+        return [_value(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return _scalar(tp, value, path)
+
+
+def _scalar(tp, value, path: str):
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise TopologyError(f"{path}={value!r}: must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int) and not (
+                isinstance(value, str) and value.isdigit()):
+            raise TopologyError(f"{path}={value!r}: must be an integer")
+        return int(value)
+    if tp is float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value)
+        except (TypeError, ValueError):
+            raise TopologyError(f"{path}={value!r}: must be a number") from None
+        if not math.isfinite(out):
+            raise TopologyError(f"{path}={value!r}: must be finite")
+        return out
+    if tp is str:
+        if not isinstance(value, str):
+            raise TopologyError(f"{path}={value!r}: must be a string")
+        return value
+    raise TypeError(f"unsupported schema type {tp} at {path}")  # pragma: no cover
+
+
+def _check_range(f, value, path: str) -> None:
+    meta = f.metadata
+    if value is None:
+        return
+    if "min" in meta and isinstance(value, (int, float)):
+        if value < meta["min"] or meta.get("strict") and value == meta["min"]:
+            op = ">" if meta.get("strict") else ">="
+            raise TopologyError(f"{path}={value!r}: must be {op} {meta['min']:g}")
+    if "max" in meta and value > meta["max"]:
+        raise TopologyError(f"{path}={value!r}: must be <= {meta['max']:g}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise TopologyError(f"{path}={value!r}: must be one of {', '.join(meta['choices'])}")
+    if "items" in meta:
+        for v in value:
+            if v not in meta["items"]:
+                raise TopologyError(f"{path}: {v!r} must be one of {', '.join(meta['items'])}")
+    if meta.get("fraction"):
+        for k, v in value.items():
+            if k <= 0 or not 0 < v <= 1:
+                raise TopologyError(f"{path}[{k}]={v!r}: sizes must be > 0 and fractions in (0, 1]")
+    if meta.get("positive_values"):
+        for k, v in value.items():
+            if v <= 0:
+                raise TopologyError(f"{path}[{k!r}]={v!r}: must be > 0")
+
+
+def _check_consistency(t: Topology, where: str) -> None:
+    n = t.devices_per_node
+    if t.intra.kind == "mesh":
+        if not t.intra.mesh:
+            raise TopologyError(f"{where}.intra.mesh: a mesh needs its links [[a, b, links], ...]")
+        for i, e in enumerate(t.intra.mesh):
+            if len(e) != 3 or not (0 <= e[0] < n and 0 <= e[1] < n) or e[0] == e[1] or e[2] < 1:
+                raise TopologyError(f"{where}.intra.mesh[{i}]={e}: must be [a, b, links] with "
+                                    f"a != b in 0..{n - 1} and links >= 1")
+    if t.nodes > 1 and t.inter is None:
+        raise TopologyError(f"{where}.nodes={t.nodes}: several nodes need an inter section (NICs)")
+    if t.library_kinds and t.library is None:
+        raise TopologyError(f"{where}.library_kinds: set, but no library link class is given")
+
+
+# -- files and Hydra -----------------------------------------------------------------------------
+def load_topology(name: str = "local", nodes: Optional[int] = None,
+                  path: Optional[Union[str, Path]] = None) -> Topology:
+    """The topology in `path` (a calibrated file) or conf/topology/<name>.yaml; `nodes` overrides."""
+    import yaml
+
+    file = Path(path) if path else CONF_TOPOLOGY_DIR / f"{name}.yaml"
+    if not file.is_file():
+        known = ", ".join(sorted(p.stem for p in CONF_TOPOLOGY_DIR.glob("*.yaml")))
+        raise TopologyError(f"topology file {file} not found" + ("" if path else f"; known: {known}"))
+    data = yaml.safe_load(file.read_text()) or {}
+    data.pop("path", None)
+    topo = Topology.from_dict(data)
+    return topo.with_nodes(nodes) if nodes is not None else topo
+
+
+def dump_topology(topo: Topology, path: Union[str, Path], header: str = "") -> Path:
+    """Write `topo` as YAML that `load_topology(path=...)` reads back."""
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    path.write_text(comment + yaml.safe_dump(topo.to_dict(), sort_keys=False))
+    return path
+
+
+def hydra_schema(cls, name: Optional[str] = None, extra: tuple = ()):
+    """A mutable, OmegaConf-compatible mirror of a frozen schema class (every field optional,
+    defaulting to None/empty, so ranges and required fields are checked by `from_dict`)."""
+    hints = typing.get_type_hints(cls)
+    made = []
+    for f in dataclasses.fields(cls):
+        tp = _mirror(hints[f.name])
+        if dataclasses.is_dataclass(_inner(hints[f.name])):
+            made.append((f.name, Optional[tp], field(default=None)))
+        elif f.default_factory is not dataclasses.MISSING:
+            made.append((f.name, tp, field(default_factory=f.default_factory)))
+        else:
+            default = None if f.default is dataclasses.MISSING else f.default
+            made.append((f.name, Optional[tp], field(default=default)))
+    return dataclasses.make_dataclass(name or f"{cls.__name__}Conf", made + list(extra),
+                                      kw_only=True)
+
+
+def _inner(tp):
+    if typing.get_origin(tp) is Union:
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _mirror(tp):
+    tp = _inner(tp)
+    if dataclasses.is_dataclass(tp):
+        return hydra_schema(tp)
+    return tp

@@ -1,0 +1,212 @@
+"""Measuring the Megatron layer's model- and pipeline-parallel experiments on local gloo ranks.
+
+Per point (size bindings) every rank runs, side by side in one process group: the baseline as
+Megatron-LM writes it (torch matmul, library all-reduce, bias + dropout + residual in torch ops,
+for the pipeline a library send/recv to the next stage), then each schedule's Plan. Inputs are
+`dsl.random_inputs` of the experiment's program (the same on every run of the point).
+- verified: the schedule's output equals the baseline's on every rank holding it, within
+  |x - ref| <= tol * (1 + |ref|), tol = `dsl.equivalence.tolerance` (matmul and reduction order
+  differ); the baseline itself equals `dsl.interpret` at a small size (checked by the parent).
+  Dropout masks are identical by construction (the baseline computes the DSL's hash mask).
+- time: `time_ranks` (warm-up, repeats, barrier before each, the max over ranks); compute_ms is
+  the time in kernels and matmuls (rank average per run), comm_ms = time_ms - compute_ms, and for
+  an overlapped schedule overlapped_ms = the split schedule's comm_ms at the same point minus its
+  own (communication it hid), floored at 0.
+Rank 0 appends each point to results.csv as soon as it is measured.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import dsl
+from codegen.build import build, write_sources
+from codegen.lower import lower
+from codegen.runtime import comm
+from codegen.runtime.execute import PlanRunner, tp_groups
+from codegen.runtime.launch import run_ranks
+from codegen.runtime.measure import time_ranks
+from dsl.equivalence import tolerance
+from reports.table import append_row
+
+from ._layer import DROPOUT_P, DROPOUT_SEED, torch_dropout_
+
+
+@dataclass(frozen=True)
+class Point:
+    bindings: tuple[tuple[str, int], ...]
+    plans: tuple[tuple[str, object], ...]  # (schedule, Plan)
+
+
+@dataclass(frozen=True)
+class Spec:
+    experiment: str
+    program: dsl.Program
+    world_size: int
+    points: tuple[Point, ...]
+    warmup: int
+    repeats: int
+    csv_path: str
+    seed: int
+    baseline_ok: bool
+    split_schedule: str  # whose comm_ms an overlapped schedule is compared with
+
+
+# -- the baseline -----------------------------------------------------------------------------------
+class Baseline:
+    """The layer's tail as Megatron-LM writes it; for a program with 2 stages, the pipeline
+    boundary (stage 0 computes and sends, stage 1 receives)."""
+
+    def __init__(self, program: dsl.Program, inputs: dict, rank: int, P: int, group):
+        self.t = {k: torch.from_numpy(np.array(v)) for k, v in inputs.items()}
+        self.stages, self.rank, self.P, self.group = program.stages, rank, P, group
+        self.stage = rank // P
+        self.compute_ms = 0.0
+        shape = self.t["residual"].shape
+        self.out = torch.empty(shape, dtype=self.t["residual"].dtype)
+        self.y = self.t["y"].clone() if "y" in self.t else torch.empty_like(self.out)
+
+    def _timed(self, fn):
+        t0 = time.perf_counter()
+        fn()
+        self.compute_ms += (time.perf_counter() - t0) * 1e3
+
+    def step(self) -> None:
+        peer = (self.rank + self.P) % (self.stages * self.P)
+        if self.stages > 1 and self.stage == 1:
+            dist.recv(self.out, src=peer)
+            return
+        if "x" in self.t:
+            self._timed(lambda: torch.matmul(self.t["x"], self.t["weight"], out=self.y))
+        else:
+            self.y.copy_(self.t["y"])
+        comm.all_reduce(self.y.view(-1), group=self.group)
+        self._timed(self._tail)
+        if self.stages > 1:
+            dist.send(self.out, dst=peer)
+
+    def _tail(self) -> None:
+        torch.add(self.y, self.t["bias"], out=self.out)
+        torch_dropout_(self.out, DROPOUT_SEED, DROPOUT_P)
+        self.out.add_(self.t["residual"])
+
+    def outputs(self) -> dict:
+        holds = self.stages == 1 or self.stage == 1
+        return {"out": self.out.numpy().copy()} if holds else {}
+
+
+# -- one rank -------------------------------------------------------------------------------------
+def _agree(ok: bool) -> bool:
+    t = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t[0])
+
+
+def _close(got: dict, ref: dict, tol: float) -> bool:
+    return set(got) == set(ref) and all(
+        bool(np.all(np.abs(got[k] - ref[k]) <= tol * (1 + np.abs(ref[k])))) for k in ref)
+
+
+def _measure(obj, spec: Spec, group) -> tuple:
+    obj.compute_ms = 0.0
+    fn = obj.step if isinstance(obj, Baseline) else obj.run
+    timing = time_ranks(fn, spec.warmup, spec.repeats)
+    t = torch.tensor([obj.compute_ms / (spec.warmup + spec.repeats)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return timing, float(t[0]) / dist.get_world_size()
+
+
+def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict]:
+    kernels = build(kernel_list)
+    groups = tp_groups(spec.points[0].plans[0][1])
+    P = world // spec.program.stages
+    rows, done = [], 0
+    total = sum(1 + len(pt.plans) for pt in spec.points)
+    for pt in spec.points:
+        b = dict(pt.bindings)
+        inputs = dsl.random_inputs(spec.program, world, b, np.random.default_rng(spec.seed))[rank]
+        K = max(math.prod(v.shape) for v in inputs.values())
+        tol = tolerance(spec.program.inputs[0].value.type.dtype, P, K)
+        base = Baseline(spec.program, inputs, rank, P, groups[rank // P])
+        base.step()
+        reference = base.outputs()
+        timing, compute = _measure(base, spec, groups[rank // P])
+        base_ms, comm_split = timing.median_ms, None
+        done += 1
+        rows.append(_row(spec, "baseline", b, world, timing, base_ms, spec.baseline_ok, compute,
+                         None, rank, done, total))
+        for name, plan in pt.plans:
+            runner = PlanRunner(plan, rank, kernels, groups)
+            runner.load(inputs)
+            runner.run()
+            ok = _agree(_close(runner.outputs(), reference, tol))
+            timing, compute = _measure(runner, spec, groups[rank // P])
+            comm_ms = max(0.0, timing.median_ms - compute)
+            if name == spec.split_schedule:
+                comm_split = comm_ms
+            hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
+                      and comm_split is not None else 0.0)
+            done += 1
+            rows.append(_row(spec, name, b, world, timing, base_ms, ok, compute, hidden, rank,
+                             done, total))
+    return rows
+
+
+def _row(spec, schedule, b, world, timing, base_ms, ok, compute, hidden, rank, done, total):
+    S, B, H = b["S"], b["B"], b["H"]
+    shape = f"S={S},B={B},H={H}" + (f",K={b['K']}" if "K" in b else "")
+    row = {"experiment": spec.experiment, "schedule": schedule, "source": "measured",
+           "backend": "cpu", "topology": "local", "world_size": world, "size": S * B * H,
+           "shape": shape, "dtype": "f32", "time_ms": round(timing.median_ms, 4),
+           "time_ms_min": round(timing.min_ms, 4), "time_ms_max": round(timing.max_ms, 4),
+           "speedup": round(base_ms / timing.median_ms, 4), "verified": ok,
+           "compute_ms": round(compute, 4),
+           "comm_ms": round(max(0.0, timing.median_ms - compute), 4),
+           "overlapped_ms": "" if hidden is None else round(hidden, 4)}
+    if rank == 0:
+        append_row(spec.csv_path, row)
+        print(f"  [{done}/{total}] ranks={world} {shape:24s} {schedule:24s} {timing.median_ms:9.2f} ms "
+              f"[{timing.min_ms:.2f}, {timing.max_ms:.2f}]  x{base_ms / timing.median_ms:.2f} "
+              f"{'verified' if ok else 'NOT VERIFIED'}", flush=True)
+    return row
+
+
+# -- the parent -----------------------------------------------------------------------------------
+def baseline_matches_program(program: dsl.Program, world: int, bindings: dict) -> bool:
+    """The baseline computes what the program says: run it on `world` ranks at small bindings
+    and compare with `dsl.interpret`."""
+    return all(run_ranks(_check_rank, world, args=(program, bindings), timeout_s=300))
+
+
+def _check_rank(rank: int, world: int, program: dsl.Program, bindings: dict) -> bool:
+    P = world // program.stages
+    inputs = dsl.random_inputs(program, world, bindings, np.random.default_rng(0))
+    expect = dsl.interpret(program, inputs, world, bindings)[rank]
+    groups = [comm.Group.world()] if program.stages == 1 else [
+        comm.Group.new(range(s * P, (s + 1) * P)) for s in range(program.stages)]
+    base = Baseline(program, inputs[rank], rank, P, groups[rank // P])
+    base.step()
+    K = max(math.prod(v.shape) for v in inputs[rank].values())
+    return _close(base.outputs(), expect, tolerance(dsl.f32, P, K))
+
+
+def measure(experiment: str, program: dsl.Program, schedules: dict, points, world_size: int,
+            warmup: int, repeats: int, csv_path, kernels_dir, split_schedule: str,
+            seed: int = 0, timeout_s: float = 1800.0, check_bindings=None) -> list[dict]:
+    """Measure the baseline and every schedule at every point on `world_size` local ranks."""
+    pts = tuple(Point(tuple(sorted(b.items())),
+                      tuple((n, lower(p, b, world_size)) for n, p in schedules.items()))
+                for b in points)
+    kernels = list({k.name: k for pt in pts for _, pl in pt.plans for k in pl.kernels()}.values())
+    print(f"building {len(kernels)} kernels ...", flush=True)
+    build(kernels)
+    write_sources(kernels, kernels_dir)
+    ok = baseline_matches_program(program, world_size, check_bindings or points[0])
+    spec = Spec(experiment, program, world_size, pts, warmup, repeats, str(csv_path), seed, ok,
+                split_schedule)
+    return run_ranks(rank_main, world_size, args=(spec, kernels), timeout_s=timeout_s)[0]
