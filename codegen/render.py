@@ -8,7 +8,8 @@ Contract (the semantics of a Kernel are in the docstring of `codegen.plan`):
   kernel (`v<id>`), an operand read through its `Access` (`kernel.reads`, by value id), or a 0-d
   buffer in `kernel.scalars` (by convention the buffer id equals the value id).
 - Prologue (once per call): scalar loads, loop-invariant reads (all strides 0), every 0-d
-  statement that is not a reduction, stores of `scalar_outs` (and of any 0-d value in `writes`).
+  statement that is not a reduction; then (`scalar_stores`) the stores of `scalar_outs` (and of
+  any 0-d value in `writes`).
 - Loop over flat e in [begin, end): loads of the operands used, the loop statements in program
   order, `sum`s accumulated in double (int64 for integers and bools), stores of `writes` at e.
 - Epilogue: every accumulator ADDED to its 0-d buffer (the caller zeroes it before the 1st chunk).
@@ -41,6 +42,17 @@ class RenderError(Exception):
     """A kernel the renderer cannot express (names the kernel and the statement at fault)."""
 
 
+@dataclass(frozen=True)
+class LoopRead:
+    """An operand loaded in the loop: `value` from buffer `buffer` at element `index` (text)."""
+    value: Value
+    buffer: int
+    index: str
+    dtype: DType
+    contiguous: bool  # index is e plus a loop-invariant rank term (`rank`, "" for none)
+    rank: str
+
+
 @dataclass
 class Walk:
     """The pieces of one kernel function, as lines of text, in the order they run."""
@@ -51,6 +63,10 @@ class Walk:
     loads: list[str] = field(default_factory=list)
     body: list[str] = field(default_factory=list)
     stores: list[str] = field(default_factory=list)
+    scalar_stores: list[str] = field(default_factory=list)  # stores of 0-d values, after prologue
+    # The loop's memory traffic as data, for targets that re-shape the loop (CUDA's vector loads):
+    loop_reads: list[LoopRead] = field(default_factory=list)  # one per entry of `loads`
+    loop_writes: list[tuple[int, int, DType]] = field(default_factory=list)  # (value, buffer, dt)
     accs: list[tuple[str, str, str]] = field(default_factory=list)  # (acc type, acc, final stmt)
     rank_offsets: dict[int, str] = field(default_factory=dict)  # rank_stride -> hoisted name
 
@@ -163,11 +179,13 @@ class Renderer:
         for vid, buf in list(k.scalar_outs) + [(v, b) for v, b in k.writes if values[v].type.rank == 0]:
             dt = values[vid].type.dtype
             self._buffer(w, buf, dt)
-            w.prologue.append(self.store(f"b{buf}", "0", f"v{vid}", dt))
+            w.scalar_stores.append(self.store(f"b{buf}", "0", f"v{vid}", dt))
         for vid, buf in k.writes:
             if values[vid].type.rank != 0:
-                self._buffer(w, buf, values[vid].type.dtype)
-                w.stores.append(self.store(f"b{buf}", "e", f"v{vid}", values[vid].type.dtype))
+                dt = values[vid].type.dtype
+                self._buffer(w, buf, dt)
+                w.stores.append(self.store(f"b{buf}", "e", f"v{vid}", dt))
+                w.loop_writes.append((vid, buf, dt))
         return w
 
     def _buffer(self, w: Walk, buf: int, dt: DType) -> None:
@@ -183,7 +201,10 @@ class Renderer:
         if not any(a.strides):  # loop-invariant: load once
             w.prologue.append(self._decl(v, self.load(f"b{a.buffer}", self._rank_term(w, a) or "0", dt)))
         else:
-            w.loads.append(self._decl(v, self.load(f"b{a.buffer}", self.index_expr(w, a), dt)))
+            index = self.index_expr(w, a)
+            w.loads.append(self._decl(v, self.load(f"b{a.buffer}", index, dt)))
+            w.loop_reads.append(LoopRead(v, a.buffer, index, dt, a.is_contiguous(w.kernel.loop),
+                                         self._rank_term(w, a)))
         local.add(v.id)
 
     def _rank_term(self, w: Walk, a: Access) -> str:

@@ -135,7 +135,7 @@ class CppRenderer(Renderer):
             ptr = f"bufs[{args.index(buf)}].data_ptr<{tt}>()"
             lines.append(f"{i1}{t}* b{buf} = {ptr if t == tt else f'reinterpret_cast<{t}*>({ptr})'};")
         lines += [f"{i1}const int64_t {name} = rank * {stride};" for stride, name in w.rank_offsets.items()]
-        lines += [i1 + line for line in w.prologue]
+        lines += [i1 + line for line in w.prologue + w.scalar_stores]
         lines += [f"{i1}{t} {acc} = 0;" for t, acc, _ in w.accs]
         if w.loads or w.body or w.stores or w.accs:
             clauses = f" reduction(+: {', '.join(acc for _, acc, _ in w.accs)})" if w.accs else ""

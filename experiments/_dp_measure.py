@@ -27,7 +27,8 @@ from codegen.plan import Plan
 from codegen.runtime.execute import PlanRunner, tp_groups
 from codegen.runtime.launch import run_ranks
 from codegen.runtime.measure import time_ranks
-from reports.table import append_row
+
+from ._points import agree, publish
 
 RTOL = 2e-6  # f32: three steps differ only by reduction and op order (a few ulp of w, m, v)
 HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
@@ -125,12 +126,6 @@ def _close(got: np.ndarray, ref: np.ndarray) -> bool:
     return bool(np.all(np.abs(got - ref) <= RTOL * (1 + np.abs(ref))))
 
 
-def _agree(ok: bool) -> bool:
-    t = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t[0])
-
-
 def _run_schedule(spec, plan, rank, kernels, groups, n, reference) -> tuple[bool, Callable]:
     runner = PlanRunner(plan, rank, kernels, groups)
     w = _weights(spec, n)
@@ -144,7 +139,7 @@ def _run_schedule(spec, plan, rank, kernels, groups, n, reference) -> tuple[bool
         runner.run()
     out = runner.outputs()
     ok = all(_close(out[k], _local(runner, k, reference[k])) for k in ("w", "m", "v"))
-    return _agree(ok), runner.run
+    return agree(ok), runner.run
 
 
 def _baseline(spec, rank, n) -> tuple[dict, Callable]:
@@ -184,12 +179,7 @@ def _row(spec, schedule, n, timing, base_ms, ok, rank, done, total) -> dict:
            "shape": f"[{n}]", "dtype": "f32", "time_ms": round(timing.median_ms, 4),
            "time_ms_min": round(timing.min_ms, 4), "time_ms_max": round(timing.max_ms, 4),
            "speedup": round(base_ms / timing.median_ms, 4), "verified": ok}
-    if rank == 0:
-        append_row(spec.csv_path, row)
-        print(f"  [{done}/{total}] N=2^{log2(n):.0f} {schedule:24s} {timing.median_ms:9.2f} ms "
-              f"[{timing.min_ms:.2f}, {timing.max_ms:.2f}]  x{base_ms / timing.median_ms:.2f} "
-              f"{'verified' if ok else 'NOT VERIFIED'}", flush=True)
-    return row
+    return publish(row, spec.csv_path, rank, done, total, f"N=2^{log2(n):.0f}")
 
 
 # -- the parent -----------------------------------------------------------------------------------

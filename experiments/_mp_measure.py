@@ -2,7 +2,9 @@
 
 Per point (size bindings) every rank runs, side by side in one process group: the baseline as
 Megatron-LM writes it (torch matmul, library all-reduce, bias + dropout + residual in torch ops,
-for the pipeline a library send/recv to the next stage), then each schedule's Plan. Inputs are
+for the pipeline a library send/recv to the next stage), then each schedule's Plan. The baseline
+is timed with torch's own dropout, and checked with the DSL's hash mask in its place (the mask is
+the only difference between the two runs). Inputs are
 `dsl.random_inputs` of the experiment's program (the same on every run of the point).
 - verified: the schedule's output equals the baseline's on every rank holding it, within
   |x - ref| <= tol * (1 + |ref|), tol = `dsl.equivalence.tolerance` (matmul and reduction order
@@ -32,9 +34,9 @@ from codegen.runtime.execute import PlanRunner, tp_groups
 from codegen.runtime.launch import run_ranks
 from codegen.runtime.measure import time_ranks
 from dsl.equivalence import tolerance
-from reports.table import append_row
 
 from ._layer import DROPOUT_P, DROPOUT_SEED, torch_dropout_
+from ._points import agree, publish
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Baseline:
         self.stages, self.rank, self.P, self.group = program.stages, rank, P, group
         self.stage = rank // P
         self.compute_ms = 0.0
+        self.check = True  # False while timed: see _tail
         shape = self.t["residual"].shape
         self.out = torch.empty(shape, dtype=self.t["residual"].dtype)
         self.y = self.t["y"].clone() if "y" in self.t else torch.empty_like(self.out)
@@ -92,7 +95,10 @@ class Baseline:
 
     def _tail(self) -> None:
         torch.add(self.y, self.t["bias"], out=self.out)
-        torch_dropout_(self.out, DROPOUT_SEED, DROPOUT_P)
+        if self.check:  # the DSL's mask, so that the output can be compared
+            torch_dropout_(self.out, DROPOUT_SEED, DROPOUT_P)
+        else:  # what Megatron-LM runs: torch's own dropout (Philox random numbers)
+            torch.nn.functional.dropout(self.out, DROPOUT_P, training=True, inplace=True)
         self.out.add_(self.t["residual"])
 
     def outputs(self) -> dict:
@@ -101,12 +107,6 @@ class Baseline:
 
 
 # -- one rank -------------------------------------------------------------------------------------
-def _agree(ok: bool) -> bool:
-    t = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t[0])
-
-
 def _close(got: dict, ref: dict, tol: float) -> bool:
     return set(got) == set(ref) and all(
         bool(np.all(np.abs(got[k] - ref[k]) <= tol * (1 + np.abs(ref[k])))) for k in ref)
@@ -135,6 +135,7 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
         base = Baseline(spec.program, inputs, rank, P, groups[rank // P])
         base.step()
         reference = base.outputs()
+        base.check = False
         timing, compute = _measure(base, spec, groups[rank // P])
         base_ms, comm_split = timing.median_ms, None
         done += 1
@@ -144,7 +145,7 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
             runner = PlanRunner(plan, rank, kernels, groups)
             runner.load(inputs)
             runner.run()
-            ok = _agree(_close(runner.outputs(), reference, tol))
+            ok = agree(_close(runner.outputs(), reference, tol))
             timing, compute = _measure(runner, spec, groups[rank // P])
             comm_ms = max(0.0, timing.median_ms - compute)
             if name == spec.split_schedule:
@@ -168,12 +169,7 @@ def _row(spec, schedule, b, world, timing, base_ms, ok, compute, hidden, rank, d
            "compute_ms": round(compute, 4),
            "comm_ms": round(max(0.0, timing.median_ms - compute), 4),
            "overlapped_ms": "" if hidden is None else round(hidden, 4)}
-    if rank == 0:
-        append_row(spec.csv_path, row)
-        print(f"  [{done}/{total}] ranks={world} {shape:24s} {schedule:24s} {timing.median_ms:9.2f} ms "
-              f"[{timing.min_ms:.2f}, {timing.max_ms:.2f}]  x{base_ms / timing.median_ms:.2f} "
-              f"{'verified' if ok else 'NOT VERIFIED'}", flush=True)
-    return row
+    return publish(row, spec.csv_path, rank, done, total, f"ranks={world} {shape:24s}")
 
 
 # -- the parent -----------------------------------------------------------------------------------

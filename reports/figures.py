@@ -28,6 +28,17 @@ def colour(schedule: str) -> str:
     return matplotlib.colors.to_hex(palette[k % len(palette)])
 
 
+def _save(fig, path) -> Path:
+    """PNG (and SVG beside it) of a finished figure."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    fig.savefig(path.with_suffix(".svg"))
+    plt.close(fig)
+    return path
+
+
 def _rank(schedule: str) -> int:
     return ORDER.index(schedule) if schedule in ORDER else len(ORDER)
 
@@ -49,12 +60,7 @@ def speedup_figure(df, experiment: str, path) -> Path:
         ax.set_title(f"{experiment}: {source}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def breakdown_figure(df, experiment: str, path, source: str = "measured") -> Path:
@@ -92,9 +98,4 @@ def breakdown_figure(df, experiment: str, path, source: str = "measured") -> Pat
                  fontsize=8)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
