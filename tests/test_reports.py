@@ -1,0 +1,86 @@
+"""Reports are pure functions of the results table: Markdown table, figures, HTML with embedded
+figures, LaTeX (booktabs) and CSV tables, and `python -m suite.compare` of two runs."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from reports.figures import breakdown_figure, speedup_figure
+from reports.html import write_html
+from reports.latex import latex_table, write_tables
+from reports.sections import measured_section
+from reports.table import COLUMNS, append_row, read_table
+from reports.tables import measured_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rows(scale=1.0):
+    out = []
+    for n in (1 << 20, 1 << 21):
+        for sched, t in (("baseline", 10.0), ("AR-C", 9.0), ("fuse(RS-C-AG)", 6.0)):
+            t = t * scale * n / (1 << 20)
+            out.append({"experiment": "adam_fusion", "schedule": sched, "source": "measured",
+                        "backend": "cpu", "topology": "local", "world_size": 2, "size": n,
+                        "shape": f"[{n}]", "dtype": "f32", "time_ms": t, "time_ms_min": t * .9,
+                        "time_ms_max": t * 1.1, "speedup": 10.0 * scale * n / (1 << 20) / t,
+                        "verified": True, "compute_ms": t / 2, "comm_ms": t / 2,
+                        "overlapped_ms": 0.0})
+    return out
+
+
+def _run(tmp_path, scale=1.0) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for r in _rows(scale):
+        append_row(tmp_path / "results.csv", r)
+    return tmp_path
+
+
+def test_table_round_trip_and_markdown(tmp_path):
+    df = read_table(_run(tmp_path) / "results.csv")
+    assert tuple(df.columns) == COLUMNS
+    md = measured_table(df, "adam_fusion")
+    assert "| fuse(RS-C-AG) |" in md and "x1.67" in md and "2^21" in md
+
+
+def test_figures_and_html_embed_everything(tmp_path):
+    run = _run(tmp_path)
+    df = read_table(run / "results.csv")
+    text = "# adam_fusion\n\n" + measured_section(df, "adam_fusion", run)
+    assert (run / "figures" / "adam_fusion.png").stat().st_size > 1000
+    assert (run / "figures" / "adam_fusion.svg").exists()
+    (run / "report.md").write_text(text)
+    html = write_html(run / "report.md").read_text()
+    assert html.count("<img") == text.count("![") == 2
+    assert "data:image/png;base64," in html and "<table>" in html
+    assert "http" not in html.replace("http-equiv", "")
+
+
+def test_breakdown_figure(tmp_path):
+    df = read_table(_run(tmp_path) / "results.csv")
+    assert breakdown_figure(df, "adam_fusion", tmp_path / "b.png").stat().st_size > 1000
+    assert speedup_figure(df, "adam_fusion", tmp_path / "s.png").exists()
+
+
+def test_latex_booktabs(tmp_path):
+    df = read_table(_run(tmp_path) / "results.csv")
+    tex = latex_table(df, "adam_fusion")
+    assert tex.startswith("\\begin{tabular}{lrr}") and "\\toprule" in tex and "\\bottomrule" in tex
+    assert "fuse(RS-C-AG) & 6.00 (1.67$\\times$)" in tex and "2\\^{}20" in tex
+    paths = write_tables(df, tmp_path)
+    assert {p.suffix for p in paths} == {".csv", ".tex"}
+    assert len(pd.read_csv(paths[0])) == 6
+
+
+def test_compare_two_runs(tmp_path):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b", scale=2.0)
+    out = subprocess.run([sys.executable, "-m", "suite.compare", str(a), str(b), "--out",
+                          str(tmp_path / "cmp.md")], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "ratio[1]" in out.stdout and "2.000" in out.stdout
+    md = (tmp_path / "cmp.md").read_text()
+    assert md.count("| adam_fusion |") == 6
+    bad = subprocess.run([sys.executable, "-m", "suite.compare", str(tmp_path / "nope")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
