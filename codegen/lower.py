@@ -5,7 +5,9 @@ tested against it). Steps keep the program's statement order. Lowering:
 
 1. binds sizes (P = world_size / stages), evaluates symbolic constants, and expands `norm(x)` to
    `sqrt(sum(x * x))` and `mean(x)` to `sum(x) / numel`, so kernels only ever reduce by `sum`;
-2. groups consecutive computation with the same loop shape and layout into one kernel, starting a
+2. delays 0-d all_reduces (the combine steps of sliced reductions) until their results are needed,
+   so several partial reductions share one pass; then
+   groups consecutive computation with the same loop shape and layout into one kernel, starting a
    new kernel at any communication, matmul, or statement that reads a reduction of the current
    kernel; 0-d statements run once in a kernel's prologue;
 3. gives storage to what crosses a step (inputs, communication results, kernel values used
@@ -75,6 +77,44 @@ def _expand(p: Program, bound: Mapping[str, int]) -> tuple[list[Stmt], dict[int,
             origin[t.out.id] = s.out.id
             out.append(t)
     return out, origin
+
+
+def _sink_scalar_syncs(stmts: list[Stmt]) -> list[Stmt]:
+    """Delay each 0-d all_reduce (a sliced reduction's combine step) and the scalar arithmetic
+    on its result or on a sum until something else needs them, so that the partial sums of
+    several reductions (LAMB's two norms) are computed in one pass and combined together. A stable
+    topological reordering: every statement still follows what it reads."""
+    out: list[Stmt] = []
+    pending: list[Stmt] = []
+    waiting: set[int] = set()
+    for s in stmts:
+        needs = any(a.id in waiting for a in s.values)
+        sync = s.op == "all_reduce" and s.out.type.rank == 0
+        if sync or (needs and s.out.type.rank == 0 and s.op not in COMM and s.op != "update"):
+            pending.append(s)
+            waiting.add(s.out.id)
+            continue
+        if needs:
+            out += _syncs_first(pending)
+            pending, waiting = [], set()
+        out.append(s)
+        if s.op == "sum":  # what reads a reduction waits too: it cannot share the loop anyway
+            waiting.add(s.out.id)
+    return out + _syncs_first(pending)
+
+
+def _syncs_first(pending: list[Stmt]) -> list[Stmt]:
+    """The pending statements in a dependency order that puts the all_reduces as early as it
+    can, so they run back to back."""
+    out, done, todo = [], set(), list(pending)
+    ids = {s.out.id for s in pending}
+    while todo:
+        ready = [s for s in todo if all(a.id in done or a.id not in ids for a in s.values)]
+        s = next((s for s in ready if s.op == "all_reduce"), ready[0])
+        out.append(s)
+        done.add(s.out.id)
+        todo.remove(s)
+    return out
 
 
 def _partition(p: Program, stmts: list[Stmt], origin: dict[int, int]) -> list[_Unit]:
@@ -251,6 +291,7 @@ def lower(p: Program, bindings: Optional[Mapping[str, int]], world_size: int,
     P, bound = bind(p, world_size, bindings)
     check_chunks(p, bound)
     stmts, origin = _expand(p, bound)
+    stmts = _sink_scalar_syncs(stmts)
     low = _Lowering(p, bound, world_size, fused_chunks)
     inputs = tuple((i.value.name, low.buffer(i.value)) for i in p.inputs)
     units = _partition(p, stmts, origin)
