@@ -1,5 +1,6 @@
 """Every schedule of every experiment, lowered to a Plan, run on gloo ranks with compiled kernels,
-equals `dsl.interpret` of the same schedule on the same inputs (2 ranks; pipeline also 4 = 2 x 2).
+equals `dsl.interpret` of the same schedule on the same inputs (2 ranks; the model-parallel layer
+also on 4, the pipeline also on 4 = 2 stages x 2).
 
 Tolerance: `dsl.equivalence.tolerance` (reduction order differs between the ring and numpy).
 """
@@ -53,8 +54,8 @@ def _rank(rank, world, plans, inputs, kernel_list):
 @pytest.mark.parametrize("world", [2, 4])
 def test_plans_match_interpreter(world):
     cases = _cases(world)
-    if world == 4:  # 4 ranks on 2 cores: only the pipeline (2 stages x 2) to keep it short
-        cases = [c for c in cases if c[0].startswith("pipeline")]
+    if world == 4:  # 4 ranks on 2 cores: the layer experiments (the optimizers are 2-rank)
+        cases = [c for c in cases if c[0].startswith(("pipeline", "model"))]
     kernel_list = [k for _, plan, _, _, _ in cases for k in plan.kernels()]
     build(kernel_list)  # compile once in the parent; ranks load from the cache
     results = launch(_rank, world, args=([c[1] for c in cases], [c[2] for c in cases],

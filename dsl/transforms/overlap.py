@@ -61,8 +61,8 @@ def chunk_rows(p: Program, o: Overlap, bindings: Mapping[str, int]) -> int:
     rows = 1
     for n in shape[:-1] or shape:
         rows *= n
-    if p.producer(o.consumer).op == "reduce_scatter" or p.producer(o.producer).op == "reduce_scatter":
-        rows //= bindings["P"]
+    if p.producer(o.consumer).op == "reduce_scatter":  # (a reduce-scatter producer's output
+        rows //= bindings["P"]  # is already one rank's slice)
     return rows
 
 
