@@ -1,1 +1,22 @@
-"""The cost model (later issues): simulate a Plan on a Topology (SimPy), closed-form oracle."""
+"""The cost model: simulate a Plan on a Topology (SimPy DES), with a closed-form oracle.
+
+Layers, as in ASTRA-sim:
+- `topology`: validated, frozen hardware data (conf/topology/*.yaml or a calibrated file):
+  `load_topology(name, nodes, path) -> Topology`, `Topology.from_dict`, `dump_topology`;
+  `TopologyError` names the field at fault.
+- `network`: links and ports as SimPy resources, compute with the overlap slowdowns, the trace
+  (`Sim`; `hop`/`hop_us`: a message's route and uncontended time).
+- `collectives`: ring, double binary tree, hierarchical, chain and direct algorithms as chunked,
+  pipelined transfers (`CollSpec`, `simulate`).
+- `workload`: a Plan becomes a task DAG per rank (`cost_rules`, one per step kind);
+  `simulate(plan, topo) -> Result(time_us, finish_us, trace, folded)`, `simulate_collective`.
+- `closed_form`: the alpha-beta oracle and the tuner (`collective_us`, `choose`, `plan_us`,
+  `closed_rules`).
+- `calibration`: `fit(measurements, base, world_size) -> Topology` and `predict_ms` for the
+  microbenchmarks `experiments/calibrate.py` runs.
+- `bench`: the speed benchmarks (`python -m cost_model.bench`).
+Units: microseconds inside (`_us`), milliseconds in results (`time_ms`), bytes, GB/s
+(`_gbps`, 1e9 bytes/s), TFLOP/s. Imports only `codegen.plan` and `dsl` types from the layers
+below (no runtime, no compiler): it runs anywhere.
+"""
+from .topology import Topology, TopologyError, load_topology  # noqa: F401

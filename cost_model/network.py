@@ -1,17 +1,19 @@
 """The network and device layer of the discrete-event model (SimPy): links, ports, compute, trace.
 
 `Sim(topology, world_size, fold)` owns one SimPy environment (time in microseconds) and:
-- the resources of the topology, created on first use, each a SimPy `Resource(capacity=1)`: a
+- the resources of the topology, created on first use, each a `Port` (a capacity-1 resource
+  whose waiting messages go by priority, then arrival): a
   device's switch ports (`out`, `in`), a mesh's directed NVLink bundles, PCIe fallbacks, the NICs of
-  each node (one per rail and direction) and, for a flat ring crossing nodes, a node's NIC rails
-  taken together (`rails`: the channels NCCL spreads over every NIC, folded into one);
+  each node (one per rail and direction) and, for a ring's hops spread over NCCL's channels, a
+  node's NIC rails taken together (`rails_out`, `rails_in`);
 - `transfer(src, dst, nbytes, ...)`: a process that takes the route's resources (in one global
-  order, so processes never deadlock), holds them for `latency + bytes / (bandwidth *
-  efficiency(bytes))` of the slowest hop, and releases them;
+  order, so processes never deadlock), holds them for `overhead + bytes / (bandwidth *
+  efficiency(bytes))`, releases them, and arrives `latency` later;
 - `compute(rank, us, ...)`: a process that runs `us` microseconds of work on the rank's compute
   stream. While the rank communicates (a transfer it sends or receives is in flight) compute runs
-  at (1 - compute_slowdown) of its speed; while either end computes, a transfer runs at
-  (1 - comm_slowdown). Rates change as activity starts and stops (work-conserving);
+  at (1 - compute_slowdown) of its speed; a transfer runs at (1 - comm_slowdown x the fraction of
+  its ends that compute): both ends computing is what calibration measures. Rates change as
+  activity starts and stops (work-conserving);
 - `trace`: every task appends (rank, stream, step, task, start, end) (microseconds); `frame()`
   returns it as a pandas DataFrame.
 
@@ -21,6 +23,8 @@ Folding (rank symmetry, exact only where every node does the same thing at the s
 """
 from __future__ import annotations
 
+import heapq
+from functools import lru_cache
 from typing import Iterable, Optional
 
 import simpy
@@ -30,18 +34,70 @@ from .topology import LinkClass, Topology
 STREAMS = ("compute", "comm")
 
 
+def join(env: simpy.Environment, events) -> Optional[simpy.Event]:
+    """An event that fires when every one of `events` (None: already done) has; None if none is
+    pending. Cheaper than `simpy.AllOf` (a counter and callbacks; no values are collected)."""
+    pending = [e for e in events if e is not None and not e.processed]
+    if not pending:
+        return None
+    if len(pending) == 1:
+        return pending[0]
+    done = env.event()
+    left = [len(pending)]
+
+    def one(_event) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            done.succeed()
+
+    for e in pending:
+        e.callbacks.append(one)
+    return done
+
+
+class Port:
+    """A link or port held by one message at a time; waiting messages go by (priority, arrival)."""
+
+    __slots__ = ("env", "busy", "queue", "seq")
+
+    def __init__(self, env: simpy.Environment):
+        self.env, self.busy, self.queue, self.seq = env, False, [], 0
+
+    def acquire(self, priority: int = 0) -> Optional[simpy.Event]:
+        """None when granted at once, else an event that fires when granted."""
+        if not self.busy:
+            self.busy = True
+            return None
+        ev = self.env.event()
+        self.seq += 1
+        heapq.heappush(self.queue, (priority, self.seq, ev))
+        return ev
+
+    def release(self) -> None:
+        if self.queue:
+            heapq.heappop(self.queue)[2].succeed()
+        else:
+            self.busy = False
+
+
 def hop(topo: Topology, src: int, dst: int, link: Optional[LinkClass] = None,
-        rails: bool = False) -> tuple[list[tuple], LinkClass, float]:
+        channels: bool = False) -> tuple[list[tuple], LinkClass, float]:
     """The route of a message src -> dst: (resource keys, link class, bandwidth scale).
 
-    Same node: a switch's ports (`out` of src, `in` of dst), a mesh's NVLink bundle src -> dst
-    (bandwidth x links) or the PCIe fallback; `link` (the library's link class) uses the ports.
-    Across nodes: src's NIC out and dst's NIC in, on each device's rail; `rails=True` takes all
-    of the node's NICs together (a flat ring's crossing, spread over every rail by its channels).
+    Same node: a bus (the node's one medium), a switch's ports (`out` of src, `in` of dst); on a
+    mesh the NVLink bundle src ->
+    dst (bandwidth x links) or, without one, the PCIe fallback; `link` (the library's link class)
+    uses the ports. Across nodes: src's NIC out and dst's NIC in, on each device's rail.
+    `channels=True` is a ring's hop spread over NCCL's channels: across nodes all of the node's NIC
+    rails together, on a mesh all its rings together (`mesh_ring_links`: a port of that many links).
     """
     if topo.node_of(src) == topo.node_of(dst):
+        if topo.intra.kind == "bus":
+            return [("bus", topo.node_of(src))], link or topo.intra.link, 1.0
         if link is not None or topo.intra.kind == "switch":
             return [("out", src), ("in", dst)], link or topo.intra.link, 1.0
+        if channels:
+            return [("out", src), ("in", dst)], topo.intra.link, float(mesh_ring_links(topo))
         links = topo.mesh_links(src, dst)
         if links:
             return [("nvl", src, dst)], topo.intra.link, float(links)
@@ -49,16 +105,74 @@ def hop(topo: Topology, src: int, dst: int, link: Optional[LinkClass] = None,
     inter = topo.inter
     scale = 1.0 / inter.spine_oversubscription
     a, b = topo.node_of(src), topo.node_of(dst)
-    if rails:
+    if channels:
         return [("rails_out", a), ("rails_in", b)], inter.nic, scale * inter.nics
     return [("nic_out", a, topo.rail_of(src)), ("nic_in", b, topo.rail_of(dst))], inter.nic, scale
 
 
+def mesh_ring_links(topo: Topology) -> int:
+    """Links per direction a device of a mesh drives when rings run over every Hamiltonian cycle
+    the mesh holds, each in both directions (NCCL's rings on a DGX-1: all six NVLinks)."""
+    edges = tuple(sorted((min(a, b), max(a, b), k) for a, b, k in topo.intra.mesh))
+    return _ring_links(edges, topo.devices_per_node)
+
+
+@lru_cache(maxsize=64)
+def _ring_links(edges: tuple, n: int) -> int:
+    left = {}
+    for a, b, k in edges:
+        left[(a, b)] = left.get((a, b), 0) + k
+    total = 0
+    while True:
+        cycle = _hamiltonian(left, n)
+        if cycle is None:
+            return max(total, 1)
+        pairs = [tuple(sorted((cycle[i], cycle[(i + 1) % n]))) for i in range(n)]
+        k = min(left[p] for p in pairs)
+        for p in pairs:
+            left[p] -= k
+        total += 2 * k  # the ring and its reverse
+
+
+def _hamiltonian(left: dict, n: int):
+    """The Hamiltonian cycle through pairs with links left whose thinnest pair has the most links
+    (exhaustive depth-first search; meshes have a handful of devices)."""
+    if n < 2 or n > 12:
+        return None
+    links = {(v, w): left.get(tuple(sorted((v, w))), 0) for v in range(n) for w in range(n)}
+    best: list = [0, None]
+    path = [0]
+
+    def extend(width: int) -> None:
+        if width <= best[0]:
+            return
+        if len(path) == n:
+            width = min(width, links[(path[-1], 0)])
+            if width > best[0]:
+                best[:] = [width, list(path)]
+            return
+        for w in range(1, n):
+            if w not in path and links[(path[-1], w)] > 0:
+                path.append(w)
+                extend(min(width, links[(path[-2], w)]))
+                path.pop()
+
+    extend(1 << 30)
+    return best[1]
+
+
 def hop_us(topo: Topology, src: int, dst: int, nbytes: float, link: Optional[LinkClass] = None,
-           rails: bool = False) -> float:
+           channels: bool = False) -> float:
     """Uncontended time of one message src -> dst, in microseconds."""
-    _, cls, scale = hop(topo, src, dst, link, rails)
-    return cls.latency_us + cls.wire_us(nbytes) / scale
+    busy, latency = hop_parts(topo, src, dst, nbytes, link, channels)
+    return busy + latency
+
+
+def hop_parts(topo: Topology, src: int, dst: int, nbytes: float,
+              link: Optional[LinkClass] = None, channels: bool = False) -> tuple[float, float]:
+    """(time the message holds its route, latency after it), in microseconds."""
+    _, cls, scale = hop(topo, src, dst, link, channels)
+    return cls.overhead_us + cls.wire_us(nbytes) / scale, cls.latency(nbytes)
 
 
 def _fold_key(key: tuple, per_node: int) -> tuple:
@@ -77,7 +191,7 @@ class Sim:
         self.topo, self.world, self.fold = topo, world_size, fold
         self.env = simpy.Environment()
         self.trace: list[tuple] = []
-        self._res: dict[tuple, tuple[int, simpy.Resource]] = {}
+        self._res: dict[tuple, tuple[int, Port]] = {}
         self._comm = [0] * world_size  # transfers in flight per rank (sent or received)
         self._busy = [False] * world_size  # compute running per rank
         self._changed: dict[int, simpy.Event] = {}
@@ -92,15 +206,15 @@ class Sim:
     def rep(self, rank: int) -> int:
         return rank % self.topo.devices_per_node if self.fold else rank
 
-    def resource(self, key: tuple) -> simpy.Resource:
+    def resource(self, key: tuple) -> Port:
         if key not in self._res:
-            self._res[key] = (len(self._res), simpy.Resource(self.env, capacity=1))
+            self._res[key] = (len(self._res), Port(self.env))
         return self._res[key][1]
 
     def route(self, src: int, dst: int, link: Optional[LinkClass] = None,
-              rails: bool = False) -> tuple[list[tuple], LinkClass, float]:
+              channels: bool = False) -> tuple[list[tuple], LinkClass, float]:
         """(resource keys, link class, bandwidth scale) of a message src -> dst (see `hop`)."""
-        keys, cls, scale = hop(self.topo, src, dst, link, rails)
+        keys, cls, scale = hop(self.topo, src, dst, link, channels)
         if self.fold:
             keys = [_fold_key(k, self.topo.devices_per_node) for k in keys]
         return keys, cls, scale
@@ -120,14 +234,15 @@ class Sim:
         return evs[0] if len(evs) == 1 else simpy.AnyOf(self.env, evs)
 
     def _work(self, work_us: float, ranks: tuple[int, ...], slowdown: float, slowed):
-        """Run `work_us` of work at full speed, or at (1 - slowdown) while `slowed()`; the rate
-        is re-read whenever an involved rank's activity changes."""
+        """Run `work_us` of work at (1 - slowdown x slowed()) of full speed (`slowed()`: the
+        fraction of the interfering activity present); the rate is re-read whenever an involved
+        rank's activity changes."""
         if slowdown <= 0.0:
             yield self.env.timeout(work_us)
             return
         remaining = work_us
         while True:
-            rate = 1.0 - slowdown if slowed() else 1.0
+            rate = 1.0 - slowdown * slowed()
             start = self.env.now
             done = self.env.timeout(remaining / rate)
             yield done | self._wake(ranks)
@@ -147,13 +262,14 @@ class Sim:
         return proc
 
     def _compute(self, rank, us, step, task, deps):
-        if deps:
-            yield simpy.AllOf(self.env, deps)
+        ready = join(self.env, deps)
+        if ready is not None:
+            yield ready
         start = self.env.now
         self._busy[rank] = True
         self._signal(rank)
         yield from self._work(us, (rank,), self.topo.compute_slowdown,
-                              lambda: self._comm[rank] > 0)
+                              lambda: 1.0 if self._comm[rank] > 0 else 0.0)
         self._busy[rank] = False
         self._signal(rank)
         self.trace.append((rank, "compute", step, task, start, self.env.now))
@@ -163,26 +279,33 @@ class Sim:
         return self.env.process(self._delay(rank, us, step, task, [d for d in deps if d]))
 
     def _delay(self, rank, us, step, task, deps):
-        if deps:
-            yield simpy.AllOf(self.env, deps)
+        ready = join(self.env, deps)
+        if ready is not None:
+            yield ready
         start = self.env.now
         yield self.env.timeout(us)
         self.trace.append((rank, "comm", step, task, start, self.env.now))
 
     def transfer(self, src: int, dst: int, nbytes: float, step: str, task: str, deps=(),
-                 link: Optional[LinkClass] = None, rails: bool = False):
-        """A process: wait for deps, send nbytes src -> dst over the route; its value is None."""
+                 link: Optional[LinkClass] = None, channels: bool = False, chunk: int = 0):
+        """A process: wait for deps, send nbytes src -> dst over the route. With the topology's
+        `pipelined_chunks` a waiting message of a lower chunk goes first; else first come,
+        first served."""
+        prio = chunk if self.topo.pipelined_chunks else 0
         return self.env.process(self._transfer(src, dst, nbytes, step, task,
-                                               [d for d in deps if d is not None], link, rails))
+                                               [d for d in deps if d is not None], link, channels,
+                                               prio))
 
-    def _transfer(self, src, dst, nbytes, step, task, deps, link, rails):
-        if deps:
-            yield simpy.AllOf(self.env, deps)
-        keys, cls, scale = self.route(src, dst, link, rails)
-        ordered = sorted(keys, key=lambda k: self._res_id(k))
-        requests = [(self.resource(k), self.resource(k).request()) for k in ordered]
-        for _, req in requests:
-            yield req
+    def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio):
+        ready = join(self.env, deps)
+        if ready is not None:
+            yield ready
+        keys, cls, scale = self.route(src, dst, link, channels)
+        ports = [self.resource(k) for k in sorted(keys, key=self._res_id)]
+        for port in ports:
+            granted = port.acquire(prio)
+            if granted is not None:
+                yield granted
         start = self.env.now
         a, b = self.rep(src), self.rep(dst)
         ends = (a,) if a == b else (a, b)
@@ -190,15 +313,18 @@ class Sim:
             self._comm[r] += 1
             if self._comm[r] == 1:
                 self._signal(r)
-        yield self.env.timeout(cls.latency_us)
-        yield from self._work(cls.wire_us(nbytes) / scale, ends, self.topo.comm_slowdown,
-                              lambda: any(self._busy[r] for r in ends))
+        yield from self._work(cls.overhead_us + cls.wire_us(nbytes) / scale, ends,
+                              self.topo.comm_slowdown,
+                              lambda: sum(self._busy[r] for r in ends) / len(ends))
         for r in ends:
             self._comm[r] -= 1
             if self._comm[r] == 0:
                 self._signal(r)
-        for res, req in requests:
-            res.release(req)
+        for port in ports:
+            port.release()
+        latency = cls.latency(nbytes)
+        if latency:
+            yield self.env.timeout(latency)
         self.trace.append((a, "comm", step, task, start, self.env.now))
 
     def _res_id(self, key: tuple) -> int:

@@ -7,22 +7,32 @@ message and kernel sizes in bytes.
 
 - `Device`: dense peak flop/s per dtype name (`f16`, `bf16`, `f32`, `f64`), memory bandwidth, a
   fixed cost per kernel (`launch_us`), the fraction of the memory bandwidth a kernel of a given size
-  reaches (`memory_efficiency`) and of the peak a library matmul reaches (`matmul_efficiency`).
+  reaches (`memory_efficiency`), of the peak a library matmul reaches (`matmul_efficiency`), and
+  of the memory bandwidth the library's own elementwise ops reach (`library_efficiency`: torch's
+  adds and copies in the CPU runtime's rings; empty: as generated kernels).
 - `LinkClass`: one port or link, per direction: a message of b bytes holds it for
-  `latency_us + b / (bandwidth_gbps * efficiency(b))`.
-- `IntraNode`: `kind` switch (each device has one port into a non-blocking switch: NVSwitch, or
-  the loopback of local processes) or mesh (point-to-point links, `mesh` = [[a, b, links], ...]
-  between local devices, each link a `link`; pairs without one go over `fallback`: PCIe / host).
+  `overhead_us + b / (bandwidth_gbps * efficiency(b))` (the per-message software cost and the
+  wire), then arrives `latency_us` later (propagation and pipeline latency, which does not hold
+  the link: NCCL's per-hop latency; LogP's o and L); `latency_by_size` {bytes: us}, where given,
+  replaces `latency_us` by a curve (a CPU runtime's wake-ups grow with the message).
+- `IntraNode`: `kind` switch (each device has one port into a non-blocking switch: NVSwitch),
+  mesh (point-to-point links, `mesh` = [[a, b, links], ...] between local devices, each link a
+  `link`; pairs without one go over `fallback`: PCIe / host) or bus (one medium every message of
+  the node takes in turn: loopback TCP between the processes of one CPU, whose copies share its
+  cores and memory).
 - `InterNode`: `nics` NICs per node (rails: device d uses NIC d * nics // devices_per_node), each a
   `nic` link class; the spine is non-blocking unless `spine_oversubscription` > 1.
 - `library`: where the runtime leaves a collective to its library (gloo on CPU) and that library
   reaches another bandwidth than point-to-point transfers, its achieved link class; it serves the
-  kinds in `library_kinds`. `reduce_on_compute`: the runtime's ring reduce-scatter adds each
-  received chunk with a kernel on the rank's compute stream (CPU ranks), rather than inside the
-  transfer (NCCL). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
+  kinds in `library_kinds`. `ring_work_on_compute`: the runtime's rings do their local work on
+  the rank's compute stream (CPU ranks: a reduce-scatter adds each received chunk, an all-gather
+  copies its own chunk into the output) rather than inside the transfer (NCCL).
+  `pipelined_chunks`: a link serves the waiting message of the lowest chunk first (NCCL's kernels
+  loop over chunks); false: in the order messages were issued (the CPU runtime posts every chunk's
+  first send at once). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
 - `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
-  `comm_slowdown` v: transfers run at (1 - v) of their speed while either end computes (CPU ranks
-  sharing cores with the library's threads).
+  `comm_slowdown` v: transfers run at (1 - v) of their speed while both ends compute, (1 - v/2)
+  while one does (CPU ranks sharing cores with the library's threads).
 
 `efficiency` maps are {size in bytes: fraction}, interpolated linearly in log2(size) and clamped
 at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
@@ -57,13 +67,21 @@ class LinkClass:
     bandwidth_gbps: float = field(metadata=_positive())
     latency_us: float = field(metadata=_positive(False))
     efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
+    overhead_us: float = field(default=0.0, metadata=_positive(False))
+    latency_by_size: Dict[int, float] = field(default_factory=dict,
+                                              metadata={"nonnegative_values": True})
 
     def eff(self, nbytes: float) -> float:
         return interpolate(self.efficiency, nbytes)
 
+    def latency(self, nbytes: float) -> float:
+        """The latency of a message of nbytes: `latency_by_size` interpolated where given."""
+        return interpolate(self.latency_by_size, nbytes) if self.latency_by_size else \
+            self.latency_us
+
     def time_us(self, nbytes: float) -> float:
-        """latency + bytes / achieved bandwidth, in microseconds."""
-        return self.latency_us + self.wire_us(nbytes)
+        """overhead + bytes / achieved bandwidth + latency: one uncontended message, in us."""
+        return self.overhead_us + self.wire_us(nbytes) + self.latency(nbytes)
 
     def wire_us(self, nbytes: float) -> float:
         if nbytes <= 0:
@@ -79,6 +97,7 @@ class Device:
     launch_us: float = field(metadata=_positive(False))
     memory_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
     matmul_efficiency: float = field(default=0.7, metadata={"min": 0.0, "strict": True, "max": 1.0})
+    library_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
 
     def kernel_us(self, nbytes: float, flops: float, dtype: str) -> float:
         """Roofline time of a generated kernel: launch + max(flops / peak, bytes / memory bw)."""
@@ -92,6 +111,13 @@ class Device:
                                                                        nbytes)) if nbytes else 0.0
         return self.launch_us + max(flops / (self.peak(dtype) * 1e6 * self.matmul_efficiency), mem)
 
+    def elementwise_us(self, nbytes: float) -> float:
+        """A library's own elementwise op (a ring's add, a copy) moving nbytes through memory:
+        launch + bytes / (memory bandwidth x library_efficiency, else memory_efficiency)."""
+        eff = self.library_efficiency or self.memory_efficiency
+        return self.launch_us + (nbytes / (self.memory_bandwidth_gbps * 1e3 *
+                                           interpolate(eff, nbytes)) if nbytes else 0.0)
+
     def peak(self, dtype: str) -> float:
         if dtype in self.peak_tflops:
             return self.peak_tflops[dtype]
@@ -101,7 +127,7 @@ class Device:
 
 @dataclass(frozen=True, kw_only=True)
 class IntraNode:
-    kind: str = field(metadata={"choices": ("switch", "mesh")})
+    kind: str = field(metadata={"choices": ("switch", "mesh", "bus")})
     link: LinkClass
     mesh: List[List[int]] = field(default_factory=list)
     fallback: Optional[LinkClass] = None
@@ -124,7 +150,8 @@ class Topology:
     inter: Optional[InterNode] = None
     library: Optional[LinkClass] = None
     library_kinds: List[str] = field(default_factory=list, metadata={"items": KINDS})
-    reduce_on_compute: bool = False
+    ring_work_on_compute: bool = False
+    pipelined_chunks: bool = False
     algorithm: Optional[str] = field(default=None, metadata={"choices": ALGORITHMS})
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
@@ -272,6 +299,10 @@ def _check_range(f, value, path: str) -> None:
         for k, v in value.items():
             if k <= 0 or not 0 < v <= 1:
                 raise TopologyError(f"{path}[{k}]={v!r}: sizes must be > 0 and fractions in (0, 1]")
+    if meta.get("nonnegative_values"):
+        for k, v in value.items():
+            if k <= 0 or v < 0:
+                raise TopologyError(f"{path}[{k!r}]={v!r}: sizes must be > 0, values >= 0")
     if meta.get("positive_values"):
         for k, v in value.items():
             if v <= 0:

@@ -6,7 +6,8 @@ dtype, time_ms (median), time_ms_min, time_ms_max (spread over repeats, measured
 (baseline median / this median at the same point, source and topology), verified; and, where
 known, the time split into compute_ms (kernels and matmuls), comm_ms (communication the
 computation did not hide: time_ms - compute_ms) and overlapped_ms (communication hidden behind
-computation), all per step.
+computation), all per step; for the collectives experiment, algbw_gbps and busbw_gbps (nccl-tests'
+algorithm and bus bandwidth, GB/s).
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -19,7 +20,7 @@ from typing import Mapping, Union
 
 COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_size", "size", "shape",
            "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified", "compute_ms",
-           "comm_ms", "overlapped_ms")
+           "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

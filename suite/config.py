@@ -9,18 +9,22 @@ One config group per axis of variation:
   per-experiment knobs; `conf/experiment/<name>.yaml` are deltas (`# @package _global_`).
 - `scale`: smoke | default | paper, how much work (repeats, sizes, verification trials).
 - `backend`: cpu | sim | cuda, what measures (gloo ranks, the cost model only, NCCL on GPUs).
-- `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx1_v100, the hardware predicted on.
+- `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx1_v100, the hardware predicted on
+  (cost_model.topology's schema; `topology.path=FILE` loads a calibrated one instead).
 
 `validate(cfg)` checks what types cannot express (world sizes >= 1, trials >= 1, ...); checks that
 need the experiment's program (divisibility by its pipeline stages) live in `suite.run`.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from cost_model.topology import Topology, TopologyError, hydra_schema, load_topology
 
 from .errors import SuiteError
 
@@ -47,14 +51,17 @@ class ScaleConf:
 class BackendConf:
     name: str = MISSING  # cpu | sim | cuda
     dist: str = "gloo"  # torch.distributed backend of the ranks: gloo | nccl | none (sim)
+    # cuda: the GPU architectures the generated kernels are compiled for (PTX per sm_XY, written
+    # to kernels/) when no GPU is present; with one, its own architecture is built as well.
+    archs: List[str] = field(default_factory=lambda: ["sm_80", "sm_90"])
 
 
-@dataclass(kw_only=True)
-class TopologyConf:
-    # The cost-model issue fills topologies with hardware figures (devices, links, NICs).
-    name: str = MISSING  # local | dgx2 | dgx_a100 | dgx_h100 | dgx1_v100
-    nodes: int = 1
-    path: Optional[str] = None  # a calibrated topology file to load instead of the figures
+# The topology group's schema mirrors cost_model.topology.Topology (devices, intra-node fabric,
+# NICs, efficiency curves, overlap slowdowns: see that module), plus `path`: a calibrated
+# topology file (experiment=calibrate writes one) to load instead of the group's figures. Types
+# are checked at compose time; ranges and required fields when the run loads it (`topology_of`).
+TopologyConf = hydra_schema(Topology, "TopologyConf",
+                            extra=(("path", Optional[str], field(default=None)),))
 
 
 @dataclass(kw_only=True)
@@ -93,3 +100,17 @@ def validate(cfg: Config) -> None:
             raise SuiteError(f"{key}={value} is impossible; it must be >= 1")
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
+    topology_of(cfg)
+
+
+def topology_of(cfg: Config) -> Topology:
+    """The run's topology: the file `topology.path` names, else the composed `topology` group
+    (validated: a bad value is a SuiteError naming it)."""
+    conf = cfg.topology
+    try:
+        if conf.path:
+            return load_topology(path=conf.path)
+        data = {k: v for k, v in dataclasses.asdict(conf).items() if k != "path"}
+        return Topology.from_dict(data)
+    except TopologyError as e:
+        raise SuiteError(f"bad topology: {e}") from None

@@ -7,9 +7,13 @@
       verify    every schedule against the unscheduled program (suite.verification)
       measure   backend=cpu: generate the kernels into out_dir/kernels/, run every schedule and
                 the library baseline on local gloo ranks, append each point to results.csv
-      report    out_dir/report.md (suite.report), figures/<experiment>.png (reports/)
+      predict   the cost model (experiments._predict): backend=cpu, the measured points on the
+                local topology (`topology=local topology.path=FILE` for a calibrated one) and the
+                paper's setting; backend=sim, the chosen topology alone; rows to results.csv
+      report    out_dir/report.md (suite.report), figures/<experiment>.png,
+                figures/predicted_vs_measured.png (reports/)
 
-Later issues add predict between measure and report. Exit status: 0 when
+Experiments without a DSL program (calibrate, collectives) skip show and verify. Exit status: 0 when
 every check verified, 1 when a schedule failed verification (the report is still written), 2 for
 bad input (`fail`: one line on stderr, `error: ...`).
 """
@@ -25,10 +29,11 @@ import dsl
 from codegen.build import BuildError
 from codegen.runtime.launch import RankError
 from experiments import MeasureSettings
+from reports.predicted import predicted_section
 from reports.sections import measured_section
-from reports.table import read_table
+from reports.table import append_row, read_table
 
-from .config import Config, validate
+from .config import Config, topology_of, validate
 from .errors import SuiteError, one_line
 from .report import render_report, write_report
 from .verification import Check, verify_schedules
@@ -40,10 +45,15 @@ def run(cfg: Config, out_dir: Union[str, Path]) -> int:
         validate(cfg)
         exp = load_experiment(cfg.experiment.name)
         reference, schedules = load_programs(exp, cfg)
-        check_settings(cfg, reference, schedules)
-        show_programs(schedules)
-        checks = verify(cfg, exp, reference, schedules)
+        checks = []
+        if reference is not None:
+            check_settings(cfg, reference, schedules)
+            show_programs(schedules)
+            checks = verify(cfg, exp, reference, schedules)
+        elif cfg.backend.name != "cpu" and getattr(exp, "NEEDS_MEASUREMENT", False):
+            raise SuiteError(f"experiment {exp.NAME} measures this machine: it needs backend=cpu")
         rows = measure(cfg, exp, Path(out_dir))
+        predict(cfg, exp, Path(out_dir), rows)
     except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
         fail(e)
     path = report(cfg, exp, schedules, checks, Path(out_dir))
@@ -70,7 +80,10 @@ def load_experiment(name: str) -> ModuleType:
 
 
 def load_programs(exp: ModuleType, cfg: Config) -> tuple[dsl.Program, dict[str, dsl.Program]]:
-    """The unscheduled program and the schedules cfg.experiment.schedules selects (all: null)."""
+    """The unscheduled program and the schedules cfg.experiment.schedules selects (all: null);
+    (None, {}) for an experiment without a program."""
+    if not hasattr(exp, "program"):
+        return None, {}
     reference, schedules = exp.program(), dict(exp.schedules())
     wanted = cfg.experiment.schedules
     if wanted is not None:
@@ -120,12 +133,59 @@ def measure(cfg: Config, exp: ModuleType, out_dir: Path) -> list[dict]:
     return exp.measure(settings)
 
 
+def predict(cfg: Config, exp: ModuleType, out_dir: Path, measured: list[dict]) -> list[dict]:
+    """Predicted rows (every backend), appended to results.csv; prints predicted speedups."""
+    from experiments import PredictSettings
+    from experiments._predict import predictions
+
+    settings = PredictSettings(scale=cfg.scale.name, backend=cfg.backend.name,
+                               topology=topology_of(cfg), world_size=cfg.world_size,
+                               max_elements=cfg.scale.max_elements, measured=measured,
+                               out_dir=out_dir, sizes=cfg.experiment.sizes)
+    print(f"predicting {exp.NAME} with the cost model ({settings.topology.name} topology"
+          f"{'' if cfg.backend.name == 'sim' else ' and the paper setting'})", flush=True)
+    show = lambda line: print(line, flush=True)  # noqa: E731
+    try:
+        rows = exp.predict(settings) if hasattr(exp, "predict") else \
+            predictions(exp, settings, show=show)
+    except ValueError as e:
+        raise SuiteError(f"predict: {e}") from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for r in rows:
+        append_row(out_dir / "results.csv", r)
+    print(prediction_summary(exp.NAME, rows), flush=True)
+    return rows
+
+
+def prediction_summary(name: str, rows: list[dict]) -> str:
+    """Predicted speedups over baseline per topology and point (busbw for collectives)."""
+    import pandas as pd
+
+    if not rows:
+        return "predict: no rows"
+    df = pd.DataFrame(rows)
+    if name == "collectives":
+        from experiments.collectives import table
+        return table(rows)
+    if "speedup" not in df or df.speedup.isna().all():
+        return f"predict: {len(rows)} rows"
+    out = []
+    for (topo, ws), part in df.groupby(["topology", "world_size"], sort=False):
+        pivot = part.pivot_table(index="shape", columns="schedule", values="speedup",
+                                 sort=False)
+        out.append(f"predicted speedup over baseline: {topo}, {ws} ranks\n"
+                   f"{pivot.to_string(float_format=lambda x: f'x{x:.2f}')}")
+    return "\n".join(out)
+
+
 def results_section(exp: ModuleType, out_dir: Path) -> str:
-    """Markdown for the measured results, from results.csv alone (reports/)."""
+    """Markdown for the measured and predicted results, from results.csv alone (reports/)."""
     csv = out_dir / "results.csv"
     if not csv.exists():
         return ""
-    return measured_section(read_table(csv), exp.NAME, out_dir)
+    df = read_table(csv)
+    measured = measured_section(df, exp.NAME, out_dir) if hasattr(exp, "program") else ""
+    return measured + "\n" + predicted_section(df, exp.NAME, out_dir)
 
 
 def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], checks: list[Check],
@@ -141,7 +201,7 @@ def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], chec
 
 def summarize(checks: list[Check], rows: list[dict], path: Path) -> int:
     failed = sum(not c.verified for c in checks)
-    unverified = [f"{r['schedule']}@{r['size']}" for r in rows if not r["verified"]]
+    unverified = [f"{r['schedule']}@{r['size']}" for r in rows if r.get("verified") is False]
     if unverified:
         print(f"FAILED: measured points not verified: {', '.join(unverified)}; see {path}",
               file=sys.stderr, flush=True)

@@ -59,8 +59,8 @@ def test_experiment_files_match_the_experiments_package():
 
 
 BAD = [
-    (["experiment=nope"], "unknown experiment 'nope'; known: adam_fusion, lamb_fusion, "
-                          "model_parallel, pipeline_parallel"),
+    (["experiment=nope"], "unknown experiment 'nope'; known: adam_fusion, calibrate, collectives, "
+                          "lamb_fusion, model_parallel, pipeline_parallel"),
     (["scale=huge"], "unknown scale 'huge'; known: default, paper, smoke"),
     (["backend=tpu"], "unknown backend 'tpu'"),
     (["verify.trials=abc"], "verify.trials=abc"),

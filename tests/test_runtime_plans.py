@@ -21,7 +21,7 @@ build = pytest.importorskip("codegen.build").build
 
 def _cases(world: int):
     cases = []
-    for name in experiments.EXPERIMENTS:
+    for name in experiments.PROGRAMS:
         mod = experiments.load(name)
         for sched_name, prog in mod.schedules().items():
             if world % prog.stages:

@@ -22,7 +22,8 @@ from suite.errors import SuiteError
 from suite_fakes import toy
 
 TESTS = Path(__file__).resolve().parent
-KNOWN = "known: adam_fusion, lamb_fusion, model_parallel, pipeline_parallel"
+KNOWN = ("known: adam_fusion, calibrate, collectives, lamb_fusion, model_parallel, "
+         "pipeline_parallel")
 
 
 def suite_cmd(*args: str, toy_run: bool = False, wrong: bool = False,

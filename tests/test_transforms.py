@@ -18,12 +18,12 @@ NAMES = {
 }
 
 
-@pytest.mark.parametrize("name", experiments.EXPERIMENTS)
+@pytest.mark.parametrize("name", experiments.PROGRAMS)
 def test_schedule_names(name):
     assert list(experiments.load(name).schedules()) == NAMES[name]
 
 
-@pytest.mark.parametrize("name", experiments.EXPERIMENTS)
+@pytest.mark.parametrize("name", experiments.PROGRAMS)
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_schedules_equivalent(name, world):
     mod = experiments.load(name)

@@ -1,0 +1,202 @@
+"""Compile a plan's kernels to PTX/CUBIN with NVRTC, cache them, write them out, load them on a GPU.
+
+    src = module_source(kernels)                       # one CUDA translation unit (text)
+    ptx = compile_module(src, "compute_90")            # bytes, cached under <repo>/.cache/cuda/
+    paths = write_sources(kernels, "run/kernels", "adam_fusion_AR-C", archs=("sm_80", "sm_90"))
+    fns = build(kernels, device=0)                     # needs a GPU: {name: CudaKernel}
+    fns[k.name](begin, end, rank, [tensor of buffer id for id in k.args()], stream=s, workspace=ws)
+
+Contract
+- All kernels render (`CudaRenderer.render_module`) into ONE translation unit (identical kernels
+  once, in name order); a kernel the renderer cannot express is a `codegen.build.BuildError`
+  (the CPU backend's error type, so callers catch one type), so is a compile error (one line: the
+  first error of NVRTC's log; the whole log in `.log` and in `<cache>/<module>.<arch>.log`).
+- Options `OPTIONS`: C++17 and `--fmad=false` (no FMA contraction, so f32/f64 results round as
+  `dsl.interpret`'s numpy does; the kernels are memory-bound, contraction would buy no time).
+- The cache: `<repo>/.cache/cuda/<hash>.<arch>.{ptx,cubin}`, the hash covering the source, the
+  options and the NVRTC version (so schedules with the same kernels share one compile). Files are written to a temporary name and renamed, so ranks
+  compiling the same module at once never read a partial file.
+- `write_sources` writes `<name>.cu` and, for every `sm_XY` of `archs`, `<name>.sm_XY.ptx` (PTX for
+  `compute_XY`: what the driver JIT-compiles for that GPU and any newer one); returns the paths.
+- `build` compiles a CUBIN for the GPU's own `sm_XY` (PTX for the newest arch NVRTC knows, if it
+  does not know that GPU's) and loads it (`codegen.cuda_driver`). Units: bytes, elements.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from . import nvrtc
+from .build import BuildError
+from .plan import Kernel
+from .render import RenderError
+from .render_cuda import CudaRenderer, Launch
+
+OPTIONS = ("--std=c++17", "--fmad=false")
+DEFAULT_ARCHS = ("sm_80", "sm_90")
+REPO = Path(__file__).resolve().parent.parent
+RENDERER = CudaRenderer()
+_ARCH = re.compile(r"^sm_\d+$")
+
+
+def cache_dir() -> Path:
+    path = REPO / ".cache" / "cuda"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def check_archs(archs: Sequence[str]) -> tuple[str, ...]:
+    """The archs, checked: each `sm_XY` and known to this NVRTC; BuildError naming a bad one."""
+    lib = _nvrtc()
+    for arch in archs:
+        if not _ARCH.match(str(arch)):
+            raise BuildError(f"arch {arch!r} is not of the form sm_XY (e.g. sm_80, sm_90)")
+        if arch not in lib.archs:
+            raise BuildError(f"{nvrtc.version_string(lib)} cannot build {arch}; it builds "
+                             f"{', '.join(lib.archs)}")
+    return tuple(archs)
+
+
+def module_source(kernels: Sequence[Kernel]) -> str:
+    try:
+        return RENDERER.render_module(list(kernels))
+    except RenderError as e:
+        raise BuildError(str(e)) from None
+
+
+def launches(kernels: Sequence[Kernel]) -> dict[str, Launch]:
+    try:
+        return {k.name: RENDERER.launch(k) for k in kernels}
+    except RenderError as e:
+        raise BuildError(str(e)) from None
+
+
+def source_hash(source: str) -> str:
+    """What the compiled module depends on: the source, the options, the NVRTC version."""
+    key = "\n".join([source, " ".join(OPTIONS), f"nvrtc {_nvrtc().version}"])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def module_name(source: str, name: Optional[str] = None) -> str:
+    prefix = re.sub(r"[^\w.-]", "_", name or "coconet")[:60]
+    return f"{prefix}_{source_hash(source)}"
+
+
+def cache_path(source: str, arch: str) -> Path:
+    """Where the compiled module lives: by hash only, so equal sources of any name share it."""
+    return cache_dir() / f"{source_hash(source)}.{arch}.{'cubin' if arch.startswith('sm_') else 'ptx'}"
+
+
+def compile_module(source: str, arch: str, name: Optional[str] = None) -> bytes:
+    """PTX ("compute_XY") or CUBIN ("sm_XY") of `source`, from the cache when it is there."""
+    path = cache_path(source, arch)
+    if path.exists():
+        return path.read_bytes()
+    mname = module_name(source, name)
+    try:
+        image = _nvrtc().compile(source, arch, OPTIONS, name=f"{mname}.cu")
+    except nvrtc.NvrtcError as e:
+        log_path = cache_dir() / f"{mname}.{arch}.log"
+        log_path.write_text(e.log)
+        raise BuildError(f"{e} (log: {log_path})", e.log, log_path) from None
+    _write_atomic(path, image)
+    return image
+
+
+def ptx_arch(arch: str) -> str:
+    """sm_XY -> compute_XY, the virtual arch whose PTX runs on sm_XY and newer GPUs."""
+    return "compute_" + arch.split("_", 1)[1]
+
+
+def write_sources(kernels: Sequence[Kernel], directory, name: str,
+                  archs: Sequence[str] = DEFAULT_ARCHS) -> list[Path]:
+    """`<name>.cu` and one `<name>.<arch>.ptx` per arch in `directory` (see the module doc)."""
+    source = module_source(kernels)
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{name}.cu"]
+    paths[0].write_text(source)
+    for arch in check_archs(archs):
+        paths.append(folder / f"{name}.{arch}.ptx")
+        paths[-1].write_bytes(compile_module(source, ptx_arch(arch), name))
+    return paths
+
+
+# -- on a GPU ------------------------------------------------------------------------------------
+@dataclass
+class CudaKernel:
+    """One loaded kernel: call it like the CPU backend's functions, plus a stream and workspace."""
+    launch: Launch
+    function: object  # the driver's CUfunction
+    module: object
+    sms: int
+
+    def __call__(self, begin: int, end: int, rank: int, bufs: Sequence, *, stream,
+                 workspace=None) -> None:
+        from .cuda_driver import launch
+
+        if end <= begin:
+            return
+        args: list = [ctypes.c_int64(begin), ctypes.c_int64(end), ctypes.c_int64(rank)]
+        args += [ctypes.c_void_p(t.data_ptr()) for t in bufs]
+        if self.launch.sums:
+            if workspace is None or workspace.numel() < self.launch.workspace_bytes:
+                raise ValueError(f"{self.launch.name} needs a zeroed workspace of "
+                                 f"{self.launch.workspace_bytes} bytes")
+            args.append(ctypes.c_void_p(workspace.data_ptr()))
+        grid = self.launch.grid(end - begin, self.sms)
+        launch(self.function, grid, self.launch.threads, args, stream)
+
+
+def device_arch(device: int) -> str:
+    """What to build for the GPU `device`: its sm_XY (CUBIN), else the newest compute_XY NVRTC
+    knows below it (PTX, compiled by the driver)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    arch = f"sm_{major}{minor}"
+    lib = _nvrtc()
+    if arch in lib.archs:
+        return arch
+    older = [a for a in lib.archs if int(a[3:]) <= major * 10 + minor]
+    if not older:
+        raise BuildError(f"{nvrtc.version_string(lib)} cannot build for {arch}")
+    return ptx_arch(max(older, key=lambda a: int(a[3:])))
+
+
+def build(kernels: Sequence[Kernel], name: Optional[str] = None,
+          device: int = 0) -> dict[str, CudaKernel]:
+    """Compile (or take from the cache) and load all `kernels` on GPU `device`."""
+    import torch
+
+    from .cuda_driver import CudaDriverError, Module
+
+    source = module_source(kernels)
+    image = compile_module(source, device_arch(device), name)
+    try:
+        module = Module(image, device)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return {n: CudaKernel(info, module.function(n), module, sms)
+                for n, info in launches(kernels).items()}
+    except CudaDriverError as e:
+        raise BuildError(f"loading {module_name(source, name)} on cuda:{device} failed: {e}") from None
+
+
+def _nvrtc() -> nvrtc.Nvrtc:
+    try:
+        return nvrtc.load()
+    except nvrtc.NvrtcError as e:
+        raise BuildError(str(e)) from None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)

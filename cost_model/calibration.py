@@ -1,0 +1,268 @@
+"""Fit the `local` topology to microbenchmark measurements (data in, Topology out; no ranks here).
+
+`experiments/calibrate.py` measures; this module only reads its measurements, so the fit runs
+anywhere. A `Measurement` is one benchmark at one size: `kind`, `nbytes`, the median `time_ms` over
+repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and what they fit
+(the model's formula for each, inverted size by size):
+- `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
+  bus the P messages of a step go one after the other: time = P * (overhead + b / bandwidth) +
+  latency(b). `exchange_chunked` (the same in C chunks, which go at the bulk rate) gives the
+  per-message overhead ((chunked - whole) / ((C-1) P)); the bandwidth is the bulk rate (the
+  median slope between the largest sizes), and what each size takes beyond overhead and wire is
+  its latency (`latency_by_size`: waking the waiting thread, the ranks' skew after the barrier,
+  slow starts), which chunks pipeline.
+- `all_reduce` (gloo's): the library link, the same way, as a ring of 2(P-1) steps of b/P bytes.
+- `kernel` (the generated Adam kernel over b bytes of traffic): launch overhead (the smallest
+  sizes' time), memory bandwidth and its efficiency curve by kernel bytes.
+- `matmul`: the device's f32 peak (the best achieved flop/s; matmul_efficiency 1).
+- `overlap_kernel`, `overlap_exchange`, `overlap_inside`, `overlap_both` (a kernel alone, an
+  exchange alone, the kernel's time while the exchange is in flight, the time until both end):
+  compute_slowdown u = 1 - kernel / inside; comm_slowdown v = (both - exchange) / inside.
+- `reduce_scatter`, `all_gather` (the runtime's rings): the ring link's latency too, each
+  message size's latency the median of what the exchange and the two rings need.
+- `add`, `copy` (torch's, in place): the device's `library_efficiency` by traffic bytes.
+- `send`: not fitted; predicted and compared.
+Achieved bandwidths are smoothed by a running median over neighbouring sizes before the curve
+is taken, so one noisy size does not bend it. `predict_ms(topo, m)` is the model's time for a
+measurement, for the calibration's own predicted-vs-measured table. Units: `time_ms` in ms,
+`nbytes` in bytes, topology fields as named (`_us`, `_gbps`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from .collectives import CollSpec
+from .closed_form import collective_us
+from .network import Sim
+from .topology import Device, LinkClass, Topology
+
+FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel", "matmul", "overlap_kernel", "overlap_exchange",
+          "overlap_inside", "overlap_both")
+CHECKED = ("send",)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    kind: str
+    nbytes: int
+    time_ms: float
+    world_size: int
+    time_ms_min: Optional[float] = None
+    time_ms_max: Optional[float] = None
+    flops: float = 0.0
+    exchange_bytes: int = 0
+    kernel_bytes: int = 0
+    chunks: int = 1
+
+    @classmethod
+    def of(cls, d: dict) -> "Measurement":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _series(ms: Iterable[Measurement], kind: str) -> list[tuple[int, float]]:
+    """(nbytes, median time in us) of one kind, by size."""
+    by: dict[int, list[float]] = {}
+    for m in ms:
+        if m.kind == kind:
+            by.setdefault(m.nbytes, []).append(m.time_ms * 1e3)
+    return sorted((b, statistics.median(ts)) for b, ts in by.items())
+
+
+def _smooth(values: list[float]) -> list[float]:
+    """A running median of three (the ends keep theirs)."""
+    if len(values) < 3:
+        return list(values)
+    return [values[0]] + [statistics.median(values[i - 1:i + 2])
+                          for i in range(1, len(values) - 1)] + [values[-1]]
+
+
+def fit_curve(points: list[tuple[float, float]], fixed_us: float):
+    """From (bytes, time_us) with time = fixed + bytes / rate(bytes): (best rate in GB/s,
+    {bytes: rate / best}). Sizes whose time is within 1.5x the fixed cost carry no rate."""
+    usable = [(b, b / (t - fixed_us) / 1e3) for b, t in points if t > 1.5 * fixed_us and b > 0]
+    if not usable:
+        raise ValueError("no size is large enough to measure a bandwidth")
+    sizes = [b for b, _ in usable]
+    rates = _smooth([r for _, r in usable])
+    best = max(rates)
+    return best, {int(b): max(1e-3, min(1.0, r / best)) for b, r in zip(sizes, rates)}
+
+
+def _fixed(points: list[tuple[int, float]], n: int = 5) -> float:
+    """The fixed cost: the median time of the n smallest sizes."""
+    return statistics.median(t for _, t in points[:n])
+
+
+def fit_link(ms: list[Measurement], benchmarks: dict, messages: float,
+             overhead_us: float) -> LinkClass:
+    """A link class that makes each benchmark's closed form `model(link, b)` (us) its measured
+    time: benchmarks = {kind: (message_of(b), model)}. The first kind's `messages` serialized
+    messages of `message_of(b)` bytes give the bulk rate (the slope between the largest sizes);
+    each message size's latency (`latency_by_size`) is solved for in every benchmark (so every
+    latency a benchmark's path holds is counted as the model counts it), the median over the
+    benchmarks taken, and smoothed over sizes."""
+    first = next(iter(benchmarks))
+    points = _series(ms, first)
+    overhead = min(overhead_us, _fixed(points) / messages)
+    message_of = benchmarks[first][0]
+    bw = _bulk_rate([(message_of(b) * messages, t) for b, t in points])
+
+    def link(latency: float) -> LinkClass:
+        return LinkClass(bandwidth_gbps=bw, latency_us=latency, overhead_us=overhead)
+
+    solved: dict[int, list[float]] = {}
+    for kind, (size_of, model) in benchmarks.items():
+        for b, t in _series(ms, kind):
+            x = _solve(lambda lat: model(link(lat), b), t)
+            solved.setdefault(int(size_of(b)), []).append(x)
+    sizes = sorted(solved)
+    latency = _smooth([statistics.median(solved[k]) for k in sizes])
+    return LinkClass(bandwidth_gbps=round(bw, 4), latency_us=round(latency[0], 2),
+                     overhead_us=round(overhead, 2),
+                     latency_by_size={k: round(v, 2) for k, v in zip(sizes, latency)})
+
+
+def _solve(f, target: float, hi: float = 1e7) -> float:
+    """The x >= 0 with f(x) = target for an increasing f (0 when f(0) >= target; bisection)."""
+    lo = 0.0
+    if f(lo) >= target:
+        return 0.0
+    hi = max(target, 1.0)
+    while f(hi) < target and hi < 1e9:
+        hi *= 2
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _bulk_rate(points: list[tuple[float, float]], largest: int = 4) -> float:
+    """GB/s from the largest sizes' slopes (bytes, time_us): the median over pairs of
+    d(bytes) / d(time), which a fixed latency does not bias."""
+    top = sorted(points)[-largest:]
+    slopes = [(b2 - b1) / (t2 - t1) / 1e3 for i, (b1, t1) in enumerate(top)
+              for b2, t2 in top[i + 1:] if t2 > t1 and b2 > b1]
+    if not slopes:
+        b, t = top[-1]
+        return b / t / 1e3
+    return statistics.median(slopes)
+
+
+def message_overhead_us(ms: list[Measurement], messages: float) -> float:
+    """The per-message cost: what C chunks cost beyond one message, per extra message (the
+    median over sizes of (chunked - whole) / ((C - 1) * messages)), at least 1 us."""
+    whole = dict(_series(ms, "exchange"))
+    extra = [(m.time_ms * 1e3 - whole[m.nbytes]) / ((m.chunks - 1) * messages)
+             for m in ms if m.kind == "exchange_chunked" and m.chunks > 1 and m.nbytes in whole]
+    return max(1.0, statistics.median(extra)) if extra else 1.0
+
+
+def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "") -> Topology:
+    """The base topology (conf/topology/local.yaml) with every fitted figure replaced."""
+    ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
+    P = world_size
+    device = fit_device(ms, base.device)
+    plain = dataclasses.replace(base, device=device, compute_slowdown=0.0, comm_slowdown=0.0)
+    per_step = P if base.intra.kind == "bus" else 1  # messages one after the other per step
+    group = tuple(range(P))
+
+    def with_link(link, **kw):
+        return dataclasses.replace(plain, intra=dataclasses.replace(base.intra, link=link), **kw)
+
+    # the ring's link: from a bare ring step, and from the runtime's own rings (with their adds
+    # and copies), each size's latency the median of the three
+    rings = {
+        "exchange": (lambda b: b, lambda link, b: collective_us(CollSpec(
+            "all_gather", b * P, group), "ring", with_link(link, ring_work_on_compute=False))),
+        "reduce_scatter": (lambda b: b / P, lambda link, b: collective_us(CollSpec(
+            "reduce_scatter", b, group), "ring", with_link(link))),
+        "all_gather": (lambda b: b / P, lambda link, b: collective_us(CollSpec(
+            "all_gather", b, group), "ring", with_link(link))),
+    }
+    link = fit_link(ms, rings, per_step, message_overhead_us(ms, per_step))
+    library = fit_link(ms, {"all_reduce": (lambda b: b / P, lambda link, b: collective_us(
+        CollSpec("all_reduce", b, group, library=True), "ring",
+        dataclasses.replace(plain, library=link)))}, 2 * (P - 1) * per_step, 0.0)
+    u, v = _slowdowns(ms, base)
+    return dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
+                                                                              link=link),
+                               library=library, compute_slowdown=u, comm_slowdown=v,
+                               source=source)
+
+
+def fit_device(ms: list[Measurement], base: Device) -> Device:
+    """Launch overhead, memory bandwidth and its curve (the kernel), f32 peak (matmul)."""
+    kern = _series(ms, "kernel")
+    launch = _fixed(kern)
+    mem_bw, _ = fit_curve(kern, launch)  # then the launch without the small sizes' wire time
+    launch = max(0.0, statistics.median(t - b / (mem_bw * 1e3) for b, t in kern[:5]))
+    mem_bw, mem_eff = fit_curve(kern, launch)
+    mm = [m.flops / (m.time_ms * 1e9) for m in ms if m.kind == "matmul" and m.time_ms > 0]
+    f32 = max(mm) if mm else base.peak("f32")
+    lib = {}
+    elementwise = sorted([(3 * b, t) for b, t in _series(ms, "add")] +
+                         [(2 * b, t) for b, t in _series(ms, "copy")])
+    if elementwise:  # torch's adds and copies, by traffic, against the same memory bandwidth
+        lib = {b: round(min(1.0, max(1e-3, b / max(t - launch, 1e-3) / 1e3 / mem_bw)), 4)
+               for b, t in elementwise}
+    return dataclasses.replace(
+        base, memory_bandwidth_gbps=round(mem_bw, 3), launch_us=round(launch, 2),
+        memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()}, matmul_efficiency=1.0,
+        library_efficiency=lib,
+        peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)})
+
+
+def _slowdowns(ms: list[Measurement], base: Topology) -> tuple[float, float]:
+    got = {m.kind: m.time_ms for m in ms if m.kind.startswith("overlap_")}
+    if len(got) < 4:
+        return base.compute_slowdown, base.comm_slowdown
+    u = 1.0 - got["overlap_kernel"] / got["overlap_inside"]
+    v = (got["overlap_both"] - got["overlap_exchange"]) / got["overlap_inside"]
+    clip = lambda x: round(min(0.9, max(0.0, x)), 3)  # noqa: E731
+    return clip(u), clip(v)
+
+
+# -- the model's time for each microbenchmark -----------------------------------------------------
+def predict_ms(topo: Topology, m: Measurement) -> float:
+    P, b, dev = m.world_size, m.nbytes, topo.device
+    group = tuple(range(P))
+    if m.kind in ("exchange", "send", "overlap_exchange", "exchange_chunked"):
+        pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
+        C = m.chunks
+        return _des(topo, P, [(s, d, b / C) for s, d in pairs for _ in range(C)], []) / 1e3
+    if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
+        return collective_us(spec, "ring", topo) / 1e3
+    if m.kind in ("kernel", "overlap_kernel"):
+        return dev.kernel_us(b, m.flops, "f32") / 1e3
+    if m.kind == "add":
+        return dev.elementwise_us(3 * b) / 1e3
+    if m.kind == "copy":
+        return dev.elementwise_us(2 * b) / 1e3
+    if m.kind == "matmul":
+        return dev.matmul_us(b, m.flops, "f32") / 1e3
+    if m.kind in ("overlap_inside", "overlap_both"):
+        E, K = m.exchange_bytes, m.kernel_bytes
+        pairs = [(r, (r + 1) % P, E) for r in range(P)]
+        inside, both = _des(topo, P, pairs, [dev.kernel_us(K, 0, "f32")] * P, inside=True)
+        return (inside if m.kind == "overlap_inside" else both) / 1e3
+    raise ValueError(f"no prediction for benchmark kind {m.kind!r}")
+
+
+def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False):
+    """Transfers and kernels (one per rank) started together: the makespan in us (and, with
+    `inside`, (the kernels' longest time, the makespan))."""
+    sim = Sim(topo, P)
+    for s, d, b in transfers:
+        sim.transfer(s, d, b, "calibration", "exchange")
+    procs = [sim.compute(r, us, "calibration", "kernel") for r, us in enumerate(kernels_us)]
+    end = sim.run()
+    if not inside:
+        return end
+    df = sim.frame()
+    k = df[df.stream == "compute"]
+    return float((k.end - k.start).max()) if len(k) else 0.0, end

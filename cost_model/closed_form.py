@@ -1,0 +1,372 @@
+"""The closed-form (alpha-beta) model of the same collectives and schedules: the DES's oracle.
+
+Every hop costs what the DES charges an uncontended message: it holds its route for `overhead +
+bytes / (bandwidth * efficiency(bytes))` and arrives `latency` later (`network.hop_parts`). A
+collective of C chunks is a pipeline:
+    time = L1 + (C - 1) * bottleneck
+where L1 is the first chunk's critical path and the bottleneck is the busiest resource's time per
+chunk (a rank's port, a NIC, or its compute stream when a CPU ring adds on it):
+- ring (P members, steps = P-1 per phase): L1 = the longest run of `steps` consecutive hops (plus
+  the adds and the own-chunk copy of `ring_work_on_compute`), but no less than the busiest
+  resource's time for `steps` ring steps (a port: one message per step; a bus: all P);
+  bottleneck = that resource's time per chunk; C chunks take the most of L1, the busiest
+  resource's C chunks plus one latency (the chunks behind hide the others'), and the compute
+  stream's C chunks of work;
+- tree: per tree, the reduce and broadcast critical paths through it; bottleneck = the most loaded
+  port over both trees;
+- hierarchical: the sum of its phases' L1 (a NIC shared by k devices counts k hops per step);
+  bottleneck = the busier of the intra-node ports and the NICs;
+- chain / direct: the path through the chain / every rank's sends through its port.
+Where nothing contends these are the DES's times (tested within 2%); where streams share links
+(fused steps, overlap) they are estimates. `choose(spec, topo)` is the tuner: the algorithm with
+the lowest estimate (as NCCL's tuner picks, `src/graph/tuning.cc`), or the topology's forced one.
+
+`plan_us(plan, topo)` is a schedule's time from `closed_rules`, one rule per Plan step kind:
+sequential steps add up; a fused collective pipelines its chunks through (communication, kernels,
+all-gathers); an overlap pipelines producer chunks into its consumer, with compute slowed by
+1/(1-u) where it overlaps communication. Units: microseconds.
+"""
+from __future__ import annotations
+
+from codegen.plan import Collective, Compute, Copy, FusedCollective, MatMul, Overlap, Plan
+
+from .collectives import CollSpec, applicable, by_node, chain_parents, double_trees
+from .network import hop, hop_parts, hop_us
+from .topology import Topology
+
+_CHOICE: dict = {}
+
+
+# -- collectives --------------------------------------------------------------------------------
+def collective_us(spec: CollSpec, algorithm: str, topo: Topology) -> float:
+    shape = _shape(spec, algorithm, topo)
+    if len(shape) == 3:  # a ring knows its chunked time
+        return shape[2]
+    L1, bottleneck = shape
+    return L1 + (spec.chunks - 1) * bottleneck
+
+
+def choose(spec: CollSpec, topo: Topology) -> str:
+    """The algorithm the tuner runs for this collective (the topology's forced one if it applies)."""
+    key = (id(topo), spec)
+    if key in _CHOICE and _CHOICE[key][0] is topo:
+        return _CHOICE[key][1]
+    algos = applicable(spec, topo)
+    if topo.algorithm in algos:
+        pick = topo.algorithm
+    else:
+        pick = min(algos, key=lambda a: collective_us(spec, a, topo))
+    if len(_CHOICE) > 100_000:
+        _CHOICE.clear()
+    _CHOICE[key] = (topo, pick)
+    return pick
+
+
+def _work_us(topo: Topology, spec: CollSpec, b: float, reads: int) -> float:
+    """A ring's add (reads=2) or copy (reads=1) of b bytes on the compute stream."""
+    return topo.device.elementwise_us((reads + 1) * b)
+
+
+def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float]:
+    S, P, C = spec.nbytes, spec.P, spec.chunks
+    if P == 1:
+        return 0.0, 0.0
+    link = topo.library if spec.library else None
+    work = topo.ring_work_on_compute and not spec.library
+    if algorithm == "ring":
+        phases = {"all_reduce": ("rs", "ag"), "reduce_scatter": ("rs",),
+                  "all_gather": ("ag",)}[spec.kind]
+        return _ring(topo, spec, spec.group, S / P / C, phases, link, work, True, C=C)
+    if algorithm == "hierarchical":
+        return _hierarchical(topo, spec, S / C)
+    if algorithm == "tree":
+        return _trees(topo, double_trees(topo, spec.group), S / 2 / C, link, True, True)
+    if algorithm == "chain":
+        kind = spec.kind
+        return _trees(topo, [chain_parents(spec)], S / C, link, kind == "reduce",
+                      kind == "broadcast")
+    if algorithm == "direct":
+        load: dict = {}
+        for r in spec.group:
+            for peer in spec.group:
+                if peer != r:
+                    keys, cls, scale = hop(topo, r, peer, link)
+                    for k in keys:
+                        load[k] = load.get(k, 0.0) + cls.overhead_us + cls.wire_us(
+                            S / P / C) / scale
+        worst = max(load.values())
+        return worst + cls.latency(S / P / C), worst
+    raise ValueError(f"unknown algorithm {algorithm!r}")
+
+
+class _Edges:
+    """The size-independent shape of a set of messages (src, dst) on a topology: their distinct
+    link classes, and for every resource the count of messages of each class through it (so a
+    closed-form evaluation costs a few link-class evaluations, not one per rank)."""
+
+    def __init__(self, topo: Topology, pairs, link, channels: bool):
+        self.classes: list = []
+        self.edge_class: list[int] = []
+        loads: dict = {}
+        index: dict = {}
+        for src, dst in pairs:
+            keys, cls, scale = hop(topo, src, dst, link, channels)
+            k = index.setdefault((id(cls), scale), len(self.classes))
+            if k == len(self.classes):
+                self.classes.append((cls, scale))
+            self.edge_class.append(k)
+            for key in keys:
+                loads.setdefault(key, []).append(k)
+        n = len(self.classes)
+        vec = {tuple(sum(1 for c in ks if c == j) for j in range(n)) for ks in loads.values()}
+        self.load_vectors = list(vec)
+        self.windows: dict[int, list] = {}
+
+    def times(self, b: float):
+        """(busy, latency) of one message of b bytes, per class."""
+        return [(cls.overhead_us + cls.wire_us(b) / scale, cls.latency(b))
+                for cls, scale in self.classes]
+
+    def busiest(self, busy: list[float]) -> float:
+        return max(sum(c * t for c, t in zip(v, busy)) for v in self.load_vectors)
+
+    def window(self, n: int, per: list[float]) -> float:
+        """The largest sum of n consecutive edges' times around the ring (edges in order)."""
+        if n not in self.windows:
+            m = len(self.edge_class)
+            ext = self.edge_class * (n // m + 2)
+            vecs = set()
+            for j in range(m):
+                counts = [0] * len(self.classes)
+                for c in ext[j:j + n]:
+                    counts[c] += 1
+                vecs.add(tuple(counts))
+            self.windows[n] = list(vecs)
+        return max(sum(c * t for c, t in zip(v, per)) for v in self.windows[n])
+
+
+_EDGES: dict = {}
+
+
+def _edges(topo: Topology, pairs: tuple, link, channels: bool) -> _Edges:
+    key = (id(topo), pairs, id(link), channels)
+    hit = _EDGES.get(key)
+    if hit is None or hit[0] is not topo:
+        if len(_EDGES) > 10_000:
+            _EDGES.clear()
+        hit = _EDGES[key] = (topo, _Edges(topo, pairs, link, channels))
+    return hit[1]
+
+
+def _ring(topo, spec, members, b, phases, link, work, channels, share: float = 1.0, C: int = 1):
+    """(L1, bottleneck per chunk, time of C chunks) of a ring: C chunks either pace the busiest
+    port (n C messages, one latency: the chunks behind hide the others) or the compute stream,
+    or take the first chunk's path."""
+    n_m = len(members)
+    pairs = tuple((members[i], members[(i + 1) % n_m]) for i in range(n_m))
+    edges = _edges(topo, pairs, link, channels)
+    parts = edges.times(b)
+    busy = share * edges.busiest([p[0] for p in parts])  # the busiest resource, per ring step
+    steps = n_m - 1
+    n = steps * len(phases)
+    add = _work_us(topo, spec, b, 2) if work and "rs" in phases else 0.0
+    copy = _work_us(topo, spec, b, 1) if work and "ag" in phases else 0.0
+    # the first chunk's path (behind the other rings sharing its port once), but never faster
+    # than the slowest port sending its n messages (for every ring that shares it)
+    first = edges.window(n, [p[0] + p[1] for p in parts]) + (share - 1) * max(
+        p[0] for p in parts)
+    lat = max(p[1] for p in parts)
+    work_chunk = steps * add + copy
+    L1 = max(first, n * busy + lat) + work_chunk
+    bottleneck = max(n * busy, work_chunk)
+    return L1, bottleneck, max(L1, n * C * busy + lat + work_chunk, n * busy + lat + C * work_chunk)
+
+
+def _hierarchical(topo: Topology, spec: CollSpec, chunk_bytes: float):
+    nodes = by_node(topo, spec.group)
+    L, N = len(nodes[0]), len(nodes)
+    share = max(1.0, L / topo.inter.nics) if topo.inter else 1.0
+    rail0 = [nodes[n][0] for n in range(N)]
+    parts = []
+    kind = spec.kind
+    intra = [p for p, kinds in (("rs", ("all_reduce", "reduce_scatter")),
+                                ("ag", ("all_reduce", "all_gather"))) if kind in kinds]
+    inter = {"all_reduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}[kind]
+    for phase in intra:
+        parts.append(_ring(topo, spec, nodes[0], chunk_bytes / L, (phase,), None, False, True)[:2])
+    parts.append(_ring(topo, spec, rail0, chunk_bytes / L / N, inter, None, False, False,
+                       share)[:2])
+    L1 = sum(p[0] for p in parts)
+    intra_load = sum(p[1] for p in parts[:-1])
+    return L1, max(intra_load, parts[-1][1])
+
+
+class _Tree:
+    """A tree's size-independent shape: its edges in post-order, each with its link class."""
+
+    def __init__(self, topo: Topology, parent: dict, link):
+        self.order = _post_order(parent)
+        pos = {v: i for i, v in enumerate(self.order)}
+        self.parent = [pos[parent[v]] if parent[v] is not None else -1 for v in self.order]
+        pairs = tuple((v, parent[v]) for v in self.order if parent[v] is not None)
+        self.up = _Edges(topo, pairs, link, False)
+        self.down = _Edges(topo, tuple((p, v) for v, p in pairs), link, False)
+
+
+_TREES: dict = {}
+
+
+def _tree(topo: Topology, parent: dict, link) -> _Tree:
+    key = (id(topo), tuple(sorted(parent.items(), key=lambda kv: kv[0])), id(link))
+    hit = _TREES.get(key)
+    if hit is None or hit[0] is not topo:
+        if len(_TREES) > 1000:
+            _TREES.clear()
+        hit = _TREES[key] = (topo, _Tree(topo, parent, link))
+    return hit[1]
+
+
+def _post_order(parent: dict) -> list:
+    children: dict = {}
+    for v, p in parent.items():
+        if p is not None:
+            children.setdefault(p, []).append(v)
+    out, stack = [], [(v, False) for v, p in parent.items() if p is None]
+    while stack:
+        v, seen = stack.pop()
+        if seen:
+            out.append(v)
+        else:
+            stack.append((v, True))
+            stack.extend((c, False) for c in children.get(v, []))
+    return out
+
+
+def _trees(topo, parents_list, b, link, up, down):
+    """L1: the slowest tree's reduce path up plus broadcast path down; bottleneck: the busiest
+    port's time per chunk over every tree (up and down)."""
+    L1, pairs = 0.0, []
+    for parent in parents_list:
+        tr = _tree(topo, parent, link)
+        t_up = [p[0] + p[1] for p in tr.up.times(b)]
+        t_dn = [p[0] + p[1] for p in tr.down.times(b)]
+        n = len(tr.order)
+        reduce_at, depth = [0.0] * n, [0.0] * n
+        e = 0
+        for i in range(n):  # children come before parents
+            pi = tr.parent[i]
+            if pi >= 0:
+                if up:
+                    reduce_at[pi] = max(reduce_at[pi], reduce_at[i] + t_up[tr.up.edge_class[e]])
+                e += 1
+        e = 0
+        edge_of = {}
+        for i in range(n):
+            if tr.parent[i] >= 0:
+                edge_of[i] = e
+                e += 1
+        for i in reversed(range(n)):  # parents before children
+            pi = tr.parent[i]
+            if pi >= 0 and down:
+                depth[i] = depth[pi] + t_dn[tr.down.edge_class[edge_of[i]]]
+        L1 = max(L1, reduce_at[n - 1] + (max(depth) if down else 0.0))
+        edges = [(v, p) for v, p in parent.items() if p is not None]
+        pairs += (edges if up else []) + ([(p, v) for v, p in edges] if down else [])
+    every = _edges(topo, tuple(pairs), link, False)
+    return L1, every.busiest([p[0] for p in every.times(b)])
+
+
+# -- schedules ----------------------------------------------------------------------------------
+def spec_of(plan: Plan, step: Collective, topo: Topology, chunks: int = 1) -> CollSpec:
+    """The CollSpec of a Plan's collective: its stage's group, the runtime's library choice."""
+    stage = step.stage or 0
+    group = tuple(range(stage * plan.P, (stage + 1) * plan.P))
+    dtype = plan.buffer(step.src).dtype.name
+    return CollSpec(step.kind, step.nbytes, group, chunks, step.kind in topo.library_kinds, dtype)
+
+
+def _dtype(plan: Plan, step) -> str:
+    if isinstance(step, Compute):
+        ids = [a.buffer for a in step.kernel.reads] + [b for _, b in step.kernel.writes]
+        return plan.buffer(ids[0]).dtype.name if ids else "f32"
+    return plan.buffer(step.a if isinstance(step, MatMul) else step.src).dtype.name
+
+
+def step_us(plan: Plan, step, topo: Topology, chunks: int = 1) -> float:
+    """One step's closed-form time (one of `chunks` equal pieces of it when chunks > 1)."""
+    return closed_rules[type(step).__name__](plan, step, topo, chunks)
+
+
+def _compute(plan, s, topo, chunks):
+    return topo.device.kernel_us(s.nbytes / chunks, s.flops / chunks, _dtype(plan, s))
+
+
+def _matmul(plan, s, topo, chunks):
+    return topo.device.matmul_us(s.nbytes / chunks, s.flops / chunks, _dtype(plan, s))
+
+
+def _copy(plan, s, topo, chunks):
+    return topo.device.elementwise_us(2 * s.nbytes / chunks)
+
+
+def _collective(plan, s, topo, chunks):
+    spec = spec_of(plan, s, topo)
+    if chunks > 1:
+        spec = CollSpec(spec.kind, spec.nbytes // chunks, spec.group, 1, spec.library, spec.dtype)
+    return staging_us(plan, s, topo, chunks) + collective_us(spec, choose(spec, topo), topo)
+
+
+def staging_us(plan, s, topo: Topology, chunks: int = 1) -> float:
+    """The CPU runtime's copy before an in-place library all-reduce or broadcast whose output is
+    another buffer (`ring_work_on_compute` topologies; NCCL works out of place)."""
+    if (topo.ring_work_on_compute and s.kind in ("all_reduce", "broadcast") and s.src != s.dst
+            and plan.buffer(s.src).numel > 1):
+        return topo.device.elementwise_us(2 * s.nbytes / chunks)
+    return 0.0
+
+
+def _p2p(plan, s, topo, chunks):
+    src, dst = s.src_stage * plan.P, s.dst_stage * plan.P
+    return hop_us(topo, src, dst, s.nbytes / chunks)
+
+
+def _fused(plan, f: FusedCollective, topo, chunks):
+    """Phases split at 0-d all-reduces; inside a phase the chunks pipeline through its parts."""
+    C = f.chunks
+    u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
+    total, comm, comp, first = 0.0, 0.0, 0.0, 0.0
+    for part in f.steps:
+        if isinstance(part, Collective) and part.kind == "all_reduce" and \
+                plan.buffer(part.src).numel == 1:  # a barrier: the phase before drains first
+            total += first + (C - 1) * max(comm, comp) + step_us(plan, part, topo)
+            comm, comp, first = 0.0, 0.0, 0.0
+            continue
+        t = step_us(plan, part, topo, C)
+        if isinstance(part, (Compute, MatMul, Copy)):
+            comp += t * u
+        else:
+            comm += t
+        first += t
+    return total + first + (C - 1) * max(comm, comp)
+
+
+def _overlap(plan, o: Overlap, topo, chunks):
+    C = o.chunks
+    u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
+    produce = step_us(plan, o.producer, topo, C)
+    consume = (_fused(plan, o.consumer, topo, 1) / C if isinstance(o.consumer, FusedCollective)
+               else step_us(plan, o.consumer, topo, C))
+    compute_bound = isinstance(o.producer, (MatMul, Compute))
+    bottleneck = max(produce * (u if compute_bound else 1.0), consume)
+    return produce + consume + (C - 1) * bottleneck
+
+
+closed_rules = {"Compute": _compute, "MatMul": _matmul, "Copy": _copy, "Collective": _collective,
+                "P2P": _p2p, "FusedCollective": _fused, "Overlap": _overlap}
+
+
+def plan_us(plan: Plan, topo: Topology) -> float:
+    """The schedule's closed-form time on `topo`, in microseconds."""
+    return sum(step_us(plan, s, topo) for s in plan.steps)
+
+

@@ -1,0 +1,263 @@
+"""The workload layer: a Plan becomes a task DAG per rank, simulated on a Topology.
+
+`simulate(plan, topo, fold=None) -> Result` runs the Plan's steps in order on every rank (a step
+starts on a rank when its previous step has finished there, as the runtime runs them), each rank
+with a compute stream (tasks in issue order, one at a time) and a communication stream (transfers,
+which contend for the network's ports and links). `cost_rules` has one rule per Plan step kind,
+`rule(run, step, ready, C) -> done`: `ready[r]` / `done[r]` are per-chunk events of rank r.
+- Compute / MatMul / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
+- Collective: the collectives layer's algorithm (the tuner's pick); P2P: rank i of the source stage
+  sends to rank i of the destination stage, chunk by chunk.
+- FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
+  scatter, or P2P), then the kernels on chunk c as soon as it is there, then chunk c's all-gathers;
+  a 0-d all_reduce inside is a barrier (every chunk's kernels before it finish first).
+- Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
+
+Folding (`fold=None`: automatic): a one-stage plan on whole nodes simulates node 0's ranks only
+(`network.Sim`), exact because every node does the same; a collective whose algorithm is not the
+same on every node (tree, chain) then takes its closed-form time (marked in the trace's task).
+`Result.trace` is the DataFrame of every task: rank, stream, step, task, start, end (us).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from codegen.plan import Collective, Compute, Copy, FusedCollective, MatMul, P2P, Plan
+
+from . import collectives
+from .closed_form import choose, collective_us, spec_of, staging_us, step_us
+from .collectives import CollSpec
+from .network import Sim, join
+from .topology import Topology
+
+FOLDABLE = ("ring", "hierarchical", "direct")
+
+
+@dataclass(frozen=True)
+class Result:
+    time_us: float  # the slowest rank's end
+    finish_us: dict  # simulated rank -> its end
+    trace: object  # pandas DataFrame: rank, stream, step, task, start, end (us)
+    folded: bool
+
+    @property
+    def time_ms(self) -> float:
+        return self.time_us / 1e3
+
+
+class Run:
+    def __init__(self, plan: Plan, topo: Topology, fold: bool):
+        self.plan, self.topo = plan, topo
+        self.sim = Sim(topo, plan.world_size, fold)
+        self.pending: dict[int, list] = {}
+
+    def members(self, stage: Optional[int]) -> list[int]:
+        P = self.plan.P
+        return [r for r in self.sim.ranks if stage is None or r // P == stage]
+
+    def name(self, step) -> str:
+        kind = type(step).__name__
+        extra = step.kernel.name if isinstance(step, Compute) else getattr(step, "kind", "")
+        return f"{step.id}:{kind}" + (f" {extra}" if extra else "")
+
+    def rule(self, step, ready, C):
+        return cost_rules[type(step).__name__](self, step, ready, C)
+
+
+def _pass(run: Run, ready, members, done):
+    """Ranks outside the step keep their readiness."""
+    out = dict(ready)
+    out.update(done)
+    return out
+
+
+def _tasks(run: Run, s, ready, C, stage):
+    us = step_us(run.plan, s, run.topo, C)
+    done = {r: [run.sim.compute(r, us, run.name(s), f"c{c}", [ready[r][c]]) for c in range(C)]
+            for r in run.members(stage)}
+    return _pass(run, ready, None, done)
+
+
+def _compute(run, s, ready, C):
+    return _tasks(run, s, ready, C, s.stage)
+
+
+def _collective(run: Run, s: Collective, ready, C):
+    spec = spec_of(run.plan, s, run.topo, C)
+    stage = staging_us(run.plan, s, run.topo, C)
+    if stage:  # the runtime copies src into dst, then reduces dst in place
+        ready = dict(ready)
+        for r in run.members(s.stage):
+            ready[r] = [run.sim.compute(r, stage, run.name(s), f"copy c{c}", [ready[r][c]])
+                        for c in range(C)]
+    return _coll(run, spec, s, ready)
+
+
+def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first: int = 0):
+    algo = algo or choose(spec, run.topo)
+    mine = [r for r in run.sim.ranks if r in set(spec.group)]
+    sub = {r: ready[r] for r in mine}
+    if run.sim.fold and algo not in FOLDABLE:  # closed form inside a folded run
+        us = collective_us(spec, algo, run.topo)
+        ev = {r: run.sim.delay(r, us, run.name(s), f"{algo} (closed form)", list(sub[r]))
+              for r in mine}
+        done = {r: [ev[r]] * spec.chunks for r in mine}
+    else:
+        done, finished = collectives.simulate(run.sim, spec, algo, sub, run.name(s), first)
+        for r in mine:
+            run.pending.setdefault(r, []).append(finished[r])
+    return _pass(run, ready, mine, done)
+
+
+def _p2p(run: Run, s: P2P, ready, C):
+    P, out = run.plan.P, dict(ready)
+    for i in range(P):
+        src, dst = s.src_stage * P + i, s.dst_stage * P + i
+        evs = [run.sim.transfer(src, dst, s.nbytes / C, run.name(s), f"p2p c{c}", [ready[src][c]],
+                                chunk=c) for c in range(C)]
+        out[src] = evs
+        out[dst] = [join(run.sim.env, (ev, ready[dst][c]))
+                    for c, ev in enumerate(evs)]
+    return out
+
+
+def _phases(plan: Plan, steps):
+    """The fused steps after the head, split at 0-d all_reduces: [(parts, barrier or None)]."""
+    phases, parts = [], []
+    for s in steps:
+        if isinstance(s, Collective) and s.kind == "all_reduce" and plan.buffer(s.src).numel == 1:
+            phases.append((parts, s))
+            parts = []
+        else:
+            parts.append(s)
+    phases.append((parts, None))
+    return phases
+
+
+def _piece(run: Run, part, c: int, C: int, ready_c: dict, algo: Optional[str]):
+    """Chunk c of one part of a fused step (a kernel chunk, or a collective's chunk)."""
+    one = {r: [e] for r, e in ready_c.items()}
+    if isinstance(part, Collective):
+        spec = spec_of(run.plan, part, run.topo, C)
+        piece = CollSpec(spec.kind, spec.nbytes // C, spec.group, 1, spec.library, spec.dtype)
+        done = _coll(run, piece, part, one, algo, c)
+    elif isinstance(part, P2P):
+        done = _p2p_piece(run, part, C, c, one)
+    else:
+        us = step_us(run.plan, part, run.topo, C)
+        done = dict(one)
+        for r in run.members(part.stage):
+            done[r] = [run.sim.compute(r, us, run.name(part), f"c{c}", [one[r][0]])]
+    return {r: evs[0] for r, evs in done.items()}
+
+
+def _p2p_piece(run: Run, s: P2P, C: int, c: int, ready):
+    P, out = run.plan.P, dict(ready)
+    for i in range(P):
+        src, dst = s.src_stage * P + i, s.dst_stage * P + i
+        ev = run.sim.transfer(src, dst, s.nbytes / C, run.name(s), f"p2p c{c}", [ready[src][0]],
+                              chunk=c)
+        out[src] = [ev]
+        out[dst] = [join(run.sim.env, (ev, ready[dst][0]))]
+    return out
+
+
+def _algos(run: Run, f: FusedCollective) -> dict:
+    """The tuner's pick for each collective of a fused step, made on the whole collective."""
+    out = {}
+    for part in f.steps:
+        if isinstance(part, Collective):
+            out[part.id] = choose(spec_of(run.plan, part, run.topo, f.chunks), run.topo)
+    return out
+
+
+def _fused(run: Run, f: FusedCollective, ready, C_outer):
+    """A fused collective, chunk by chunk (ready: one event per rank, or C per rank)."""
+    C = f.chunks
+    ready = {r: (evs if len(evs) == C else [join(run.sim.env, evs)] * C)
+             for r, evs in ready.items()}
+    algos = _algos(run, f)
+    head, phases = f.steps[0], _phases(run.plan, f.steps[1:])
+    cur = {r: list(evs) for r, evs in ready.items()}
+    outs = {r: [] for r in ready}
+    for k, (parts, barrier) in enumerate(phases):
+        for c in range(C):
+            now = {r: cur[r][c] for r in cur}
+            if k == 0:
+                now = _piece(run, head, c, C, now, algos.get(head.id))
+            for part in parts:
+                got = _piece(run, part, c, C, now, algos.get(part.id))
+                if isinstance(part, Collective) and part.kind == "all_gather":
+                    for r in got:
+                        outs[r].append(got[r])
+                else:
+                    now = got
+            for r in cur:
+                cur[r][c] = now[r]
+        if barrier is not None:
+            all_chunks = {r: [join(run.sim.env, cur[r])] for r in cur}
+            done = _coll(run, spec_of(run.plan, barrier, run.topo, 1), barrier, all_chunks)
+            cur = {r: [done[r][0]] * C for r in cur}
+    return {r: [join(run.sim.env, cur[r] + outs[r])] * C_outer
+            for r in cur}
+
+
+def _overlap(run: Run, o, ready, C_outer):
+    C = o.chunks
+    start = {r: [join(run.sim.env, evs)] * C for r, evs in ready.items()}
+    produced = run.rule(o.producer, start, C)
+    if isinstance(o.consumer, FusedCollective):
+        return _fused(run, o.consumer, produced, C_outer)
+    done = run.rule(o.consumer, produced, C)
+    return {r: [join(run.sim.env, evs)] * C_outer
+            for r, evs in done.items()}
+
+
+cost_rules = {"Compute": _compute, "MatMul": _compute, "Copy": _compute,
+              "Collective": _collective, "P2P": _p2p, "FusedCollective": _fused,
+              "Overlap": _overlap}
+
+
+def can_fold(plan: Plan, topo: Topology) -> bool:
+    n = topo.devices_per_node
+    return plan.stages == 1 and plan.world_size > n and plan.world_size % n == 0
+
+
+def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None) -> Result:
+    """Simulate one run of the plan on `topo` (world = plan.world_size ranks, from rank 0 on)."""
+    fold = can_fold(plan, topo) if fold is None else fold and can_fold(plan, topo)
+    run = Run(plan, topo, fold)
+    cursor = {r: [None] for r in run.sim.ranks}
+    for step in plan.steps:
+        done = run.rule(step, cursor, 1)
+        cursor = {}
+        for r in run.sim.ranks:
+            evs = [e for e in done[r] + run.pending.pop(r, []) if e is not None]
+            cursor[r] = [join(run.sim.env, evs)]
+    ends = {}
+    for r in run.sim.ranks:
+        ev = cursor[r][0]
+        if ev is not None:
+            ev.callbacks.append(lambda _e, r=r: ends.__setitem__(r, run.sim.env.now))
+    total = run.sim.run()
+    finish = {r: ends.get(r, 0.0) for r in run.sim.ranks}
+    return Result(max(finish.values(), default=total), finish, run.sim.frame(), fold)
+
+
+def simulate_collective(spec: CollSpec, topo: Topology, algorithm: Optional[str] = None,
+                        fold: Optional[bool] = None) -> Result:
+    """One collective alone on `topo` (its group: the first ranks), as nccl-tests times it."""
+    algo = algorithm or choose(spec, topo)
+    world = max(spec.group) + 1
+    n = topo.devices_per_node
+    fold = (world > n and world % n == 0 and algo in FOLDABLE) if fold is None else fold
+    sim = Sim(topo, world, fold)
+    ready = {r: [None] * spec.chunks for r in sim.ranks if r in set(spec.group)}
+    _, finished = collectives.simulate(sim, spec, algo, ready, f"{spec.kind} ({algo})")
+    ends = {}
+    for r, ev in finished.items():
+        if ev is not None:
+            ev.callbacks.append(lambda _e, r=r: ends.__setitem__(r, sim.env.now))
+    total = sim.run()
+    return Result(max(ends.values(), default=total), ends, sim.frame(), fold)

@@ -1,0 +1,149 @@
+"""Predicted against measured, from the results table alone (pure functions of a DataFrame).
+
+- `accuracy(df, experiment, topology="local")`: one row per measured point (schedule, world size,
+  size, shape) with its predicted time on the same topology and world size: measured median, min,
+  max, predicted, and the relative error `predicted / measured - 1`.
+- `summary(acc)`: the median and largest |relative error|, and the ordering check: for every pair
+  of schedules at the same point whose measured spreads [min, max] do not overlap (they differ
+  by more than their spread), whether the prediction orders them the same way.
+- `accuracy_table(acc)` / `speedup_table(df, experiment, topology)`: Markdown.
+- `accuracy_figure(acc, path)`: predicted against measured time (log-log, y = x and +-25%).
+- `busbw_figure(df, path)`: the collectives experiment's bus bandwidth against size.
+- `predicted_section(df, experiment, out_dir)`: report.md's predicted part (tables, figures).
+"""
+from __future__ import annotations
+
+from itertools import combinations
+from pathlib import Path
+
+from .figures import _save, colour, plt
+from .tables import _size
+
+KEYS = ["schedule", "world_size", "size", "shape"]
+
+
+def accuracy(df, experiment: str, topology: str = "local"):
+    rows = df[df.experiment == experiment]
+    meas = rows[rows.source == "measured"]
+    pred = rows[(rows.source == "predicted") & (rows.topology == topology)]
+    if meas.empty or pred.empty:
+        return meas.iloc[0:0].assign(predicted_ms=[], error=[])
+    pred = pred[KEYS + ["time_ms"]].rename(columns={"time_ms": "predicted_ms"})
+    meas = meas.assign(shape=meas["shape"].astype(str))
+    pred = pred.assign(shape=pred["shape"].astype(str))
+    out = meas.merge(pred.drop_duplicates(KEYS), on=KEYS, how="inner")
+    return out.assign(error=out.predicted_ms / out.time_ms - 1.0)
+
+
+def summary(acc) -> dict:
+    if acc.empty:
+        return {"points": 0}
+    agree = total = 0
+    for _, point in acc.groupby(["world_size", "size", "shape"]):
+        for (_, a), (_, b) in combinations(point.iterrows(), 2):
+            if a.time_ms_min > b.time_ms_max or b.time_ms_min > a.time_ms_max:
+                total += 1
+                agree += (a.time_ms < b.time_ms) == (a.predicted_ms < b.predicted_ms)
+    err = acc.error.abs()
+    return {"points": len(acc), "median_abs_error": float(err.median()),
+            "max_abs_error": float(err.max()), "ordered_pairs": total, "ordered_agree": agree}
+
+
+def summary_line(s: dict) -> str:
+    if not s.get("points"):
+        return "no measured point has a prediction"
+    return (f"{s['points']} points: median |predicted/measured - 1| = "
+            f"{100 * s['median_abs_error']:.1f}%, largest {100 * s['max_abs_error']:.1f}%; "
+            f"schedules ordered as measured in {s['ordered_agree']} of {s['ordered_pairs']} "
+            f"pairs whose measured spreads do not overlap")
+
+
+def accuracy_table(acc) -> str:
+    lines = ["| schedule | ranks | size | measured ms [min, max] | predicted ms | error |",
+             "|---|---:|---|---:|---:|---:|"]
+    for _, r in acc.sort_values(["world_size", "size", "schedule"]).iterrows():
+        lines.append(f"| {r.schedule} | {r.world_size} | {_size(r['size'])} | "
+                     f"{r.time_ms:.2f} [{r.time_ms_min:.2f}, {r.time_ms_max:.2f}] | "
+                     f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def speedup_table(df, experiment: str, topology: str) -> str:
+    """Predicted speedup over baseline per point (rows) and schedule (columns)."""
+    rows = df[(df.experiment == experiment) & (df.source == "predicted") &
+              (df.topology == topology)]
+    if rows.empty:
+        return ""
+    schedules = [s for s in dict.fromkeys(rows.schedule) if s != "baseline"]
+    head = "| ranks | point | baseline ms | " + " | ".join(schedules) + " |"
+    lines = [head, "|---:|---|---:|" + "---:|" * len(schedules)]
+    for (ws, size, shape), point in rows.groupby(["world_size", "size", "shape"], sort=True):
+        by = point.set_index("schedule")
+        base = by.time_ms.get("baseline", float("nan"))
+        label = _size(size) if str(shape).startswith("[") else str(shape)
+        cells = [f"x{by.speedup[s]:.2f}" if s in by.index else "" for s in schedules]
+        lines.append(f"| {ws} | {label} | {base:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_figure(acc, path, title: str = "") -> Path:
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for schedule, part in acc.groupby("schedule"):
+        ax.errorbar(part.time_ms, part.predicted_ms, fmt="o", color=colour(schedule),
+                    xerr=[part.time_ms - part.time_ms_min, part.time_ms_max - part.time_ms],
+                    label=schedule, ms=4, capsize=2)
+    if not acc.empty:
+        lo = min(acc.time_ms_min.min(), acc.predicted_ms.min()) * 0.8
+        hi = max(acc.time_ms_max.max(), acc.predicted_ms.max()) * 1.25
+        xs = [lo, hi]
+        ax.plot(xs, xs, color="black", lw=0.8)
+        for f in (0.75, 1.25):
+            ax.plot(xs, [f * x for x in xs], color="grey", lw=0.6, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured time per step (ms; bars: min..max)")
+    ax.set_ylabel("predicted time per step (ms)")
+    ax.set_title(title or "predicted vs measured (dashed: +-25%)")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def busbw_figure(df, path) -> Path:
+    rows = df[df.experiment == "collectives"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for (kind, source, topo), part in rows.groupby(["schedule", "source", "topology"]):
+        part = part.sort_values("size")
+        ax.plot(part["size"], part.busbw_gbps, marker="o", ms=3,
+                ls="-" if source == "measured" else "--", label=f"{kind} {source} ({topo})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes, nccl-tests convention)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def predicted_section(df, experiment: str, out_dir: Path) -> str:
+    """report.md's predicted part: speedup tables per topology, predicted vs measured."""
+    rows = df[(df.experiment == experiment) & (df.source == "predicted")]
+    if rows.empty:
+        return ""
+    text = ["## Predicted", "",
+            "The cost model (`cost_model/`, SimPy) on each topology: speedup over the predicted "
+            "`baseline` at the same point.", ""]
+    if experiment == "collectives":
+        fig = busbw_figure(df, out_dir / "figures" / "busbw.png")
+        text += [f"![busbw](figures/{fig.name})", ""]
+        return "\n".join(text) + "\n"
+    if "speedup" in rows and rows.speedup.notna().any():
+        for topo in dict.fromkeys(rows.topology):
+            text += [f"### {topo}", "", speedup_table(df, experiment, topo)]
+    acc = accuracy(df, experiment)
+    if not acc.empty:
+        fig = accuracy_figure(acc, out_dir / "figures" / "predicted_vs_measured.png",
+                              f"{experiment}: local topology")
+        text += ["## Predicted vs measured", "", summary_line(summary(acc)), "",
+                 accuracy_table(acc), f"![predicted vs measured](figures/{fig.name})", ""]
+    return "\n".join(text) + "\n"

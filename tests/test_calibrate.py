@@ -1,0 +1,76 @@
+"""Calibration: the fit recovers a known topology from its own predictions (pure), and the
+calibrate experiment runs its microbenchmarks on 2 gloo ranks and writes a loadable topology."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import experiments
+from cost_model.calibration import Measurement, fit, predict_ms
+from cost_model.topology import LinkClass, load_topology
+from experiments import MeasureSettings, PredictSettings
+
+
+def truth():
+    base = load_topology("local")
+    link = LinkClass(bandwidth_gbps=2.0, latency_us=300.0, overhead_us=40.0,
+                     latency_by_size={1 << 10: 300.0, 1 << 27: 300.0})
+    lib = LinkClass(bandwidth_gbps=1.5, latency_us=500.0, latency_by_size={1 << 9: 500.0,
+                                                                           1 << 26: 500.0})
+    device = dataclasses.replace(base.device, memory_bandwidth_gbps=20.0, launch_us=30.0,
+                                 memory_efficiency={}, matmul_efficiency=1.0,
+                                 peak_tflops={**base.device.peak_tflops, "f32": 0.05})
+    return dataclasses.replace(base, device=device, library=lib, compute_slowdown=0.3,
+                               comm_slowdown=0.2,
+                               intra=dataclasses.replace(base.intra, link=link))
+
+
+def synthetic(topo, P=2) -> list[Measurement]:
+    ms = []
+    for k in range(12, 28):
+        b = 1 << k
+        for kind in ("exchange", "all_reduce", "kernel"):
+            ms.append(Measurement(kind, b, 0.0, P))
+        if b >= 1 << 20:
+            ms.append(Measurement("exchange_chunked", b, 0.0, P, chunks=16))
+    ms.append(Measurement("matmul", 3 * 512 * 512 * 4, 0.0, P, flops=2 * 512 ** 3))
+    E, K = 1 << 26, 28 << 22
+    ms += [Measurement("overlap_kernel", K, 0.0, P), Measurement("overlap_exchange", E, 0.0, P),
+           Measurement("overlap_inside", K, 0.0, P, exchange_bytes=E, kernel_bytes=K),
+           Measurement("overlap_both", K, 0.0, P, exchange_bytes=E, kernel_bytes=K)]
+    return [dataclasses.replace(m, time_ms=predict_ms(topo, m)) for m in ms]
+
+
+def test_the_fit_recovers_the_topology_that_made_the_measurements():
+    t = truth()
+    got = fit(synthetic(t), load_topology("local"), 2)
+    assert got.intra.link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
+    assert got.intra.link.overhead_us == pytest.approx(40.0, rel=0.05)
+    assert got.library.bandwidth_gbps == pytest.approx(1.5, rel=0.02)
+    assert got.device.memory_bandwidth_gbps == pytest.approx(20.0, rel=0.02)
+    assert got.device.launch_us == pytest.approx(30.0, rel=0.02)
+    assert got.device.peak("f32") == pytest.approx(0.05, rel=0.02)
+    assert got.compute_slowdown == pytest.approx(0.3, abs=0.02)
+    assert got.comm_slowdown == pytest.approx(0.2, abs=0.03)
+    for m in synthetic(t):  # and predicts them back (the fit counts one latency per ring step)
+        assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=0.1), m
+
+
+def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
+    exp = experiments.load("calibrate")
+    settings = MeasureSettings(scale="smoke", max_elements=1 << 16, world_size=2, warmup=1,
+                               repeats=3, csv_path=tmp_path / "results.csv",
+                               kernels_dir=tmp_path / "kernels")
+    rows = exp.measure(settings)
+    kinds = {r["schedule"] for r in rows}
+    assert {"exchange", "all_reduce", "kernel", "matmul", "overlap_both"} <= kinds
+    topo = load_topology(path=tmp_path / "topology.yaml")
+    assert topo.name == "local" and topo.intra.kind == "bus"
+    assert "calibrated" in topo.source
+    assert json.loads((tmp_path / "calibration.json").read_text())
+    pred = exp.predict(PredictSettings(scale="smoke", backend="cpu", topology=topo,
+                                       world_size=2, max_elements=1 << 16, measured=rows,
+                                       out_dir=tmp_path))
+    assert len(pred) == len(rows) and all(r["source"] == "predicted" for r in pred)

@@ -1,0 +1,45 @@
+"""Predictions through `python -m suite`: backend=sim on GPU topologies, the collectives
+experiment, and bad settings as one-line errors (subprocesses, as users run them)."""
+from __future__ import annotations
+
+import csv
+
+from test_suite_cli import assert_one_line_error, suite_cmd
+
+
+def rows(run_dir):
+    return list(csv.DictReader((run_dir / "results.csv").open()))
+
+
+def test_adam_predicted_on_dgx2_nodes(tmp_path):
+    proc = suite_cmd("experiment=adam_fusion", "backend=sim", "topology=dgx2", "topology.nodes=2",
+                     "scale=smoke", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "predicted speedup over baseline: dgx2, 32 ranks" in proc.stdout
+    got = rows(tmp_path)
+    assert {r["source"] for r in got} == {"predicted"} and {r["backend"] for r in got} == {"sim"}
+    assert {r["schedule"] for r in got} >= {"baseline", "AR-C", "fuse(RS-C-AG)"}
+    assert all(r["world_size"] == "32" and r["topology"] == "dgx2" for r in got)
+    assert "## Predicted" in (tmp_path / "report.md").read_text()
+
+
+def test_collectives_on_a_dgx_a100(tmp_path):
+    proc = suite_cmd("experiment=collectives", "backend=sim", "topology=dgx_a100", "scale=smoke",
+                     f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "busbw" in proc.stdout
+    got = rows(tmp_path)
+    assert {r["schedule"] for r in got} == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert all(float(r["busbw_gbps"]) > 0 for r in got)
+    assert (tmp_path / "figures" / "busbw.png").exists()
+
+
+def test_calibrate_needs_the_cpu_backend(tmp_path):
+    proc = suite_cmd("experiment=calibrate", "backend=sim", f"hydra.run.dir={tmp_path}")
+    assert_one_line_error(proc, "experiment calibrate measures this machine")
+
+
+def test_pipeline_needs_two_nodes_of_a_dgx_a100(tmp_path):
+    proc = suite_cmd("experiment=pipeline_parallel", "backend=sim", "topology=dgx_a100",
+                     "scale=smoke", f"hydra.run.dir={tmp_path}")
+    assert_one_line_error(proc, "needs 16 devices", "topology.nodes")
