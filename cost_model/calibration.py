@@ -107,7 +107,7 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float,
     benchmarks taken, and smoothed over sizes."""
     first = next(iter(benchmarks))
     points = _series(ms, first)
-    overhead = min(overhead_us, _fixed(points) / messages)
+    overhead = min(overhead_us, _fixed(points))
     message_of = benchmarks[first][0]
     bw = _bulk_rate([(message_of(b) * messages, t) for b, t in points])
 
@@ -152,12 +152,16 @@ def _bulk_rate(points: list[tuple[float, float]], largest: int = 4) -> float:
     return statistics.median(slopes)
 
 
-def message_overhead_us(ms: list[Measurement], messages: float) -> float:
-    """The per-message cost: what C chunks cost beyond one message, per extra message (the
-    median over sizes of (chunked - whole) / ((C - 1) * messages)), at least 1 us."""
+def message_overhead_us(ms: list[Measurement], messages: float,
+                        up_to: int = 1 << 18) -> float:
+    """The per-message cost: what C chunks cost beyond one message, per extra message, where the
+    wire is negligible (the median over sizes up to 256 KiB of (chunked - whole) / ((C - 1) *
+    messages), `messages` = 1 where each rank's thread posts its own in parallel); at large
+    sizes chunks gain on the bulk rate instead; at least 1 us."""
     whole = dict(_series(ms, "exchange"))
     extra = [(m.time_ms * 1e3 - whole[m.nbytes]) / ((m.chunks - 1) * messages)
-             for m in ms if m.kind == "exchange_chunked" and m.chunks > 1 and m.nbytes in whole]
+             for m in ms if m.kind == "exchange_chunked" and m.chunks > 1 and m.nbytes in whole
+             and m.nbytes <= up_to]
     return max(1.0, statistics.median(extra)) if extra else 1.0
 
 
@@ -176,14 +180,16 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     # the ring's link: from a bare ring step, and from the runtime's own rings (with their adds
     # and copies), each size's latency the median of the three
     rings = {
-        "exchange": (lambda b: b, lambda link, b: collective_us(CollSpec(
-            "all_gather", b * P, group), "ring", with_link(link, ring_work_on_compute=False))),
+        "exchange": (lambda b: b, lambda link, b: collective_us(CollSpec(  # without the copy
+            "all_gather", b * P, group), "ring", with_link(link)) - (
+            device.elementwise_us(2 * b) if base.ring_work_on_compute else 0.0)),
         "reduce_scatter": (lambda b: b / P, lambda link, b: collective_us(CollSpec(
             "reduce_scatter", b, group), "ring", with_link(link))),
         "all_gather": (lambda b: b / P, lambda link, b: collective_us(CollSpec(
             "all_gather", b, group), "ring", with_link(link))),
     }
-    link = fit_link(ms, rings, per_step, message_overhead_us(ms, per_step))
+    posted = base.ring_work_on_compute  # each rank's thread posts its own messages
+    link = fit_link(ms, rings, per_step, message_overhead_us(ms, 1 if posted else per_step))
     library = fit_link(ms, {"all_reduce": (lambda b: b / P, lambda link, b: collective_us(
         CollSpec("all_reduce", b, group, library=True), "ring",
         dataclasses.replace(plain, library=link)))}, 2 * (P - 1) * per_step, 0.0)

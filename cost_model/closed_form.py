@@ -122,10 +122,14 @@ class _Edges:
         self.load_vectors = list(vec)
         self.windows: dict[int, list] = {}
 
-    def times(self, b: float):
-        """(busy, latency) of one message of b bytes, per class."""
-        return [(cls.overhead_us + cls.wire_us(b) / scale, cls.latency(b))
+    def times(self, b: float, posted: bool = False):
+        """(busy, latency) of one message of b bytes, per class (`posted`: without the
+        overhead, which the sender's compute stream pays)."""
+        return [((0.0 if posted else cls.overhead_us) + cls.wire_us(b) / scale, cls.latency(b))
                 for cls, scale in self.classes]
+
+    def overhead(self) -> float:
+        return max(cls.overhead_us for cls, _ in self.classes)
 
     def busiest(self, busy: list[float]) -> float:
         return max(sum(c * t for c, t in zip(v, busy)) for v in self.load_vectors)
@@ -165,21 +169,26 @@ def _ring(topo, spec, members, b, phases, link, work, channels, share: float = 1
     n_m = len(members)
     pairs = tuple((members[i], members[(i + 1) % n_m]) for i in range(n_m))
     edges = _edges(topo, pairs, link, channels)
-    parts = edges.times(b)
+    posted = topo.ring_work_on_compute and link is None  # the CPU runtime's thread posts sends
+    parts = edges.times(b, posted)
+    post = edges.overhead() if posted else 0.0
     busy = share * edges.busiest([p[0] for p in parts])  # the busiest resource, per ring step
     steps = n_m - 1
     n = steps * len(phases)
     add = _work_us(topo, spec, b, 2) if work and "rs" in phases else 0.0
     copy = _work_us(topo, spec, b, 1) if work and "ag" in phases else 0.0
     # the first chunk's path (behind the other rings sharing its port once), but never faster
-    # than the slowest port sending its n messages (for every ring that shares it)
-    first = edges.window(n, [p[0] + p[1] for p in parts]) + (share - 1) * max(
+    # than the slowest port sending its n messages (for every ring that shares it); a CPU
+    # runtime's thread posts each message first (`post`), then does the chunk's adds
+    first = edges.window(n, [p[0] + p[1] + post for p in parts]) + (share - 1) * max(
         p[0] for p in parts)
     lat = max(p[1] for p in parts)
-    work_chunk = steps * add + copy
-    L1 = max(first, n * busy + lat) + work_chunk
+    head, tail = copy + post, steps * add
+    L1 = max(first + copy + tail, head + n * busy + lat + tail)
+    work_chunk = copy + steps * add + n * post  # the compute stream's time per chunk
     bottleneck = max(n * busy, work_chunk)
-    return L1, bottleneck, max(L1, n * C * busy + lat + work_chunk, n * busy + lat + C * work_chunk)
+    compute = max(C * work_chunk, C * (copy + n * post) + busy + lat + tail)
+    return L1, bottleneck, max(L1, head + n * C * busy + lat + tail, compute)
 
 
 def _hierarchical(topo: Topology, spec: CollSpec, chunk_bytes: float):

@@ -144,37 +144,56 @@ class _Build:
     def ring(self, members, b, C, ready, phase, channels=True, tag=""):
         """One ring phase ("rs" or "ag") over `members` for the simulated ones among them; with
         `channels` its hops are spread over NCCL's channels (`network.hop`)."""
+        state = self.ring_start(members, b, C, ready, phase, channels, tag)
+        for c in range(C):
+            self.ring_chunk(state, c)
+        return state["done"]
+
+    def ring_start(self, members, b, C, ready, phase, channels=True, tag="") -> dict:
+        """As the runtime's rings issue them: every chunk's first send now (`ring_chunk(c)`:
+        chunk c's later steps, each after its receive and, on CPU ranks, its add)."""
         sim, P = self.sim, len(members)
         mine = [r for r in self.sims if r in set(members)]
+        st = {"members": members, "b": b, "ready": ready, "phase": phase, "channels": channels,
+              "tag": tag, "mine": mine, "pos": {m: i for i, m in enumerate(members)},
+              "recv": {}, "done": {r: (list(ready[r]) if P == 1 else [None] * C) for r in mine}}
         if P == 1:
-            return {r: list(ready[r]) for r in mine}
-        pos = {m: i for i, m in enumerate(members)}
-        recv, done = {}, {r: [None] * C for r in mine}
+            return st
         for c in range(C):
-            for s in range(P - 1):
-                for r in mine:
-                    right = members[(pos[r] + 1) % P]
-                    if s == 0:
-                        dep = ready[r][c]
-                        if phase == "ag" and self.work:
-                            dep = sim.compute(r, self.kernel_us(b, 1), self.step,
-                                              f"{tag}copy c{c}", [dep])
-                    else:  # a rank takes part once it has entered the collective
-                        dep = recv[(s - 1, c, r)]
-                        if phase == "rs" and self.work:
-                            dep = sim.compute(r, self.kernel_us(b, 2), self.step,
-                                              f"{tag}add c{c} s{s - 1}", [dep, ready[r][c]])
-                    recv[(s, c, sim.rep(right))] = self.send(
-                        r, right, b, f"{tag}{phase} c{c} s{s}", [dep, ready[r][c]], channels, c)
             for r in mine:
-                last = [recv[(s, c, r)] for s in range(P - 1)] + [ready[r][c]]
-                last = [e for e in last if e is not None]
+                dep = ready[r][c]
+                if phase == "ag" and self.work:
+                    dep = sim.compute(r, self.kernel_us(b, 1), self.step, f"{tag}copy c{c}",
+                                      [dep])
+                right = members[(st["pos"][r] + 1) % P]
+                st["recv"][(0, c, sim.rep(right))] = self.send(
+                    r, right, b, f"{tag}{phase} c{c} s0", [dep, ready[r][c]], channels, c)
+        return st
+
+    def ring_chunk(self, st: dict, c: int) -> dict:
+        sim, members, P = self.sim, st["members"], len(st["members"])
+        if P == 1:
+            return {r: st["done"][r][c] for r in st["mine"]}
+        recv, ready, b, tag, phase = st["recv"], st["ready"], st["b"], st["tag"], st["phase"]
+        for s in range(1, P - 1):
+            for r in st["mine"]:  # a rank takes part once it has entered the collective
+                right = members[(st["pos"][r] + 1) % P]
+                dep = recv[(s - 1, c, r)]
                 if phase == "rs" and self.work:
-                    done[r][c] = sim.compute(r, self.kernel_us(b, 2), self.step,
-                                             f"{tag}add c{c} s{P - 2}", last)
-                else:
-                    done[r][c] = join(sim.env, last)
-        return done
+                    dep = sim.compute(r, self.kernel_us(b, 2), self.step,
+                                      f"{tag}add c{c} s{s - 1}", [dep, ready[r][c]])
+                recv[(s, c, sim.rep(right))] = self.send(
+                    r, right, b, f"{tag}{phase} c{c} s{s}", [dep, ready[r][c]],
+                    st["channels"], c)
+        for r in st["mine"]:
+            last = [recv[(s, c, r)] for s in range(P - 1)] + [ready[r][c]]
+            last = [e for e in last if e is not None]
+            if phase == "rs" and self.work:
+                st["done"][r][c] = sim.compute(r, self.kernel_us(b, 2), self.step,
+                                               f"{tag}add c{c} s{P - 2}", last)
+            else:
+                st["done"][r][c] = join(sim.env, last)
+        return {r: st["done"][r][c] for r in st["mine"]}
 
     def tree(self, parents_list, b, C, ready, up=True, down=True):
         """Reduce up and/or broadcast down each tree (parent maps), chunk by chunk."""

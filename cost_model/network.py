@@ -8,7 +8,9 @@
   node's NIC rails taken together (`rails_out`, `rails_in`);
 - `transfer(src, dst, nbytes, ...)`: a process that takes the route's resources (in one global
   order, so processes never deadlock), holds them for `overhead + bytes / (bandwidth *
-  efficiency(bytes))`, releases them, and arrives `latency` later;
+  efficiency(bytes))`, releases them, and arrives `latency` later; where the runtime's own
+  thread posts its messages (`ring_work_on_compute`: the CPU runtime's isend), the overhead is
+  a task on the sender's compute stream before the transfer instead;
 - `compute(rank, us, ...)`: a process that runs `us` microseconds of work on the rank's compute
   stream. While the rank communicates (a transfer it sends or receives is in flight) compute runs
   at (1 - compute_slowdown) of its speed; a transfer runs at (1 - comm_slowdown x the fraction of
@@ -292,11 +294,20 @@ class Sim:
         `pipelined_chunks` a waiting message of a lower chunk goes first; else first come,
         first served."""
         prio = chunk if self.topo.pipelined_chunks else 0
-        return self.env.process(self._transfer(src, dst, nbytes, step, task,
-                                               [d for d in deps if d is not None], link, channels,
-                                               prio))
+        deps = [d for d in deps if d is not None]
+        posted = self.posts_on_compute(link)
+        if posted:  # the sender's thread posts the message: its overhead is compute-stream time
+            _, cls, _ = self.route(src, dst, link, channels)
+            if cls.overhead_us > 0:
+                deps = [self.compute(src, cls.overhead_us, step, f"post {task}", deps)]
+        return self.env.process(self._transfer(src, dst, nbytes, step, task, deps, link,
+                                               channels, prio, posted))
 
-    def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio):
+    def posts_on_compute(self, link: Optional[LinkClass]) -> bool:
+        """A CPU runtime's own messages (not the library's) are posted by the rank's thread."""
+        return self.topo.ring_work_on_compute and link is None
+
+    def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio, posted):
         ready = join(self.env, deps)
         if ready is not None:
             yield ready
@@ -313,7 +324,8 @@ class Sim:
             self._comm[r] += 1
             if self._comm[r] == 1:
                 self._signal(r)
-        yield from self._work(cls.overhead_us + cls.wire_us(nbytes) / scale, ends,
+        hold = (0.0 if posted else cls.overhead_us) + cls.wire_us(nbytes) / scale
+        yield from self._work(hold, ends,
                               self.topo.comm_slowdown,
                               lambda: sum(self._busy[r] for r in ends) / len(ends))
         for r in ends:

@@ -172,6 +172,21 @@ def _algos(run: Run, f: FusedCollective) -> dict:
     return out
 
 
+def _staged_head(run: Run, f: FusedCollective, head, algo, cur):
+    """A CPU runtime's fused all-reduce starts its ring reduce-scatter whole (every chunk's first
+    send at once, `RingReduceScatter.start`) and reduces chunk c just before its kernels: the
+    ring's (builder, state), or None where the head runs as per-chunk pieces."""
+    if not (run.topo.ring_work_on_compute and isinstance(head, Collective) and
+            head.kind == "reduce_scatter" and algo == "ring"):
+        return None
+    spec = spec_of(run.plan, head, run.topo, f.chunks)
+    build = collectives._Build(run.sim, spec, run.name(head))
+    mine = list(build.sims)
+    P, C = spec.P, f.chunks
+    state = build.ring_start(spec.group, spec.nbytes / P / C, C, {r: cur[r] for r in mine}, "rs")
+    return build, state
+
+
 def _fused(run: Run, f: FusedCollective, ready, C_outer):
     """A fused collective, chunk by chunk (ready: one event per rank, or C per rank)."""
     C = f.chunks
@@ -181,10 +196,15 @@ def _fused(run: Run, f: FusedCollective, ready, C_outer):
     head, phases = f.steps[0], _phases(run.plan, f.steps[1:])
     cur = {r: list(evs) for r, evs in ready.items()}
     outs = {r: [] for r in ready}
+    staged = _staged_head(run, f, head, algos.get(head.id), cur)
     for k, (parts, barrier) in enumerate(phases):
         for c in range(C):
             now = {r: cur[r][c] for r in cur}
-            if k == 0:
+            if k == 0 and staged is not None:  # chunk c reduced (its sends went at the start)
+                build, state = staged
+                now = dict(now)
+                now.update(build.ring_chunk(state, c))
+            elif k == 0:
                 now = _piece(run, head, c, C, now, algos.get(head.id))
             for part in parts:
                 got = _piece(run, part, c, C, now, algos.get(part.id))
@@ -199,7 +219,8 @@ def _fused(run: Run, f: FusedCollective, ready, C_outer):
             all_chunks = {r: [join(run.sim.env, cur[r])] for r in cur}
             done = _coll(run, spec_of(run.plan, barrier, run.topo, 1), barrier, all_chunks)
             cur = {r: [done[r][0]] * C for r in cur}
-    return {r: [join(run.sim.env, cur[r] + outs[r])] * C_outer
+    sent = staged[0].sent if staged is not None else {}
+    return {r: [join(run.sim.env, cur[r] + outs[r] + sent.get(r, []))] * C_outer
             for r in cur}
 
 

@@ -8,7 +8,7 @@ Every rank runs the same operations side by side with the runtime every experime
 bytes (f32 buffers), powers of two up to the scale's largest:
 - `exchange`: a ring step: every rank sends b bytes to its right and receives b from its left
   (`comm.P2P`, what the runtime's ring reduce-scatter and all-gather are made of);
-  `exchange_chunked`: the same in 16 chunks (the per-message cost, from b = 1 MiB);
+  `exchange_chunked`: the same in 16 chunks (the per-message cost, from b = 64 KiB);
 - `send`: rank 0 sends b bytes to rank 1, the others idle (a pipeline's P2P);
 - `all_reduce`: gloo's all-reduce of b bytes (`comm.all_reduce`, the AR-C schedules' and the
   baselines'); `reduce_scatter`, `all_gather`: the runtime's rings (`comm.reduce_scatter`,
@@ -49,7 +49,7 @@ SCALES = {"smoke": (12, 20, 2), "default": (12, 27, 1), "paper": (12, 27, 1)}
 KERNEL_SCALES = {"smoke": (7, 16, 3), "default": (7, 25, 1), "paper": (7, 25, 1)}  # elements
 ROUNDS = {"smoke": 1, "default": 3, "paper": 3}
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
-EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 20
+EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
 
 
 def sizes(scale: str, table=SCALES) -> list[int]:

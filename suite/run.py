@@ -30,6 +30,8 @@ from codegen.build import BuildError
 from codegen.runtime.launch import RankError
 from experiments import MeasureSettings
 from reports.predicted import predicted_section
+from reports.html import write_html
+from reports.latex import write_tables
 from reports.sections import measured_section
 from reports.table import append_row, read_table
 
@@ -50,6 +52,9 @@ def run(cfg: Config, out_dir: Union[str, Path]) -> int:
             check_settings(cfg, reference, schedules)
             show_programs(schedules)
             checks = verify(cfg, exp, reference, schedules)
+            if cfg.backend.name == "cuda":  # render, compile (and on a GPU run) the CUDA kernels
+                from .cuda import cuda_step
+                checks += cuda_step(cfg, exp, schedules, Path(out_dir))
         elif cfg.backend.name != "cpu" and getattr(exp, "NEEDS_MEASUREMENT", False):
             raise SuiteError(f"experiment {exp.NAME} measures this machine: it needs backend=cpu")
         rows = measure(cfg, exp, Path(out_dir))
@@ -196,7 +201,11 @@ def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], chec
     text = render_report(experiment=exp.NAME, figure=exp.FIGURE, settings=settings,
                          programs={name: str(p) for name, p in schedules.items()}, checks=checks,
                          results=results_section(exp, out_dir))
-    return write_report(out_dir, text)
+    path = write_report(out_dir, text)
+    write_html(path)  # report.html, figures embedded
+    if (out_dir / "results.csv").exists():
+        write_tables(read_table(out_dir / "results.csv"), out_dir)  # tables/*.csv, *.tex
+    return path
 
 
 def summarize(checks: list[Check], rows: list[dict], path: Path) -> int:
