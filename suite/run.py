@@ -158,12 +158,13 @@ def predict(cfg: Config, exp: ModuleType, out_dir: Path, measured: list[dict]) -
     out_dir.mkdir(parents=True, exist_ok=True)
     for r in rows:
         append_row(out_dir / "results.csv", r)
-    print(prediction_summary(exp.NAME, rows), flush=True)
+    print(prediction_summary(exp.NAME, rows, measured), flush=True)
     return rows
 
 
-def prediction_summary(name: str, rows: list[dict]) -> str:
-    """Predicted speedups over baseline per topology and point (busbw for collectives)."""
+def prediction_summary(name: str, rows: list[dict], measured: list[dict] = ()) -> str:
+    """Predicted speedups over baseline per topology and point (for collectives: busbw per size,
+    measured beside predicted)."""
     import pandas as pd
 
     if not rows:
@@ -171,7 +172,7 @@ def prediction_summary(name: str, rows: list[dict]) -> str:
     df = pd.DataFrame(rows)
     if name == "collectives":
         from experiments.collectives import table
-        return table(rows)
+        return table(list(measured) + rows)
     if "speedup" not in df or df.speedup.isna().all():
         return f"predict: {len(rows)} rows"
     out = []
