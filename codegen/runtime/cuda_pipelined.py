@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from .pipelined import _phases, fusable, overlappable  # noqa: F401  (re-exported for the runner)
+from .pipelined import _phases, chunk_order, fusable, overlappable  # noqa: F401  (re-exported)
 from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap
 
 
@@ -79,6 +79,22 @@ def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
         torch.matmul(a2[lo:lo + k], r.bufs[mm.b], out=out2[lo:lo + k])
 
 
+def _compute_then_gather(r, kernels, gathers, c: int, C: int, ready) -> None:
+    """Chunk c: the kernels on the compute stream (after event `ready`, if any), then its
+    all-gathers on the comm stream once they are done."""
+    rt = _runtime()
+    with rt.in_stream(r.compute_stream):
+        if ready is not None:
+            rt.wait_event(r.compute_stream, ready)
+        _kernels(r, kernels, c, C)
+        done = rt.record(r.compute_stream)
+    if gathers:
+        with rt.in_stream(r.comm_stream):
+            rt.wait_event(r.comm_stream, done)
+            for ag in gathers:
+                _gather_chunk(r, ag, c, C)
+
+
 def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -> None:
     rt = _runtime()
     rs, C = f.steps[0], f.chunks
@@ -99,30 +115,17 @@ def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -
             pass
     for k, (kernels, barrier, gathers) in enumerate(_phases(r.plan, f.steps[1:])):
         def finish(c: int) -> None:
-            with rt.in_stream(r.compute_stream):
-                if k == 0:
-                    rt.wait_event(r.compute_stream, reduced[c])
-                _kernels(r, kernels, c, C)
-                done = rt.record(r.compute_stream)
-            if gathers:
-                with rt.in_stream(r.comm_stream):
-                    rt.wait_event(r.comm_stream, done)
-                    for ag in gathers:
-                        _gather_chunk(r, ag, c, C)
+            _compute_then_gather(r, kernels, gathers, c, C, reduced[c] if k == 0 else None)
 
-        for c in range(C):
-            if producer is not None and k == 0:  # chunk c computed while c-1 is reduced
+        for what, c in chunk_order(C, overlapped=producer is not None and k == 0):
+            if what == "produce":
                 with rt.in_stream(r.compute_stream):
                     _produce_rows(r, producer, c, C)
                     produced = rt.record(r.compute_stream)
                 rt.wait_event(r.comm_stream, produced)
                 reduce(c)
-                if c:
-                    finish(c - 1)
             else:
                 finish(c)
-        if producer is not None and k == 0:
-            finish(C - 1)
         if barrier is not None:
             with r.on(r.comm_stream):
                 r.collective(barrier)
@@ -149,12 +152,4 @@ def overlapped_send(r, o: Overlap) -> None:
         kernels = [s for s in f.steps[1:] if isinstance(s, Compute)]
         gathers = [s for s in f.steps[1:] if isinstance(s, Collective)]
         for c in range(C):
-            with rt.in_stream(r.compute_stream):
-                rt.wait_event(r.compute_stream, arrived[c])
-                _kernels(r, kernels, c, C)
-                done = rt.record(r.compute_stream)
-            if gathers:
-                with rt.in_stream(r.comm_stream):
-                    rt.wait_event(r.comm_stream, done)
-                    for ag in gathers:
-                        _gather_chunk(r, ag, c, C)
+            _compute_then_gather(r, kernels, gathers, c, C, arrived[c])

@@ -70,6 +70,21 @@ def _phases(plan: Plan, steps) -> list:
     return phases
 
 
+def chunk_order(C: int, overlapped: bool) -> list[tuple[str, int]]:
+    """The order of a fused step's work on its C chunks, as ("produce" | "finish", chunk): with
+    an overlapped producer chunk c is produced (and its reduce-scatter started) before chunk c-1
+    is finished, so neighbouring chunks' computation and communication overlap; otherwise the
+    chunks are finished in order."""
+    if not overlapped:
+        return [("finish", c) for c in range(C)]
+    order = []
+    for c in range(C):
+        order.append(("produce", c))
+        if c:
+            order.append(("finish", c - 1))
+    return order + [("finish", C - 1)]
+
+
 def _chunk(r, kernels, c: int, C: int) -> None:
     for s in kernels:
         n = s.kernel.numel
@@ -105,16 +120,12 @@ def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -
             for g in mine:
                 g.start_chunk(c)
 
-        for c in range(C):
-            if producer is not None and k == 0:  # chunk c computed while c-1 is reduced
+        for what, c in chunk_order(C, overlapped=producer is not None and k == 0):
+            if what == "produce":
                 _produce_rows(r, producer, c, C)
                 ring.send_chunk(c)
-                if c:
-                    finish(c - 1)
             else:
                 finish(c)
-        if producer is not None and k == 0:
-            finish(C - 1)
         if barrier is not None:
             r.collective(barrier)
     ring.wait()  # the reduce-scatter's sends
