@@ -28,7 +28,7 @@ from codegen.runtime.execute import PlanRunner, tp_groups
 from codegen.runtime.launch import run_ranks
 from codegen.runtime.measure import time_ranks
 
-from ._points import agree, publish
+from ._points import agree, progress, publish
 
 RTOL = 2e-6  # f32: three steps differ only by reduction and op order (a few ulp of w, m, v)
 HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
@@ -158,31 +158,31 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
     kernels = build(kernel_list)  # built by the parent: loads from the cache
     groups = tp_groups(spec.plans[0][2])
     rows: list[dict] = []
-    total, done = len(spec.sizes) * (1 + len(spec.plans) // len(spec.sizes)), 0
+    per_size = {n: 1 + sum(size == n for _, size, _ in spec.plans) for n in spec.sizes}
+    weights = [n for n in spec.sizes for _ in range(per_size[n])]  # work ~ elements
+    bar = progress(weights, spec.experiment)
     for n in spec.sizes:
         reference, base_step = _baseline(spec, rank, n)
         base_ok = spec.baseline_ok
         timing = time_ranks(base_step, spec.warmup, spec.repeats)
         base_ms = timing.median_ms
-        done += 1
-        rows.append(_row(spec, "baseline", n, timing, base_ms, base_ok, rank, done, total))
+        rows.append(_row(spec, "baseline", n, timing, base_ms, base_ok, rank, bar))
         for name, size, plan in spec.plans:
             if size != n:
                 continue
             ok, fn = _run_schedule(spec, plan, rank, kernels, groups, n, reference)
             timing = time_ranks(fn, spec.warmup, spec.repeats)
-            done += 1
-            rows.append(_row(spec, name, n, timing, base_ms, ok, rank, done, total))
+            rows.append(_row(spec, name, n, timing, base_ms, ok, rank, bar))
     return rows
 
 
-def _row(spec, schedule, n, timing, base_ms, ok, rank, done, total) -> dict:
+def _row(spec, schedule, n, timing, base_ms, ok, rank, bar) -> dict:
     row = {"experiment": spec.experiment, "schedule": schedule, "source": "measured",
            "backend": "cpu", "topology": "local", "world_size": spec.world_size, "size": n,
            "shape": f"[{n}]", "dtype": "f32", "time_ms": round(timing.median_ms, 4),
            "time_ms_min": round(timing.min_ms, 4), "time_ms_max": round(timing.max_ms, 4),
            "speedup": round(base_ms / timing.median_ms, 4), "verified": ok}
-    return publish(row, spec.csv_path, rank, done, total, f"N=2^{log2(n):.0f}")
+    return publish(row, spec.csv_path, rank, bar, f"N=2^{log2(n):.0f}")
 
 
 # -- the parent -----------------------------------------------------------------------------------

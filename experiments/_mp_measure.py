@@ -36,7 +36,7 @@ from codegen.runtime.measure import time_ranks
 from dsl.equivalence import tolerance
 
 from ._layer import DROPOUT_P, DROPOUT_SEED, torch_dropout_
-from ._points import agree, publish
+from ._points import agree, progress, publish
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,9 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
     kernels = build(kernel_list)
     groups = tp_groups(spec.points[0].plans[0][1])
     P = world // spec.program.stages
-    rows, done = [], 0
-    total = sum(1 + len(pt.plans) for pt in spec.points)
+    rows = []
+    bar = progress([math.prod(dict(pt.bindings).values()) for pt in spec.points
+                    for _ in range(1 + len(pt.plans))], spec.experiment)
     for pt in spec.points:
         b = dict(pt.bindings)
         inputs = dsl.random_inputs(spec.program, world, b, np.random.default_rng(spec.seed))[rank]
@@ -138,9 +139,8 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
         base.check = False
         timing, compute = _measure(base, spec, groups[rank // P])
         base_ms, comm_split = timing.median_ms, None
-        done += 1
         rows.append(_row(spec, "baseline", b, world, timing, base_ms, spec.baseline_ok, compute,
-                         None, rank, done, total))
+                         None, rank, bar))
         for name, plan in pt.plans:
             runner = PlanRunner(plan, rank, kernels, groups)
             runner.load(inputs)
@@ -152,13 +152,12 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
                 comm_split = comm_ms
             hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
                       and comm_split is not None else 0.0)
-            done += 1
             rows.append(_row(spec, name, b, world, timing, base_ms, ok, compute, hidden, rank,
-                             done, total))
+                             bar))
     return rows
 
 
-def _row(spec, schedule, b, world, timing, base_ms, ok, compute, hidden, rank, done, total):
+def _row(spec, schedule, b, world, timing, base_ms, ok, compute, hidden, rank, bar):
     S, B, H = b["S"], b["B"], b["H"]
     shape = f"S={S},B={B},H={H}" + (f",K={b['K']}" if "K" in b else "")
     row = {"experiment": spec.experiment, "schedule": schedule, "source": "measured",
@@ -169,7 +168,7 @@ def _row(spec, schedule, b, world, timing, base_ms, ok, compute, hidden, rank, d
            "compute_ms": round(compute, 4),
            "comm_ms": round(max(0.0, timing.median_ms - compute), 4),
            "overlapped_ms": "" if hidden is None else round(hidden, 4)}
-    return publish(row, spec.csv_path, rank, done, total, f"ranks={world} {shape:24s}")
+    return publish(row, spec.csv_path, rank, bar, f"ranks={world} {shape:24s}")
 
 
 # -- the parent -----------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """Shared by the measuring experiments: agreeing across ranks, and publishing a measured point.
 
-`publish(row, csv_path, rank, done, total, label)` appends the row to results.csv and prints one
-progress line, on rank 0 only, as soon as the point is measured.
+`publish(row, csv_path, rank, progress, label)` appends the row to results.csv and prints the
+point and a progress line (`reports.progress.Progress`: the bar and the time left), on rank 0
+only, as soon as the point is measured. `progress(rank, weights, label)` makes that Progress.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from reports.progress import Progress
 from reports.table import append_row
 
 
@@ -18,11 +20,17 @@ def agree(ok: bool) -> bool:
     return bool(t[0])
 
 
-def publish(row: dict, csv_path, rank: int, done: int, total: int, label: str) -> dict:
+def progress(weights, label: str) -> Progress:
+    """The measurement's progress: one weight per point in the order measured (its work)."""
+    return Progress(weights, label=label)
+
+
+def publish(row: dict, csv_path, rank: int, bar: Progress, label: str) -> dict:
+    line = bar.step(f"{label.strip()} {row['schedule']}")
     if rank == 0:
         append_row(csv_path, row)
         verdict = "verified" if row["verified"] else "NOT VERIFIED"
-        print(f"  [{done}/{total}] {label} {row['schedule']:24s} {row['time_ms']:9.2f} ms "
+        print(f"  {label} {row['schedule']:24s} {row['time_ms']:9.2f} ms "
               f"[{row['time_ms_min']:.2f}, {row['time_ms_max']:.2f}]  x{row['speedup']:.2f} "
-              f"{verdict}", flush=True)
+              f"{verdict}\n  {line}", flush=True)
     return row

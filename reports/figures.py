@@ -1,8 +1,8 @@
 """Figures from the results table alone (pure functions of a DataFrame; nothing is re-run).
 
 `speedup_figure(df, experiment, path)`: the paper's Fig. 10 style: speedup over `baseline`
-against the principal tensor's size (log2 axis), one line per schedule, one panel per source
-(measured, predicted, ...) present. Colours are fixed per schedule across all figures.
+against the principal tensor's size (log2 axis), one line per schedule, one panel per source and
+topology present (measured on local ranks, predicted on local, dgx2, ...). Colours are fixed per schedule across all figures.
 """
 from __future__ import annotations
 
@@ -43,23 +43,34 @@ def _rank(schedule: str) -> int:
     return ORDER.index(schedule) if schedule in ORDER else len(ORDER)
 
 
+def panels(rows) -> list[tuple[str, str]]:
+    """(source, topology) of each speedup panel: measured first, then each predicted topology."""
+    keys = dict.fromkeys(zip(rows.source, rows.topology))
+    return sorted(keys, key=lambda k: (k[0] != "measured", k[0]))
+
+
 def speedup_figure(df, experiment: str, path) -> Path:
     rows = df[df.experiment == experiment]
-    sources = [s for s in ("measured", "predicted", "paper") if s in set(rows.source)]
-    fig, axes = plt.subplots(1, max(1, len(sources)), figsize=(5.5 * max(1, len(sources)), 4),
-                             squeeze=False)
-    for ax, source in zip(axes[0], sources):
-        part = rows[rows.source == source]
+    keys = panels(rows) or [("measured", "local")]
+    ncols = min(3, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, (source, topo) in zip(axes.flat, keys):
+        part = rows[(rows.source == source) & (rows.topology == topo)]
         for schedule in sorted(set(part.schedule), key=_rank):
-            line = part[part.schedule == schedule].sort_values("size")
-            ax.plot(line["size"], line["speedup"], marker="o", label=schedule, color=colour(schedule))
+            line = part[part.schedule == schedule].sort_values(["world_size", "size"])
+            ax.plot(line["size"], line["speedup"], marker="o", label=schedule,
+                    color=colour(schedule))
+        worlds = "/".join(str(w) for w in sorted(set(part.world_size)))
         ax.set_xscale("log", base=2)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("elements of the principal tensor (log2)")
         ax.set_ylabel("speedup over baseline (x)")
-        ax.set_title(f"{experiment}: {source}")
+        ax.set_title(f"{experiment}: {source} on {topo}, {worlds} ranks", fontsize=9)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     return _save(fig, path)
 
 

@@ -26,7 +26,7 @@ from omegaconf import MISSING
 
 from cost_model.topology import Topology, TopologyError, hydra_schema, load_topology
 
-from .errors import SuiteError
+from .errors import SuiteError, one_line
 
 
 @dataclass(kw_only=True)
@@ -65,6 +65,14 @@ TopologyConf = hydra_schema(Topology, "TopologyConf",
 
 
 @dataclass(kw_only=True)
+class ExtraTopology:
+    """A topology to predict on besides the run's own (`predict_also`): `conf/topology/<name>`
+    at `nodes` nodes (null: the file's), in the experiment's paper setting scaled to it."""
+    name: str = MISSING
+    nodes: Optional[int] = None
+
+
+@dataclass(kw_only=True)
 class VerifyConf:
     world_sizes: List[int] = field(default_factory=lambda: [2, 4])
     trials: int = 3
@@ -79,6 +87,9 @@ class Config:
     verify: VerifyConf = field(default_factory=VerifyConf)
     world_size: int = 2  # ranks for measurement (later issues)
     seed: int = 0
+    # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
+    # a topology the experiment's paper setting already predicts on is not repeated.
+    predict_also: List[ExtraTopology] = field(default_factory=list)
 
 
 def register() -> None:
@@ -101,6 +112,18 @@ def validate(cfg: Config) -> None:
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
     topology_of(cfg)
+    extra_topologies(cfg)
+
+
+def extra_topologies(cfg: Config) -> list[Topology]:
+    """The `predict_also` topologies, loaded (a bad name or node count is a SuiteError)."""
+    out = []
+    for extra in cfg.predict_also:
+        try:
+            out.append(load_topology(extra.name, nodes=extra.nodes))
+        except (TopologyError, FileNotFoundError, OSError) as e:
+            raise SuiteError(f"bad predict_also entry {extra.name!r}: {one_line(e)}") from None
+    return out
 
 
 def topology_of(cfg: Config) -> Topology:

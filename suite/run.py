@@ -1,6 +1,7 @@
 """Orchestration: one run of one experiment, as a short sequence of named steps.
 
-    run(cfg, out_dir) -> exit status
+    run(cfg, out_dir) -> exit status   (experiment=paper: suite.paper, every experiment)
+    run_one(cfg, out_dir) -> Outcome   (one experiment)
       load      experiments.load(cfg.experiment.name): program(), schedules(), verify_bindings()
       check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
       show      print each schedule's program
@@ -20,6 +21,7 @@ bad input (`fail`: one line on stderr, `error: ...`).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn, Union
@@ -35,14 +37,29 @@ from reports.latex import write_tables
 from reports.sections import measured_section
 from reports.table import append_row, read_table
 
-from .config import Config, topology_of, validate
+from .config import Config, extra_topologies, topology_of, validate
 from .errors import SuiteError, one_line
 from .report import render_report, write_report
 from .verification import Check, verify_schedules
 
 
+@dataclass(frozen=True)
+class Outcome:
+    status: int  # 0: every check and measured point verified; 1: one did not
+    checks: list  # verification checks (suite.verification.Check)
+    report: Path  # report.md
+
+
 def run(cfg: Config, out_dir: Union[str, Path]) -> int:
     """Run the experiment `cfg` names, write its report into `out_dir`; return the exit status."""
+    if cfg.experiment.name == "paper":
+        from .paper import run_paper
+        return run_paper(cfg, Path(out_dir))
+    return run_one(cfg, out_dir).status
+
+
+def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
+    """One experiment (not `paper`): its steps, its report and its verdict."""
     try:
         validate(cfg)
         exp = load_experiment(cfg.experiment.name)
@@ -57,12 +74,14 @@ def run(cfg: Config, out_dir: Union[str, Path]) -> int:
                 checks += cuda_step(cfg, exp, schedules, Path(out_dir))
         elif cfg.backend.name != "cpu" and getattr(exp, "NEEDS_MEASUREMENT", False):
             raise SuiteError(f"experiment {exp.NAME} measures this machine: it needs backend=cpu")
+        set_aside_old_results(Path(out_dir))
         rows = measure(cfg, exp, Path(out_dir))
         predict(cfg, exp, Path(out_dir), rows)
     except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
         fail(e)
     path = report(cfg, exp, schedules, checks, Path(out_dir))
-    return summarize(checks, rows, path)
+    print(final_summary(exp.NAME, Path(out_dir)), flush=True)
+    return Outcome(summarize(checks, rows, path), checks, path)
 
 
 def fail(error: Exception) -> NoReturn:
@@ -122,6 +141,15 @@ def verify(cfg: Config, exp: ModuleType, reference: dsl.Program,
                             show=lambda line: print(line, flush=True))
 
 
+def set_aside_old_results(out_dir: Path) -> None:
+    """A run into a directory that has results keeps them as results.previous.csv."""
+    old = out_dir / "results.csv"
+    if old.exists():
+        old.replace(out_dir / "results.previous.csv")
+        print(f"kept the directory's earlier results as {out_dir / 'results.previous.csv'}",
+              flush=True)
+
+
 def measure(cfg: Config, exp: ModuleType, out_dir: Path) -> list[dict]:
     """Measured rows (backend=cpu, for experiments that can run on local ranks)."""
     if cfg.backend.name != "cpu" or not hasattr(exp, "measure"):
@@ -141,7 +169,6 @@ def measure(cfg: Config, exp: ModuleType, out_dir: Path) -> list[dict]:
 def predict(cfg: Config, exp: ModuleType, out_dir: Path, measured: list[dict]) -> list[dict]:
     """Predicted rows (every backend), appended to results.csv; prints predicted speedups."""
     from experiments import PredictSettings
-    from experiments._predict import predictions
 
     settings = PredictSettings(scale=cfg.scale.name, backend=cfg.backend.name,
                                topology=topology_of(cfg), world_size=cfg.world_size,
@@ -151,8 +178,14 @@ def predict(cfg: Config, exp: ModuleType, out_dir: Path, measured: list[dict]) -
           f"{'' if cfg.backend.name == 'sim' else ' and the paper setting'})", flush=True)
     show = lambda line: print(line, flush=True)  # noqa: E731
     try:
-        rows = exp.predict(settings) if hasattr(exp, "predict") else \
-            predictions(exp, settings, show=show)
+        rows = _predict(exp, settings, show)
+        if not getattr(exp, "NEEDS_MEASUREMENT", False):
+            for topo in extra_topologies(cfg):
+                if topo.name in {r["topology"] for r in rows}:
+                    continue  # the paper setting already predicts on it
+                print(f"predicting {exp.NAME} on {topo.name} ({topo.nodes} nodes)", flush=True)
+                rows += _predict(exp, replace(settings, backend="sim", topology=topo,
+                                              measured=[], sizes=None), show)
     except ValueError as e:
         raise SuiteError(f"predict: {e}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -160,6 +193,13 @@ def predict(cfg: Config, exp: ModuleType, out_dir: Path, measured: list[dict]) -
         append_row(out_dir / "results.csv", r)
     print(prediction_summary(exp.NAME, rows, measured), flush=True)
     return rows
+
+
+def _predict(exp: ModuleType, settings, show) -> list[dict]:
+    from experiments._predict import predictions
+
+    return exp.predict(settings) if hasattr(exp, "predict") else \
+        predictions(exp, settings, show=show)
 
 
 def prediction_summary(name: str, rows: list[dict], measured: list[dict] = ()) -> str:
@@ -207,6 +247,24 @@ def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], chec
     if (out_dir / "results.csv").exists():
         write_tables(read_table(out_dir / "results.csv"), out_dir)  # tables/*.csv, *.tex
     return path
+
+
+def final_summary(name: str, out_dir: Path) -> str:
+    """What a run prints last, before the verdict: a short table of its results."""
+    from reports.predicted import accuracy, summary, summary_line
+    from reports.summary import schedule_summary, text_table
+
+    csv = out_dir / "results.csv"
+    if not csv.exists():
+        return "summary: no results"
+    df = read_table(csv)
+    lines = [f"== summary: {name} =="]
+    header, rows = schedule_summary(df, name)
+    if any(any(cell for cell in r[1:]) for r in rows):
+        lines.append(text_table(header, rows))
+    if not accuracy(df, name).empty:
+        lines.append(f"local prediction: {summary_line(summary(accuracy(df, name)))}")
+    return "\n".join(lines)
 
 
 def summarize(checks: list[Check], rows: list[dict], path: Path) -> int:

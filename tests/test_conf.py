@@ -55,12 +55,15 @@ def test_typed_overrides():
 def test_experiment_files_match_the_experiments_package():
     from experiments import EXPERIMENTS
 
-    assert sorted(o for g, o in OPTIONS if g == "experiment") == sorted(EXPERIMENTS)
+    # plus `paper`, which runs all of them (suite/paper.py)
+    assert sorted(o for g, o in OPTIONS if g == "experiment") == sorted(EXPERIMENTS + ("paper",))
 
 
 BAD = [
     (["experiment=nope"], "unknown experiment 'nope'; known: adam_fusion, calibrate, collectives, "
-                          "lamb_fusion, model_parallel, pipeline_parallel"),
+                          "lamb_fusion, model_parallel, paper, pipeline_parallel"),
+    (["experiment=paper", "predict_also=[{name: dgx9}]"], "bad predict_also entry 'dgx9'"),
+    (["predict_also=[{name: dgx2, nodes: 0}]"], "bad predict_also entry 'dgx2'"),
     (["scale=huge"], "unknown scale 'huge'; known: default, paper, smoke"),
     (["backend=tpu"], "unknown backend 'tpu'"),
     (["verify.trials=abc"], "verify.trials=abc"),

@@ -1,0 +1,141 @@
+"""The reproduction report of `experiment=paper`: one Markdown document over every run, from the
+merged results table, the runs' directories and the environment (pure: nothing is re-run).
+
+`reproduction_report(df, out_dir, names, checks, env) -> str`, sections in order:
+- the question it answers and the one command that regenerates it;
+- Summary: one row per experiment (`summary_rows`: checks verified, points measured, the best
+  measured speedup, the local prediction error, the best predicted speedup per GPU topology);
+- Environment: CPU model, cores, memory, OS, Python, torch, compiler, world sizes, date, the git
+  commit of the suite;
+- one section per experiment: the measured table, the predicted speedup table per topology (local,
+  the paper's, DGX A100, DGX H100), the paper-style figures, the predicted-vs-measured scatter
+  with its error statistics, and the generated kernels (files in `<name>/kernels/`).
+
+The experiment sections reuse `reports.sections.measured_section` and
+`reports.predicted.predicted_section` on each run's own directory (figures land in
+`<name>/figures/`); their headings move one level down and their links gain the `<name>/` prefix.
+`checks` maps an experiment to (verified, total) verification checks.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .predicted import predicted_section
+from .sections import measured_section
+from .summary import experiment_summary, markdown_table
+
+FIGURES = {"adam_fusion": "Fig. 10a", "lamb_fusion": "Fig. 10b", "model_parallel": "Fig. 11",
+           "pipeline_parallel": "Fig. 12", "collectives": "nccl-tests bandwidth",
+           "calibrate": "the cost model's local topology"}
+_LINK = re.compile(r"\]\((?!https?:|/)([^)]+)\)")
+
+
+def summary_rows(df, names: list[str], checks: dict) -> tuple[list[str], list[list[str]]]:
+    header = None
+    rows = []
+    for name in names:
+        if name == "calibrate":
+            continue
+        h, (row,) = experiment_summary(df, name) if not df.empty else (None, [[name] + [""] * 4])
+        header = header or h
+        verified, total = checks.get(name, (0, 0))
+        rows.append(row[:1] + [f"{verified}/{total}" if total else "-"] + row[1:])
+    header = header or ["experiment", "measured points (verified)", "best measured speedup",
+                        "local prediction error (median, largest)",
+                        "best predicted speedup (GPUs)"]
+    return header[:1] + ["checks verified"] + header[1:], rows
+
+
+def nest(markdown: str, prefix: str) -> str:
+    """A run's section inside the report: headings one level down, relative links under prefix."""
+    out = []
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            line = "#" + line
+        out.append(_LINK.sub(lambda m: f"]({prefix}/{m.group(1)})", line))
+    return "\n".join(out)
+
+
+def kernels_list(run_dir: Path) -> str:
+    files = sorted((run_dir / "kernels").glob("*")) if (run_dir / "kernels").is_dir() else []
+    files = [f for f in files if f.is_file()]
+    if not files:
+        return "_no generated kernels (this experiment has no DSL program, or measured none)_\n"
+    lines = [f"{len(files)} files in `{run_dir.name}/kernels/`:", ""]
+    lines += [f"- `{f.name}` ({f.stat().st_size / 1024:.1f} KiB)" for f in files]
+    return "\n".join(lines) + "\n"
+
+
+def busbw_table(df) -> str:
+    """Bus bandwidth (GB/s) per collective and size: measured and predicted side by side."""
+    rows = df[df.experiment == "collectives"]
+    out = []
+    for kind, part in rows.groupby("schedule", sort=False):
+        part = part.assign(column=part.source + " " + part.topology + " ("
+                           + part.world_size.astype(str) + ")")
+        pivot = part.pivot_table(index="size", columns="column", values="busbw_gbps",
+                                 sort=False)
+        cols = list(pivot.columns)
+        out += [f"### {kind}: bus bandwidth (GB/s)", "",
+                "| bytes | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
+        for size, r in pivot.sort_index().iterrows():
+            cells = ["" if r[c] != r[c] else f"{r[c]:.3g}" for c in cols]
+            out.append(f"| {_bytes(size)} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _bytes(n) -> str:
+    n = int(n)
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):g} {unit}"
+    return f"{n} B"
+
+
+def environment_section(env: dict) -> str:
+    labels = [("date", "date"), ("suite_commit", "suite commit"), ("command", "command"),
+              ("cpu", "CPU"), ("cores", "cores"), ("memory_gib", "memory (GiB)"), ("os", "OS"),
+              ("python", "Python"), ("torch", "torch"), ("compiler", "C++ compiler"),
+              ("scale", "scale"), ("backend", "backend"), ("world_size", "ranks measured"),
+              ("world_sizes_note", "world sizes"), ("verify_world_sizes",
+                                                    "verification world sizes"),
+              ("predict_also", "also predicted on"), ("elapsed_s", "run time (s)")]
+    lines = ["## Environment", ""]
+    lines += [f"- {label}: `{env[key]}`" for key, label in labels if key in env]
+    return "\n".join(lines) + "\n"
+
+
+def experiment_section(df, out_dir: Path, name: str, checks: dict) -> str:
+    run_dir = out_dir / name
+    lines = [f"## {name}", "", f"Reproduces the paper's {FIGURES.get(name, name)}. The full run "
+             f"(schedules, programs, verification table): `{name}/report.md`.", ""]
+    verified, total = checks.get(name, (0, 0))
+    if total:
+        lines += [f"{verified} of {total} checks verified the schedules against the unscheduled "
+                  "program (`dsl.interpret`).", ""]
+    rows = df[df.experiment == name] if not df.empty else df
+    if rows.empty:
+        return "\n".join(lines + ["_no results_", ""])
+    measured = busbw_table(df) if name == "collectives" else \
+        "" if name == "calibrate" else measured_section(df, name, run_dir)
+    body = measured + "\n" + predicted_section(df, name, run_dir)
+    lines += [nest(body, name), "", f"### Generated kernels ({name})", "", kernels_list(run_dir)]
+    return "\n".join(lines) + "\n"
+
+
+def reproduction_report(df, out_dir, names: list[str], checks: dict, env: dict) -> str:
+    out_dir = Path(out_dir)
+    header, rows = summary_rows(df, names, checks)
+    text = ["# CoCoNeT reproduction report", "",
+            "Does breaking the wall between computation and communication pay, here and on the "
+            "clusters of the paper? Every schedule below was derived by the DSL's transformations,"
+            " verified against the unscheduled program, generated as C++ and measured on local "
+            "gloo ranks against the library it replaces; the cost model (SimPy) predicts the same "
+            "schedules on this machine (calibrated in this run) and on GPU clusters.", "",
+            f"Regenerate: `{env.get('command', 'python -m suite experiment=paper')}`", "",
+            "## Summary", "", markdown_table(header, rows), environment_section(env)]
+    ordered = [n for n in names if n != "calibrate"] + [n for n in names if n == "calibrate"]
+    text += [experiment_section(df, out_dir, n, checks) for n in ordered]
+    return "\n".join(text)

@@ -1,0 +1,101 @@
+"""Short summaries of a run, from the results table alone: what a run prints last, and the
+reproduction report's overview.
+
+- `schedule_summary(df, experiment)`: one row per schedule: the measured speedup over `baseline`
+  at the largest measured point, the local prediction at that point, and the prediction at the
+  largest point of every other topology (collectives: busbw in GB/s at the largest size instead).
+- `experiment_summary(df, experiment)`: one row for the whole experiment: points measured and
+  verified, the best measured speedup (schedule @ point), the local prediction error (median and
+  largest |predicted/measured - 1|), and the best predicted speedup per GPU topology.
+- `text_table(header, rows)` / `markdown_table(header, rows)`: either as text.
+"""
+from __future__ import annotations
+
+from .predicted import accuracy, summary
+from .tables import point_label
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def _largest(rows):
+    """The rows of the largest point (world size, then size) of `rows`."""
+    if rows.empty:
+        return rows
+    top = rows.sort_values(["world_size", "size"]).iloc[-1]
+    return rows[(rows.world_size == top.world_size) & (rows["size"] == top["size"])
+                & (rows["shape"].astype(str) == str(top["shape"]))]
+
+
+def _first(rows):
+    """The first row as a named tuple (fields by column name: `.size` is the column)."""
+    return next(rows.itertuples())
+
+
+def _cell(part, schedule: str, column: str, fmt: str) -> str:
+    hit = part[part.schedule == schedule]
+    return "" if hit.empty or hit[column].isna().all() else fmt.format(float(hit[column].iloc[0]))
+
+
+def schedule_summary(df, experiment: str) -> Table:
+    rows = df[df.experiment == experiment]
+    meas = rows[rows.source == "measured"]
+    pred = rows[rows.source == "predicted"]
+    busbw = experiment == "collectives"
+    column, fmt = ("busbw_gbps", "{:.2f}") if busbw else ("speedup", "x{:.2f}")
+    top = _largest(meas)
+    local = pred[pred.topology == "local"]
+    if not top.empty:
+        local = local[(local.world_size == top.world_size.iloc[0])
+                      & (local["size"] == top["size"].iloc[0])]
+    header = ["collective" if busbw else "schedule"]
+    cols = []
+    if not top.empty:
+        where = point_label(_first(top))
+        cols += [(f"measured {where}", top), (f"predicted local {where}", local)]
+    for topo in dict.fromkeys(pred.topology):
+        if topo != "local" or top.empty:
+            part = _largest(pred[pred.topology == topo])
+            label = point_label(_first(part))
+            cols.append((f"{topo} ({int(part.world_size.iloc[0])}) {label}", part))
+    header += [name for name, _ in cols]
+    schedules = [s for s in dict.fromkeys(rows.schedule) if s != "baseline"]
+    return header, [[s] + [_cell(part, s, column, fmt) for _, part in cols] for s in schedules]
+
+
+def experiment_summary(df, experiment: str) -> Table:
+    rows = df[df.experiment == experiment]
+    meas = rows[(rows.source == "measured") & (rows.schedule != "baseline")]
+    header = ["experiment", "measured points (verified)", "best measured speedup",
+              "local prediction error (median, largest)", "best predicted speedup (GPUs)"]
+    verified = int(meas.verified.astype(str).isin(["True", "true", "1"]).sum()) \
+        if "verified" in meas else 0
+    best = ""
+    if not meas.empty and "speedup" in meas and meas.speedup.notna().any():
+        b = _first(meas.loc[[meas.speedup.idxmax()]])
+        best = f"x{b.speedup:.2f} {b.schedule} @ {point_label(b)}"
+    acc = summary(accuracy(df, experiment))
+    error = (f"{100 * acc['median_abs_error']:.1f}%, {100 * acc['max_abs_error']:.1f}%"
+             if acc.get("points") else "")
+    pred = rows[(rows.source == "predicted") & (rows.topology != "local")
+                & (rows.schedule != "baseline")]
+    gpus = []
+    if "speedup" in pred and pred.speedup.notna().any():
+        for topo, part in pred.groupby("topology", sort=False):
+            b = part.loc[part.speedup.idxmax()]
+            gpus.append(f"{topo}: x{b.speedup:.2f} {b.schedule}")
+    elif not pred.empty:  # collectives: no speedups
+        gpus = [f"{t}: {int(p['size'].max())} B busbw {p.busbw_gbps.max():.1f} GB/s"
+                for t, p in pred.groupby("topology", sort=False)]
+    return header, [[experiment, f"{len(meas)} ({verified})", best, error, "; ".join(gpus)]]
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[k])) for r in [header] + rows) for k in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,164 @@
+"""experiment=paper: every experiment into one run directory, and one reproduction report.
+
+    python -m suite experiment=paper [scale=smoke|default|paper] [backend=cpu|sim]
+
+Runs, in this order, each as a complete run of its own (`suite.run.run_one`) into
+`out_dir/<name>/` (report.md, report.html, results.csv, figures/, tables/, kernels/):
+
+- `calibrate` (backend=cpu only): fits the local topology from microbenchmarks; every later run
+  predicts this machine with the fitted `calibrate/topology.yaml` (unless `topology.path` is
+  given), so the predicted-vs-measured figures use a calibration made minutes before;
+- `adam_fusion`, `lamb_fusion`, `model_parallel`, `pipeline_parallel`, `collectives`, each also
+  predicted on `predict_also` (conf/experiment/paper.yaml: DGX A100 and DGX H100 clusters).
+
+Then writes into `out_dir`: `results.csv` (every run's rows), `environment.json`, `report.md` and
+a self-contained `report.html` (`reports.reproduction`), and `tables/` (CSV and LaTeX). After each
+run it prints a progress bar with the time left, estimated from the runs' typical shares of the
+whole (`SHARE`, measured at default scale); at the end, the summary table and the report's path.
+Exit status: the worst run's (1: something did not verify); bad input ends everything (exit 2).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from reports.progress import Progress, clock_text
+
+from .config import Config
+
+ORDER = ("calibrate", "adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel",
+         "collectives")
+SHARE = {"calibrate": 50, "adam_fusion": 110, "lamb_fusion": 170, "model_parallel": 45,
+         "pipeline_parallel": 40, "collectives": 25}  # seconds at default scale, for the ETA
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_paper(cfg: Config, out_dir: Path) -> int:
+    from .run import run_one
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [n for n in ORDER if n != "calibrate" or cfg.backend.name == "cpu"]
+    env = environment(cfg, names)
+    (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
+    bar = Progress([SHARE[n] for n in names], label="paper")
+    topology_path = cfg.topology.path
+    outcomes, started = {}, time.monotonic()
+    for name in names:
+        print(f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
+              flush=True)
+        sub = replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
+                                              sizes=None),
+                      topology=replace(cfg.topology, path=topology_path))
+        outcomes[name] = run_one(sub, out_dir / name)
+        fitted = out_dir / "calibrate" / "topology.yaml"
+        if name == "calibrate" and topology_path is None and fitted.exists():
+            topology_path = str(fitted)
+            print(f"paper: the later runs predict this machine with {fitted}", flush=True)
+        print(bar.step(name), flush=True)
+    env["elapsed_s"] = round(time.monotonic() - started, 1)
+    (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
+    return finish(cfg, out_dir, outcomes, env)
+
+
+def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
+    """Merge the runs' results, write the reproduction report, print the summary."""
+    import pandas as pd
+
+    from reports.html import write_html
+    from reports.latex import write_tables
+    from reports.reproduction import reproduction_report, summary_rows
+    from reports.summary import text_table
+    from reports.table import read_table
+
+    frames = [read_table(out_dir / n / "results.csv") for n in outcomes
+              if (out_dir / n / "results.csv").exists()]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    df.to_csv(out_dir / "results.csv", index=False)
+    checks = {n: (sum(c.verified for c in o.checks), len(o.checks)) for n, o in outcomes.items()}
+    text = reproduction_report(df, out_dir, list(outcomes), checks, env)
+    path = out_dir / "report.md"
+    path.write_text(text)
+    write_html(path)
+    if not df.empty:
+        write_tables(df, out_dir)
+    header, rows = summary_rows(df, list(outcomes), checks)
+    print("\n== summary: paper ==\n" + text_table(header, rows), flush=True)
+    status = max((o.status for o in outcomes.values()), default=0)
+    verdict = "every check and measured point verified" if status == 0 else \
+        "FAILED: something did not verify (see the runs' reports)"
+    print(f"{verdict}; {len(outcomes)} runs in {clock_text(env['elapsed_s'])}; report: {path} "
+          f"(and {path.with_suffix('.html')})", flush=True)
+    return status
+
+
+def environment(cfg: Config, names: list[str]) -> dict:
+    """Where and how the run was made (the report's environment section)."""
+    import torch
+
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python -m suite " + " ".join(sys.argv[1:]),
+        "suite_commit": git_commit(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "compiler": compiler(),
+        "scale": cfg.scale.name,
+        "backend": cfg.backend.name,
+        "world_size": cfg.world_size,
+        "world_sizes_note": "pipeline_parallel measures 2 stages x 1 and x 2 ranks (2 and 4)",
+        "verify_world_sizes": list(cfg.verify.world_sizes),
+        "experiments": names,
+        "predict_also": [f"{t.name}" + (f" x{t.nodes} nodes" if t.nodes else "")
+                         for t in cfg.predict_also],
+    }
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return head.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def compiler() -> str:
+    try:
+        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10)
+        return out.stdout.splitlines()[0] if out.stdout else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "none found"

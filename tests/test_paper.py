@@ -1,0 +1,96 @@
+"""`python -m suite experiment=paper scale=smoke`: every experiment into one run directory, one
+reproduction report. The run (about 2 minutes) is made once; the tests read what it wrote:
+report.html parsed (every figure embedded, at least one table per experiment), the merged CSV and
+the LaTeX tables, the environment, and the summary it prints last."""
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel",
+               "collectives", "calibrate"]
+
+
+@pytest.fixture(scope="module")
+def paper_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    proc = subprocess.run([sys.executable, "-m", "suite", "experiment=paper", "scale=smoke",
+                           f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+class Sections(HTMLParser):
+    """Per <h2> section of the page: its tables and its images' src."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections, self.heading, self.current = {}, False, None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "h2":
+            self.heading = True
+        elif self.current is not None and tag in ("table", "img"):
+            self.sections[self.current][tag].append(dict(attrs).get("src", ""))
+
+    def handle_endtag(self, tag):
+        if tag == "h2":
+            self.heading = False
+
+    def handle_data(self, data):
+        if self.heading:
+            self.current = data.strip()
+            self.sections.setdefault(self.current, {"table": [], "img": []})
+
+
+def test_report_html_embeds_every_figure_and_has_a_table_per_experiment(paper_run):
+    out, _ = paper_run
+    page = Sections()
+    page.feed((out / "report.html").read_text())
+    for name in EXPERIMENTS + ["Summary"]:
+        assert name in page.sections, name
+        assert page.sections[name]["table"], f"no table in the {name} section"
+    md = (out / "report.md").read_text()
+    images = [src for s in page.sections.values() for src in s["img"]]
+    assert len(images) == md.count("![") >= 8
+    for src in images:
+        assert src.startswith("data:image/png;base64,") and len(src) > 5000
+    assert "http" not in "".join(images)
+
+
+def test_report_tables_and_merged_results(paper_run):
+    out, _ = paper_run
+    df = pd.read_csv(out / "results.csv")
+    assert set(df.experiment) == set(EXPERIMENTS)
+    measured = df[(df.source == "measured") & df.experiment.isin(EXPERIMENTS[:4])]
+    assert len(measured) > 0 and measured.verified.astype(str).eq("True").all()
+    predicted = set(df[df.source == "predicted"].topology)
+    assert {"local", "dgx2", "dgx_a100", "dgx_h100"} <= predicted
+    for name in EXPERIMENTS:
+        for source in ("measured", "predicted"):
+            tex = (out / "tables" / f"{name}_{source}.tex").read_text()
+            assert r"\toprule" in tex and r"\bottomrule" in tex
+            assert len(pd.read_csv(out / "tables" / f"{name}_{source}.csv")) > 0
+
+
+
+def test_environment_and_summary(paper_run):
+    out, stdout = paper_run
+    env = json.loads((out / "environment.json").read_text())
+    for key in ("cpu", "cores", "torch", "suite_commit", "date", "world_size", "command"):
+        assert env[key] not in (None, ""), key
+    md = (out / "report.md").read_text()
+    assert "## Environment" in md and env["torch"] in md
+    assert "experiment=paper" in md  # the command that regenerates it
+    assert "== summary: paper ==" in stdout and f"report: {out / 'report.md'}" in stdout
+    assert "left" in stdout and "elapsed" in stdout  # progress with the time left
+    # the later runs predict this machine with the topology calibrated in this run
+    assert f"predict this machine with {out / 'calibrate' / 'topology.yaml'}" in stdout
+    for name in EXPERIMENTS:
+        assert (out / name / "report.md").exists()
