@@ -2,7 +2,8 @@
 
 `speedup_figure(df, experiment, path)`: the paper's Fig. 10 style: speedup over `baseline`
 against the principal tensor's size (log2 axis), one line per schedule, one panel per source and
-topology present (measured on local ranks, predicted on local, dgx2, ...). Colours are fixed per schedule across all figures.
+topology present (measured on local ranks, predicted on local, dgx2, ...); experiments whose
+points are shapes (model and pipeline parallel) get grouped bars, one group per point. Colours are fixed per schedule across all figures.
 """
 from __future__ import annotations
 
@@ -49,6 +50,36 @@ def panels(rows) -> list[tuple[str, str]]:
     return sorted(keys, key=lambda k: (k[0] != "measured", k[0]))
 
 
+def _sweep(ax, part) -> None:
+    """One line per schedule against the size (a 1-D sweep, Fig. 10 style)."""
+    for schedule in sorted(set(part.schedule), key=_rank):
+        line = part[part.schedule == schedule].sort_values(["world_size", "size"])
+        ax.plot(line["size"], line["speedup"], marker="o", label=schedule,
+                color=colour(schedule))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("elements of the principal tensor (log2)")
+
+
+def _bars(ax, part) -> None:
+    """One group of bars per point (shape and ranks), one bar per schedule (Fig. 11/12 style)."""
+    points = list(dict.fromkeys(zip(part.world_size, part["shape"].astype(str))))
+    schedules = sorted(set(part.schedule), key=_rank)
+    width = 0.8 / len(schedules)
+    for j, schedule in enumerate(schedules):
+        xs, ys = [], []
+        for i, (world, shape) in enumerate(points):
+            hit = part[(part.schedule == schedule) & (part.world_size == world)
+                       & (part["shape"].astype(str) == shape)]
+            if not hit.empty:
+                xs.append(i + j * width)
+                ys.append(float(hit.speedup.iloc[0]))
+        ax.bar(xs, ys, width, label=schedule, color=colour(schedule))
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(points))])
+    ax.set_xticklabels([f"{shape.replace(',', ' ')}\n{world} ranks" for world, shape in points],
+                       fontsize=6)
+    ax.set_xlabel("point (shape, ranks)")
+
+
 def speedup_figure(df, experiment: str, path) -> Path:
     rows = df[df.experiment == experiment]
     keys = panels(rows) or [("measured", "local")]
@@ -59,14 +90,12 @@ def speedup_figure(df, experiment: str, path) -> Path:
         ax.set_visible(False)
     for ax, (source, topo) in zip(axes.flat, keys):
         part = rows[(rows.source == source) & (rows.topology == topo)]
-        for schedule in sorted(set(part.schedule), key=_rank):
-            line = part[part.schedule == schedule].sort_values(["world_size", "size"])
-            ax.plot(line["size"], line["speedup"], marker="o", label=schedule,
-                    color=colour(schedule))
+        if part["shape"].astype(str).str.startswith("[").all():
+            _sweep(ax, part)
+        else:
+            _bars(ax, part)
         worlds = "/".join(str(w) for w in sorted(set(part.world_size)))
-        ax.set_xscale("log", base=2)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("elements of the principal tensor (log2)")
         ax.set_ylabel("speedup over baseline (x)")
         ax.set_title(f"{experiment}: {source} on {topo}, {worlds} ranks", fontsize=9)
         ax.grid(True, alpha=0.3)

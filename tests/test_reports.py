@@ -84,3 +84,14 @@ def test_compare_two_runs(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "suite.compare", str(tmp_path / "nope")],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_speedup_figure_bars_for_shaped_points(tmp_path):
+    rows = [{"experiment": "model_parallel", "schedule": s, "source": src, "topology": topo,
+             "world_size": 2, "size": 1 << 20, "shape": f"S=1024,B=1,H=1024,K={k}",
+             "speedup": x} for s, x in (("baseline", 1.0), ("MM-RS-C-AG", 1.2))
+            for k in (1024, 4096) for src, topo in (("measured", "local"), ("predicted", "dgx2"))]
+    path = speedup_figure(pd.DataFrame(rows), "model_parallel", tmp_path / "mp.png")
+    assert path.exists() and path.with_suffix(".svg").exists()
+    svg = path.with_suffix(".svg").read_text()
+    assert "measured on local" in svg and "predicted on dgx2" in svg and "K=4096" in svg
