@@ -21,6 +21,11 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
 - `reduce_scatter`, `all_gather` (the runtime's rings): the ring link's latency too, each
   message size's latency the median of what the exchange and the two rings need.
 - `add`, `copy` (torch's, in place): the device's `library_efficiency` by traffic bytes.
+- `sequence`, `sequence_comm`, `sequence_compute` (side by side: gloo's all-reduce of b bytes
+  followed at once by the generated Adam kernel on b / 4 elements, and each alone): the topology's
+  `step_overhead_us`, the median over sizes of sequence - comm - compute (at least 0).
+- `library_<routine>` (a library routine on b bytes of gradient, e.g. `library_adam`: the
+  baseline's torch fused Adam step): the device's `library_steps_us[routine]`, its median times.
 - `send`: not fitted; predicted and compared.
 Achieved bandwidths are smoothed by a running median over neighbouring sizes before the curve
 is taken, so one noisy size does not bend it. `predict_ms(topo, m)` is the model's time for a
@@ -40,7 +45,8 @@ from .network import Sim
 from .topology import Device, LinkClass, Topology
 
 FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel", "matmul", "overlap_kernel", "overlap_exchange",
-          "overlap_inside", "overlap_both")
+          "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute")
+LIBRARY = "library_"  # kinds library_<routine>: a library routine's time by bytes
 CHECKED = ("send",)
 
 
@@ -197,7 +203,25 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     return dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
                                                                               link=link),
                                library=library, compute_slowdown=u, comm_slowdown=v,
+                               step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
                                source=source)
+
+
+def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:
+    """What a step costs beyond its operations timed alone: the median over sizes of
+    sequence - sequence_comm - sequence_compute (measured side by side), at least 0 (us)."""
+    parts = [dict(_series(ms, k)) for k in ("sequence", "sequence_comm", "sequence_compute")]
+    sizes = [b for b in parts[0] if b in parts[1] and b in parts[2]]
+    if not sizes:
+        return default
+    return round(max(0.0, statistics.median(parts[0][b] - parts[1][b] - parts[2][b]
+                                            for b in sizes)), 2)
+
+
+def library_steps_us(ms: list[Measurement]) -> dict:
+    """{routine: {bytes: median us}} from the `library_<routine>` measurements."""
+    kinds = sorted({m.kind for m in ms if m.kind.startswith(LIBRARY)})
+    return {k[len(LIBRARY):]: {int(b): round(t, 2) for b, t in _series(ms, k)} for k in kinds}
 
 
 def fit_device(ms: list[Measurement], base: Device) -> Device:
@@ -217,6 +241,7 @@ def fit_device(ms: list[Measurement], base: Device) -> Device:
                for b, t in elementwise}
     return dataclasses.replace(
         base, memory_bandwidth_gbps=round(mem_bw, 3), launch_us=round(launch, 2),
+        library_steps_us=library_steps_us(ms) or base.library_steps_us,
         memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()}, matmul_efficiency=1.0,
         library_efficiency=lib,
         peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)})
@@ -243,6 +268,16 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
     if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
         spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
         return collective_us(spec, "ring", topo) / 1e3
+    if m.kind.startswith(LIBRARY):
+        return dev.library_step_us(m.kind[len(LIBRARY):], b) / 1e3
+    if m.kind in ("sequence", "sequence_comm"):
+        spec = CollSpec("all_reduce", b, group, 1, "all_reduce" in topo.library_kinds)
+        ar = collective_us(spec, "ring", topo)
+        if m.kind == "sequence_comm":
+            return ar / 1e3
+        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_us) / 1e3
+    if m.kind == "sequence_compute":
+        return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
     if m.kind in ("kernel", "overlap_kernel"):
         return dev.kernel_us(b, m.flops, "f32") / 1e3
     if m.kind == "add":

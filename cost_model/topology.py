@@ -9,7 +9,11 @@ message and kernel sizes in bytes.
   fixed cost per kernel (`launch_us`), the fraction of the memory bandwidth a kernel of a given size
   reaches (`memory_efficiency`), of the peak a library matmul reaches (`matmul_efficiency`), and
   of the memory bandwidth the library's own elementwise ops reach (`library_efficiency`: torch's
-  adds and copies in the CPU runtime's rings; empty: as generated kernels).
+  adds and copies in the CPU runtime's rings; empty: as generated kernels), and the measured
+  time of whole library routines (`library_steps_us` {routine: {bytes: us}}: a library optimizer
+  step such as torch's fused Adam, which the experiments' baselines call; `library_step_us`
+  interpolates in log-log between sizes, the smallest size's time below it, per byte beyond the
+  largest; None where the device has no figure for the routine).
 - `LinkClass`: one port or link, per direction: a message of b bytes holds it for
   `overhead_us + b / (bandwidth_gbps * efficiency(b))` (the per-message software cost and the
   wire), then arrives `latency_us` later (propagation and pipeline latency, which does not hold
@@ -30,6 +34,9 @@ message and kernel sizes in bytes.
   `pipelined_chunks`: a link serves the waiting message of the lowest chunk first (NCCL's kernels
   loop over chunks); false: in the order messages were issued (the CPU runtime posts every chunk's
   first send at once). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
+- `step_overhead_us`: what one step of a program (its operations back to back on every rank,
+  no barrier between them) costs beyond its operations timed one by one (CPU ranks: the
+  library's threads and the processes handing the two cores to each other); 0 on GPUs.
 - `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
   `comm_slowdown` v: transfers run at (1 - v) of their speed while both ends compute, (1 - v/2)
   while one does (CPU ranks sharing cores with the library's threads).
@@ -98,6 +105,24 @@ class Device:
     memory_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
     matmul_efficiency: float = field(default=0.7, metadata={"min": 0.0, "strict": True, "max": 1.0})
     library_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
+    library_steps_us: Dict[str, Dict[int, float]] = field(default_factory=dict,
+                                                          metadata={"curves": True})
+
+    def library_step_us(self, routine: str, nbytes: float) -> Optional[float]:
+        """The library routine's time on nbytes (us), from `library_steps_us`; None without."""
+        curve = self.library_steps_us.get(routine)
+        if not curve:
+            return None
+        keys = sorted(curve)
+        if nbytes >= keys[-1]:
+            return curve[keys[-1]] * nbytes / keys[-1]
+        if nbytes <= keys[0]:
+            return curve[keys[0]]
+        lo, hi = max(k for k in keys if k <= nbytes), min(k for k in keys if k >= nbytes)
+        if lo == hi:
+            return curve[lo]
+        t = (math.log2(nbytes) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        return 2 ** (math.log2(curve[lo]) + t * (math.log2(curve[hi]) - math.log2(curve[lo])))
 
     def kernel_us(self, nbytes: float, flops: float, dtype: str) -> float:
         """Roofline time of a generated kernel: launch + max(flops / peak, bytes / memory bw)."""
@@ -155,6 +180,7 @@ class Topology:
     algorithm: Optional[str] = field(default=None, metadata={"choices": ALGORITHMS})
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
+    step_overhead_us: float = field(default=0.0, metadata=_positive(False))
     source: str = ""
 
     @property
@@ -303,6 +329,12 @@ def _check_range(f, value, path: str) -> None:
         for k, v in value.items():
             if k <= 0 or v < 0:
                 raise TopologyError(f"{path}[{k!r}]={v!r}: sizes must be > 0, values >= 0")
+    if meta.get("curves"):
+        for name, curve in value.items():
+            for k, v in curve.items():
+                if k <= 0 or v <= 0:
+                    raise TopologyError(f"{path}[{name!r}][{k!r}]={v!r}: sizes and times must "
+                                        "be > 0")
     if meta.get("positive_values"):
         for k, v in value.items():
             if v <= 0:

@@ -16,6 +16,11 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 Folding (`fold=None`: automatic): a one-stage plan on whole nodes simulates node 0's ranks only
 (`network.Sim`), exact because every node does the same; a collective whose algorithm is not the
 same on every node (tree, chain) then takes its closed-form time (marked in the trace's task).
+`compute_us` {step id: us} replaces a step's time on the compute stream by a given one (a
+Compute step's roofline: a library routine that does its work, e.g. the baseline's torch
+optimizer, split evenly over its chunks; a Collective's staging copy: 0 where a library reduces
+in place). Every rank ends with the topology's `step_overhead_us` (a task `overhead` of the step
+`step`, on the comm stream), where it is not 0.
 `Result.trace` is the DataFrame of every task: rank, stream, step, task, start, end (us).
 """
 from __future__ import annotations
@@ -47,8 +52,10 @@ class Result:
 
 
 class Run:
-    def __init__(self, plan: Plan, topo: Topology, fold: bool):
+    def __init__(self, plan: Plan, topo: Topology, fold: bool,
+                 compute_us: Optional[dict] = None):
         self.plan, self.topo = plan, topo
+        self.compute_us = dict(compute_us or {})
         self.sim = Sim(topo, plan.world_size, fold)
         self.pending: dict[int, list] = {}
 
@@ -73,7 +80,7 @@ def _pass(run: Run, ready, members, done):
 
 
 def _tasks(run: Run, s, ready, C, stage):
-    us = step_us(run.plan, s, run.topo, C)
+    us = run.compute_us[s.id] / C if s.id in run.compute_us else step_us(run.plan, s, run.topo, C)
     done = {r: [run.sim.compute(r, us, run.name(s), f"c{c}", [ready[r][c]]) for c in range(C)]
             for r in run.members(stage)}
     return _pass(run, ready, None, done)
@@ -85,7 +92,7 @@ def _compute(run, s, ready, C):
 
 def _collective(run: Run, s: Collective, ready, C):
     spec = spec_of(run.plan, s, run.topo, C)
-    stage = staging_us(run.plan, s, run.topo, C)
+    stage = run.compute_us.get(s.id, staging_us(run.plan, s, run.topo, C))
     if stage:  # the runtime copies src into dst, then reduces dst in place
         ready = dict(ready)
         for r in run.members(s.stage):
@@ -245,10 +252,11 @@ def can_fold(plan: Plan, topo: Topology) -> bool:
     return plan.stages == 1 and plan.world_size > n and plan.world_size % n == 0
 
 
-def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None) -> Result:
+def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
+             compute_us: Optional[dict] = None) -> Result:
     """Simulate one run of the plan on `topo` (world = plan.world_size ranks, from rank 0 on)."""
     fold = can_fold(plan, topo) if fold is None else fold and can_fold(plan, topo)
-    run = Run(plan, topo, fold)
+    run = Run(plan, topo, fold, compute_us)
     cursor = {r: [None] for r in run.sim.ranks}
     for step in plan.steps:
         done = run.rule(step, cursor, 1)
@@ -256,6 +264,9 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None) -> Result:
         for r in run.sim.ranks:
             evs = [e for e in done[r] + run.pending.pop(r, []) if e is not None]
             cursor[r] = [join(run.sim.env, evs)]
+    if topo.step_overhead_us > 0:
+        cursor = {r: [run.sim.delay(r, topo.step_overhead_us, "step", "overhead", cursor[r])]
+                  for r in run.sim.ranks}
     ends = {}
     for r in run.sim.ranks:
         ev = cursor[r][0]

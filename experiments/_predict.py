@@ -4,10 +4,13 @@
 each point (size bindings) and simulates the Plan (`cost_model.workload.simulate`), returning rows
 of the results table with `source=predicted`, `backend=sim`, `topology=<its name>` and `speedup`
 over the predicted baseline at the same point. The baseline has no Plan of its own: it is
-predicted as the library runs it, which is the unscheduled program's Plan (AR-C, MM-AR-C,
-AR-C-P2P: the library's all-reduce with the topology's algorithm, then the same kernel costs as
-that schedule's computation); so it equals the unscheduled schedule's prediction, where measured
-libraries (torch's fused Adam, its multi-pass LAMB) may differ from the generated kernel.
+predicted as the library runs it, on the unscheduled program's Plan (AR-C, MM-AR-C, AR-C-P2P:
+the library's all-reduce with the topology's algorithm, then the computation). Where the
+experiment's baseline calls a library routine for its computation (`LIBRARY_STEP`: torch's fused
+Adam, the torch LAMB of `_dp_measure`) and the topology's device has that routine's measured
+time (`Device.library_steps_us`, from `experiment=calibrate`), the Plan's computation takes that
+time (on the gradient's bytes) instead of the generated kernels'; elsewhere it equals the
+unscheduled schedule's prediction.
 
 The paper's settings (`PAPER`): data parallel on 16 DGX-2 (256 GPUs) at the paper's sizes 2^10 ..
 2^30 (every second power at default scale, 2^20 alone at smoke); model parallel on one DGX-2, 16-way, B in {8, 16},
@@ -92,6 +95,28 @@ def _program(exp: ModuleType, dtype):
         return exp.program()
 
 
+LIBRARY_STEP = {"adam_fusion": "adam", "lamb_fusion": "lamb"}  # experiment -> library routine
+
+
+def library_compute_us(exp: ModuleType, plan, topo: Topology, bindings: dict,
+                       dtype=None) -> dict:
+    """{step id: us} for the baseline's Plan: its library routine's measured time on the
+    gradient (N elements of dtype) given to the first Compute step, 0 to the others and to the
+    collectives' staging copies (the library reduces the gradient in place); {} where the
+    experiment has no library routine or the topology no time for it."""
+    from codegen.plan import Collective, Compute
+
+    routine = LIBRARY_STEP.get(exp.NAME)
+    if routine is None or "N" not in bindings:
+        return {}
+    us = topo.device.library_step_us(routine, bindings["N"] * (dtype or f32).numpy.itemsize)
+    steps = [s.id for s in plan.steps if isinstance(s, Compute)]
+    if us is None or not steps:
+        return {}
+    in_place = {s.id: 0.0 for s in plan.steps if isinstance(s, Collective)}
+    return {**in_place, **{sid: (us if i == 0 else 0.0) for i, sid in enumerate(steps)}}
+
+
 def _split(result) -> tuple[float, float]:
     """(compute ms, communication not hidden ms) of the slowest rank in a simulated trace."""
     df = result.trace
@@ -113,7 +138,9 @@ def predict(exp: ModuleType, topo: Topology, points: list[dict], world_size: int
     for b in points:
         size, shape = size_and_shape(b)
         t0 = time.perf_counter()
-        results = {"baseline": simulate(lower(base, b, world_size), topo)}
+        base_plan = lower(base, b, world_size)
+        results = {"baseline": simulate(base_plan, topo, compute_us=library_compute_us(
+            exp, base_plan, topo, b, dtype))}
         for name, p in progs.items():
             results[name] = simulate(lower(p, b, world_size), topo)
         base_ms = results["baseline"].time_ms

@@ -17,6 +17,12 @@ bytes (f32 buffers), powers of two up to the scale's largest:
   traffic per element), its buffers allocated at that size as a plan's are, on every rank;
   `add` / `copy`: torch's in-place add and copy of b bytes (a ring's reduction, an all-gather's
   own-block copy); `matmul`: torch.matmul of [m, m] x [m, m] f32 (b = its bytes);
+- `sequence`: a step's two operations back to back, no barrier between (gloo's all-reduce of b
+  bytes, then the generated Adam kernel on b / 4 elements), interleaved repeat by repeat with
+  `sequence_comm` and `sequence_compute` (each alone): what a step costs beyond its parts;
+- `library_adam`, `library_lamb`: the library optimizer steps the data-parallel baselines call
+  (`experiments._dp_measure.Baseline.update`: torch's fused Adam, the torch LAMB), b = the
+  gradient's bytes, on every rank at once as in a step;
 - `overlap_compute`: the kernel while a large exchange is in flight (compute slowdown);
   `overlap_comm`: an exchange while kernels run on every rank (communication slowdown).
 
@@ -50,6 +56,9 @@ KERNEL_SCALES = {"smoke": (7, 16, 3), "default": (7, 25, 1), "paper": (7, 25, 1)
 ROUNDS = {"smoke": 1, "default": 3, "paper": 3}
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
+SEQUENCE_SCALES = {"smoke": (14, 18, 2), "default": (19, 23, 1), "paper": (19, 23, 1)}  # elements
+LIBRARY_SCALES = {"smoke": (10, 16, 3), "default": (14, 23, 1), "paper": (14, 23, 1)}  # elements
+LIBRARY_ROUTINES = ("adam", "lamb")  # the optimizer steps the data-parallel baselines call
 
 
 def sizes(scale: str, table=SCALES) -> list[int]:
@@ -125,6 +134,13 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
         for m in spec["matmuls"]:
             a, w = torch.randn(m, m), torch.randn(m, m)
             record("matmul", 3 * m * m * 4, lambda: torch.matmul(a, w), flops=2 * m ** 3)
+        for n in spec["sequence_elements"]:
+            _sequence(plan, step, fn, runner, comm, n, spec, times, extras)
+        for routine in LIBRARY_ROUTINES:
+            for n in spec["library_elements"]:
+                update = _library_step(routine, n, world)
+                record(f"library_{routine}", 4 * n, update)
+                del update
         for k, v in _overlap(spec, runner, step, comm).items():
             overlap.setdefault(k, []).extend(v)
     out = [{"kind": kind, "nbytes": b, "time_ms": statistics.median(ts), "time_ms_min": min(ts),
@@ -135,6 +151,37 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
                    "time_ms": statistics.median(v), "time_ms_min": min(v),
                    "time_ms_max": max(v), "world_size": world, "exchange_bytes": E,
                    "kernel_bytes": K} for k, v in overlap.items()]
+
+
+def _sequence(plan, step, fn, runner, comm, n, spec, times, extras) -> None:
+    """all_reduce(4n bytes) then the kernel on n elements, and each alone, in turns per repeat."""
+    from codegen.runtime.measure import time_ranks
+
+    x, args = torch.randn(n), _kernel_args(plan, step, n, runner)
+    kernel = lambda: fn(0, n, 0, args)  # noqa: E731
+    comm_only = lambda: comm.all_reduce(x)  # noqa: E731
+    cases = {"sequence": lambda: (comm_only(), kernel()), "sequence_comm": comm_only,
+             "sequence_compute": kernel}
+    extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
+             step.kernel.numel}
+    for i in range(spec["warmup"] + 2 * spec["repeats"]):
+        for kind, f in cases.items():
+            t = time_ranks(f, 0, 1)
+            if i >= spec["warmup"]:
+                times.setdefault((kind, 4 * n), []).extend(t.times_ms)
+                extras[(kind, 4 * n)] = extra
+
+
+def _library_step(routine: str, n: int, world: int):
+    """The baseline's library optimizer step on n elements (its gradient summed already)."""
+    import numpy as np
+
+    from ._dp_measure import Baseline
+
+    base = Baseline(routine, np.random.default_rng(n).standard_normal(n, dtype=np.float32),
+                    world)
+    base.g.copy_(torch.randn(n))
+    return base.update
 
 
 def _communication(rank, world, spec, comm, record) -> None:
@@ -210,6 +257,8 @@ def measure(settings) -> list[dict]:
     build([step.kernel])  # compiled once here; the ranks load it from the cache
     small = settings.scale == "smoke"
     spec = {"sizes": szs, "kernel_elements": ksz, "rounds": ROUNDS[settings.scale],
+            "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
+            "library_elements": sizes(settings.scale, LIBRARY_SCALES),
             "warmup": max(1, settings.warmup),
             "repeats": max(3, settings.repeats), "plan": plan, "step": step,
             "matmuls": [128, 256] if small else [256, 512, 1024],
@@ -262,4 +311,6 @@ def describe(topo) -> str:
             f" per message, latency {link.latency_us:.0f} us (small messages)\n"
             f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us\n"
             f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
-            f" v = {topo.comm_slowdown:.2f}")
+            f" v = {topo.comm_slowdown:.2f}\n"
+            f"  a step beyond its operations: {topo.step_overhead_us / 1e3:.2f} ms; library steps"
+            f" measured: {', '.join(sorted(d.library_steps_us)) or 'none'}")

@@ -1,0 +1,106 @@
+"""A step's overhead beyond its operations and the library routines the baselines call: exact in
+tiny timelines, fitted from their microbenchmarks, used for the baselines' predictions (pure)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from codegen.lower import lower
+from codegen.plan import Compute
+from cost_model.calibration import Measurement, fit, predict_ms
+from cost_model.topology import Topology, TopologyError, load_topology
+from cost_model.workload import simulate
+from experiments import _predict, adam_fusion, lamb_fusion
+from tests.test_calibrate import synthetic, truth
+from tests.test_cost_model import tiny
+
+
+def _ar_c(n=8000):
+    return lower(adam_fusion.program(), {"N": n}, 2)
+
+
+def test_the_step_overhead_ends_every_rank_exactly():
+    plan = _ar_c()
+    plain = simulate(plan, tiny())
+    more = simulate(plan, tiny(step_overhead_us=7.0))
+    assert more.time_us == pytest.approx(plain.time_us + 7.0, abs=1e-9)
+    over = more.trace[more.trace.task == "overhead"].sort_values("rank")
+    assert list(over["rank"]) == [0, 1]
+    for r in over.itertuples():
+        assert (r.start, r.end) == pytest.approx((plain.finish_us[r.rank],
+                                                  plain.finish_us[r.rank] + 7.0))
+    assert plain.trace[plain.trace.task == "overhead"].empty  # 0: no task at all
+
+
+def test_a_given_compute_time_replaces_the_roofline():
+    plan = _ar_c()
+    sid = next(s.id for s in plan.steps if isinstance(s, Compute))
+    r = simulate(plan, tiny(), compute_us={sid: 123.0})
+    comp = r.trace[r.trace.stream == "compute"]
+    assert len(comp) == 2 and all(abs(t - 123.0) < 1e-9 for t in comp.end - comp.start)
+
+
+def test_library_steps_interpolate_in_log_log_and_scale_per_byte_beyond():
+    dev = dataclasses.replace(load_topology("local").device,
+                              library_steps_us={"adam": {1024: 10.0, 4096: 40.0}})
+    assert dev.library_step_us("adam", 2048) == pytest.approx(20.0)  # log-log: x2 -> x2
+    assert dev.library_step_us("adam", 1 << 14) == pytest.approx(160.0)  # per byte beyond
+    assert dev.library_step_us("adam", 16) == pytest.approx(10.0)  # the smallest's time below
+    assert dev.library_step_us("lamb", 2048) is None
+
+
+def test_a_bad_library_step_or_overhead_fails_with_its_name():
+    d = load_topology("local").to_dict()
+    d["device"]["library_steps_us"] = {"adam": {1024: 0.0}}
+    with pytest.raises(TopologyError, match=r"library_steps_us\['adam'\]\[1024\]"):
+        Topology.from_dict(d)
+    d = load_topology("local").to_dict()
+    d["step_overhead_us"] = -1
+    with pytest.raises(TopologyError, match="step_overhead_us=-1"):
+        Topology.from_dict(d)
+
+
+def _with_steps(topo, overhead_us, curves):
+    return dataclasses.replace(topo, step_overhead_us=overhead_us, device=dataclasses.replace(
+        topo.device, library_steps_us=curves))
+
+
+def test_the_fit_recovers_the_step_overhead_and_the_library_steps():
+    t = _with_steps(truth(), 2500.0, {"adam": {1 << 20: 900.0, 1 << 22: 4000.0},
+                                      "lamb": {1 << 20: 20000.0, 1 << 22: 90000.0}})
+    extra = [Measurement(k, b, 0.0, 2, kernel_bytes=7 * b)
+             for b in (1 << 21, 1 << 22, 1 << 23)
+             for k in ("sequence", "sequence_comm", "sequence_compute")]
+    extra += [Measurement(f"library_{r}", b, 0.0, 2) for r in ("adam", "lamb")
+              for b in (1 << 20, 1 << 22)]
+    ms = synthetic(t) + [dataclasses.replace(m, time_ms=predict_ms(t, m)) for m in extra]
+    got = fit(ms, load_topology("local"), 2)
+    assert got.step_overhead_us == pytest.approx(2500.0, rel=1e-3)
+    assert got.device.library_steps_us == {"adam": {1 << 20: 900.0, 1 << 22: 4000.0},
+                                           "lamb": {1 << 20: 20000.0, 1 << 22: 90000.0}}
+    # noise making a step look cheaper than its parts: no negative overhead
+    cheaper = [dataclasses.replace(m, time_ms=m.time_ms * (0.5 if m.kind == "sequence" else 1))
+               for m in ms]
+    assert fit(cheaper, load_topology("local"), 2).step_overhead_us == 0.0
+
+
+@pytest.mark.parametrize("exp,routine", [(adam_fusion, "adam"), (lamb_fusion, "lamb")])
+def test_the_baseline_computes_with_its_library_routine_on_the_gradients_bytes(exp, routine):
+    n = 1 << 20
+    topo = _with_steps(load_topology("local"), 0.0, {routine: {4 * n: 5000.0}})
+    plan = lower(exp.program(), {"N": n}, 2)
+    got = _predict.library_compute_us(exp, plan, topo, {"N": n})
+    computes = [s.id for s in plan.steps if isinstance(s, Compute)]
+    assert got[computes[0]] == pytest.approx(5000.0)  # N f32 elements = 4N bytes
+    assert all(got[i] == 0.0 for i in computes[1:])
+    assert all(got[s.id] == 0.0 for s in plan.steps if type(s).__name__ == "Collective")
+    rows = {r["schedule"]: r for r in _predict.predict(exp, topo, [{"N": n}], 2)}
+    assert rows["baseline"]["compute_ms"] == pytest.approx(5.0, rel=1e-6)
+    assert rows["baseline"]["time_ms"] != rows["AR-C"]["time_ms"]
+
+
+def test_without_a_measured_routine_the_baseline_is_the_unscheduled_schedule():
+    topo = load_topology("local")
+    rows = {r["schedule"]: r for r in _predict.predict(adam_fusion, topo, [{"N": 1 << 16}], 2)}
+    assert rows["baseline"]["time_ms"] == rows["AR-C"]["time_ms"]
