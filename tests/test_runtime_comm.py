@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from codegen.runtime import comm
-from codegen.runtime.launch import RankError, default_threads, launch, run_ranks
+from codegen.runtime.launch import MALLOC_SETTINGS, RankError, default_threads, launch, run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
@@ -89,7 +89,8 @@ def run_cases(rank: int, world: int, cases: list[dict]) -> dict:
     """Body of each rank: every case's result on this rank (None where it takes no part)."""
     groups = {g: comm.Group.new(g) for g in sorted({c["group"] for c in cases if c["group"]})}
     results = {"meta": {"rank": rank, "threads": torch.get_num_threads(),
-                        "omp": os.environ.get("OMP_NUM_THREADS")}}
+                        "omp": os.environ.get("OMP_NUM_THREADS"),
+                        "malloc": {k: os.environ.get(k) for k in MALLOC_SETTINGS}}}
     for c in cases:
         group = groups[c["group"]] if c["group"] else comm.Group.world()
         if rank not in group.ranks:
@@ -239,6 +240,9 @@ def test_launch_returns_rank_values_in_order_and_sets_threads(results):
     assert [m["rank"] for m in metas] == [0, 1]
     assert {m["threads"] for m in metas} == {default_threads(2)}
     assert {m["omp"] for m in metas} == {str(default_threads(2))}
+    # malloc keeps freed memory in every rank (unless the caller set the variables)
+    assert all(m["malloc"] == {k: os.environ.get(k, v) for k, v in MALLOC_SETTINGS.items()}
+               for m in metas)
 
 
 def test_chunk_size_must_divide_slice():

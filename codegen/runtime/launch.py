@@ -37,6 +37,13 @@ Contract
 Threads: each rank uses `threads_per_rank` threads, by default max(1, cores // ranks on this
 machine), both for torch (`torch.set_num_threads`) and for OpenMP code compiled later
 (OMP_NUM_THREADS), so that ranks sharing the cores do not oversubscribe them.
+
+Memory: spawned ranks run with glibc malloc keeping what is freed (`MALLOC_SETTINGS`: no mmap'd
+blocks, no trimming), so a library that allocates temporaries every step (torch's LAMB: six
+N-element tensors) reuses warm pages instead of page-faulting fresh ones each call, as a caching
+allocator does on GPUs. Measured here: that LAMB step at 2^22 elements, 66 ms -> 20 ms, and its
+time no longer depends on what the process allocated before. A value the caller set wins; under
+torchrun set them in the launching shell.
 """
 from __future__ import annotations
 
@@ -54,6 +61,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
 
 _HOST = "127.0.0.1"
+MALLOC_SETTINGS = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 _ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
 _ECHO_WORDS = ("connection closed", "connection reset", "broken pipe", "socket closed",
                "ECONNRESET", "EPIPE")
@@ -127,7 +135,8 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
     procs, conns = [], []
     stacks_dir = tempfile.TemporaryDirectory(prefix="coconet-ranks-")
     try:
-        with _env(OMP_NUM_THREADS=str(threads)):
+        malloc = {k: v for k, v in MALLOC_SETTINGS.items() if k not in os.environ}
+        with _env(OMP_NUM_THREADS=str(threads), **malloc):
             for rank in range(world_size):
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_rank_main, name=f"rank{rank}", args=(
