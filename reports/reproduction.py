@@ -5,6 +5,8 @@ merged results table, the runs' directories and the environment (pure: nothing i
 - the question it answers and the one command that regenerates it;
 - Summary: one row per experiment (`summary_rows`: checks verified, points measured, the best
   measured speedup, the local prediction error, the best predicted speedup per GPU topology);
+- Repeatability: the same collective measured twice in the run (calibrate, then collectives),
+  the noise floor under the local predictions' errors;
 - Environment: CPU model, cores, memory, OS, Python, torch, compiler, world sizes, date, the git
   commit of the suite;
 - one section per experiment: the measured table, the predicted speedup table per topology (local,
@@ -94,6 +96,34 @@ def _bytes(n) -> str:
     return f"{n} B"
 
 
+def repeatability(df) -> str:
+    """The machine's own repeatability: the same collective, same runtime call, measured twice in
+    this run (by `calibrate` first, by `collectives` minutes later), as |second / first - 1| per
+    size: the floor under any prediction's error here."""
+    if df.empty:
+        return ""
+    meas = df[df.source == "measured"]
+    lines = []
+    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        a = meas[(meas.experiment == "calibrate") & (meas.schedule == kind)]
+        b = meas[(meas.experiment == "collectives") & (meas.schedule == kind)]
+        both = a[["size", "time_ms"]].merge(b[["size", "time_ms"]], on="size")
+        if both.empty:
+            continue
+        diff = (both.time_ms_y / both.time_ms_x - 1).abs()
+        lines.append(f"| {kind} | {len(both)} | {100 * diff.median():.1f}% | "
+                     f"{100 * diff.max():.1f}% |")
+    if not lines:
+        return ""
+    return "\n".join(["## Repeatability of this machine", "",
+                      "The same collective through the same runtime call, measured twice in this "
+                      "run (by `calibrate`, then by `collectives` minutes later), differs by "
+                      "|second/first - 1| (sizes 4 KiB and up): no prediction of this machine can "
+                      "be trusted closer than this.", "",
+                      "| collective | sizes | median | largest |", "|---|---:|---:|---:|",
+                      *lines]) + "\n"
+
+
 def environment_section(env: dict) -> str:
     labels = [("date", "date"), ("suite_commit", "suite commit"), ("command", "command"),
               ("cpu", "CPU"), ("cores", "cores"), ("memory_gib", "memory (GiB)"), ("os", "OS"),
@@ -135,7 +165,8 @@ def reproduction_report(df, out_dir, names: list[str], checks: dict, env: dict) 
             "gloo ranks against the library it replaces; the cost model (SimPy) predicts the same "
             "schedules on this machine (calibrated in this run) and on GPU clusters.", "",
             f"Regenerate: `{env.get('command', 'python -m suite experiment=paper')}`", "",
-            "## Summary", "", markdown_table(header, rows), environment_section(env)]
+            "## Summary", "", markdown_table(header, rows), repeatability(df),
+            environment_section(env)]
     ordered = [n for n in names if n != "calibrate"] + [n for n in names if n == "calibrate"]
     text += [experiment_section(df, out_dir, n, checks) for n in ordered]
     return "\n".join(text)

@@ -101,3 +101,14 @@ def test_busbw_table_sides_by_side():
                                           ("predicted", "dgx_a100", 8, 100.0))])
     text = busbw_table(df)
     assert "### all_reduce" in text and "| 1 MiB | 1.5 | 1.6 | 100 |" in text
+
+
+def test_repeatability_compares_the_same_collective_measured_twice():
+    from reports.reproduction import repeatability
+
+    rows = [{"experiment": e, "schedule": "all_reduce", "source": "measured", "size": n,
+             "time_ms": t} for e, n, t in (("calibrate", 4096, 1.0), ("calibrate", 8192, 2.0),
+                                            ("collectives", 4096, 1.5), ("collectives", 8192, 2.0))]
+    text = repeatability(pd.DataFrame(rows))
+    assert "| all_reduce | 2 | 25.0% | 50.0% |" in text
+    assert repeatability(pd.DataFrame(rows[:2])) == ""
