@@ -90,6 +90,8 @@ def fit_curve(points: list[tuple[float, float]], fixed_us: float):
     """From (bytes, time_us) with time = fixed + bytes / rate(bytes): (best rate in GB/s,
     {bytes: rate / best}). Sizes whose time is within 1.5x the fixed cost carry no rate."""
     usable = [(b, b / (t - fixed_us) / 1e3) for b, t in points if t > 1.5 * fixed_us and b > 0]
+    if not usable:  # a short or noisy sweep: every size that takes longer than the fixed cost
+        usable = [(b, b / (t - fixed_us) / 1e3) for b, t in points if t > fixed_us and b > 0]
     if not usable:
         raise ValueError("no size is large enough to measure a bandwidth")
     sizes = [b for b, _ in usable]
@@ -99,7 +101,9 @@ def fit_curve(points: list[tuple[float, float]], fixed_us: float):
 
 
 def _fixed(points: list[tuple[int, float]], n: int = 5) -> float:
-    """The fixed cost: the median time of the n smallest sizes."""
+    """The fixed cost: the median time of the n smallest sizes (of the smaller half at most, so
+    that a short sweep's large sizes do not count as fixed cost)."""
+    n = max(1, min(n, len(points) // 2))
     return statistics.median(t for _, t in points[:n])
 
 

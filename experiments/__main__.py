@@ -34,10 +34,21 @@ def main() -> None:
                                world_size=args.world_size, warmup=1, repeats=args.repeats,
                                csv_path=out / "results.csv", kernels_dir=out / "kernels")
     rows = mod.measure(settings)
+    shutdown()
     if int(os.environ.get("RANK", "0")) == 0:
         bad = [r for r in rows if not r["verified"]]
         print(f"{len(rows)} points measured, {len(bad)} not verified; {settings.csv_path}")
         raise SystemExit(1 if bad else 0)
+
+
+def shutdown() -> None:
+    """Leave the process group together (torchrun's ranks): a rank that exits while its peer's
+    gloo threads still talk to it can abort that peer at exit (seen once in CI: SIGABRT)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

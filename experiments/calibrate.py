@@ -45,6 +45,7 @@ import torch
 
 from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.topology import dump_topology, load_topology
+from reports.progress import Progress
 from reports.table import append_row
 
 NAME = "calibrate"
@@ -124,7 +125,8 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     fn = build([step.kernel])[step.kernel.name]
     runner = PlanRunner(plan, rank, {step.kernel.name: fn}, tp_groups(plan))
     overlap: dict[str, list[float]] = {}
-    for _ in range(spec["rounds"]):
+    bar = Progress([1] * spec["rounds"], label="calibrate")
+    for k in range(spec["rounds"]):
         _communication(rank, world, spec, comm, record)
         for n in spec["kernel_elements"]:
             args = _kernel_args(plan, step, n, runner)  # buffers of exactly n elements, as
@@ -141,8 +143,11 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
                 update = _library_step(routine, n, world)
                 record(f"library_{routine}", 4 * n, update)
                 del update
-        for k, v in _overlap(spec, runner, step, comm).items():
-            overlap.setdefault(k, []).extend(v)
+        for key, v in _overlap(spec, runner, step, comm).items():
+            overlap.setdefault(key, []).extend(v)
+        line = bar.step(f"pass {k + 1} of {spec['rounds']} over every benchmark")
+        if rank == 0:
+            print(line, flush=True)
     out = [{"kind": kind, "nbytes": b, "time_ms": statistics.median(ts), "time_ms_min": min(ts),
             "time_ms_max": max(ts), "world_size": world, **extras[(kind, b)]}
            for (kind, b), ts in times.items()]
