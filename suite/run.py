@@ -80,7 +80,8 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
         fail(e)
     path = report(cfg, exp, schedules, checks, Path(out_dir))
-    print(final_summary(exp.NAME, Path(out_dir)), flush=True)
+    calibrated = bool(cfg.topology.path) or exp.NAME == "calibrate"
+    print(final_summary(exp.NAME, Path(out_dir), calibrated), flush=True)
     return Outcome(summarize(checks, rows, path), checks, path)
 
 
@@ -237,7 +238,9 @@ def results_section(exp: ModuleType, out_dir: Path) -> str:
 def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], checks: list[Check],
            out_dir: Path) -> Path:
     settings = {"scale": cfg.scale.name, "backend": cfg.backend.name,
-                "topology": cfg.topology.name, "verify.world_sizes": cfg.verify.world_sizes,
+                "topology": cfg.topology.name,
+                "topology.path": cfg.topology.path or "none: the shipped figures (uncalibrated; "
+                "see experiment=calibrate)", "verify.world_sizes": cfg.verify.world_sizes,
                 "verify.trials": cfg.verify.trials, "seed": cfg.seed}
     text = render_report(experiment=exp.NAME, figure=exp.FIGURE, settings=settings,
                          programs={name: str(p) for name, p in schedules.items()}, checks=checks,
@@ -249,7 +252,7 @@ def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], chec
     return path
 
 
-def final_summary(name: str, out_dir: Path) -> str:
+def final_summary(name: str, out_dir: Path, calibrated: bool = True) -> str:
     """What a run prints last, before the verdict: a short table of its results."""
     from reports.predicted import accuracy, summary, summary_line
     from reports.summary import schedule_summary, text_table
@@ -263,7 +266,9 @@ def final_summary(name: str, out_dir: Path) -> str:
     if any(any(cell for cell in r[1:]) for r in rows):
         lines.append(text_table(header, rows))
     if not accuracy(df, name).empty:
-        lines.append(f"local prediction: {summary_line(summary(accuracy(df, name)))}")
+        lines.append(f"local prediction: {summary_line(summary(accuracy(df, name)))}"
+                     + ("" if calibrated else " (uncalibrated local topology: run "
+                        "experiment=calibrate and pass topology.path=<its topology.yaml>)"))
     return "\n".join(lines)
 
 
