@@ -11,8 +11,9 @@
       predict   the cost model (experiments._predict): backend=cpu, the measured points on the
                 local topology (`topology=local topology.path=FILE` for a calibrated one) and the
                 paper's setting; backend=sim, the chosen topology alone; rows to results.csv
-      report    out_dir/report.md (suite.report), figures/<experiment>.png,
-                figures/predicted_vs_measured.png (reports/)
+      report    out_dir/report.md (suite.report) and report.html, figures/<experiment>.png,
+                figures/predicted_vs_measured.png, tables/*.csv|tex (reports/); then a short
+                summary table (reports.summary) and the report's path are printed
 
 Experiments without a DSL program (calibrate, collectives) skip show and verify. Exit status: 0 when
 every check verified, 1 when a schedule failed verification (the report is still written), 2 for
