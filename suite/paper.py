@@ -25,6 +25,7 @@ import platform
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -136,24 +137,22 @@ def git_commit() -> str:
     return head.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+def _proc_field(path: str, key: str) -> str | None:
+    """The value of `key: value` in a /proc file (None where there is none: not Linux)."""
+    with suppress(OSError):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
 
 
 def memory_gib() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
+    total = _proc_field("/proc/meminfo", "MemTotal:")  # "24626364 kB"
+    return round(int(total.split()[0]) / 2**20, 1) if total else None
 
 
 def compiler() -> str:

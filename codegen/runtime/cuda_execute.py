@@ -152,10 +152,14 @@ class CudaPlanRunner:
         for stream in (self.compute_stream, self.comm_stream):
             wait_event(caller, record(stream))
 
-    def on(self, stream):
-        """Run the next work on `stream`, after all the work issued so far on the other one."""
+    def after_other(self, stream) -> None:
+        """Make `stream` wait for all the work issued so far on the other stream."""
         other = self.comm_stream if stream is self.compute_stream else self.compute_stream
         wait_event(stream, record(other))
+
+    def on(self, stream):
+        """Run the next work on `stream`, after all the work issued so far on the other one."""
+        self.after_other(stream)
         return in_stream(stream)
 
     def mine(self, stage: Optional[int]) -> bool:

@@ -106,13 +106,11 @@ def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -
             reduced[c] = rt.record(r.comm_stream)
 
     if producer is None:
-        with r.on(r.comm_stream):  # the reduce-scatter's input is ready
-            pass
+        r.after_other(r.comm_stream)  # the reduce-scatter's input is ready
         for c in range(C):
             reduce(c)
     else:
-        with r.on(r.compute_stream):  # the matmul's inputs are ready
-            pass
+        r.after_other(r.compute_stream)  # the matmul's inputs are ready
     for k, (kernels, barrier, gathers) in enumerate(_phases(r.plan, f.steps[1:])):
         def finish(c: int) -> None:
             _compute_then_gather(r, kernels, gathers, c, C, reduced[c] if k == 0 else None)
