@@ -5,12 +5,12 @@ anywhere. A `Measurement` is one benchmark at one size: `kind`, `nbytes`, the me
 repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and what they fit
 (the model's formula for each, inverted size by size):
 - `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
-  bus the P messages of a step go one after the other: time = P * (overhead + b / bandwidth) +
-  latency(b). `exchange_chunked` (the same in C chunks, which go at the bulk rate) gives the
-  per-message overhead ((chunked - whole) / ((C-1) P)); the bandwidth is the bulk rate (the
-  median slope between the largest sizes), and what each size takes beyond overhead and wire is
-  its latency (`latency_by_size`: waking the waiting thread, the ranks' skew after the barrier,
-  slow starts), which chunks pipeline.
+  bus the P messages of a step go one after the other: time = P * (overhead + b / (bandwidth *
+  efficiency(b))) + latency. `exchange_chunked` (the same in C chunks) gives the per-message
+  overhead ((chunked - whole) / ((C-1) P) at small sizes); the latency is the smallest sizes'
+  fixed cost; each size's achieved bandwidth is solved for, the best is the bandwidth and each
+  size's share of it the efficiency curve. With `rate_by: transfer` (the shipped `local`) chunks
+  go at their whole transfer's rate, which `exchange_chunked` at large sizes checks.
 - `all_reduce` (gloo's): the library link, the same way, as a ring of 2(P-1) steps of b/P bytes.
 - `kernel` (the generated Adam kernel over b bytes of traffic): launch overhead (the smallest
   sizes' time), memory bandwidth and its efficiency curve by kernel bytes.
@@ -18,8 +18,8 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
 - `overlap_kernel`, `overlap_exchange`, `overlap_inside`, `overlap_both` (a kernel alone, an
   exchange alone, the kernel's time while the exchange is in flight, the time until both end):
   compute_slowdown u = 1 - kernel / inside; comm_slowdown v = (both - exchange) / inside.
-- `reduce_scatter`, `all_gather` (the runtime's rings): the ring link's latency too, each
-  message size's latency the median of what the exchange and the two rings need.
+- `reduce_scatter`, `all_gather` (the runtime's rings): the ring link too, each size's achieved
+  bandwidth the median of what the exchange and the two rings need.
 - `add`, `copy` (torch's, in place): the device's `library_efficiency` by traffic bytes.
 - `sequence`, `sequence_comm`, `sequence_compute` (side by side: gloo's all-reduce of b bytes
   followed at once by the generated Adam kernel on b / 4 elements, and each alone): the topology's
@@ -107,41 +107,57 @@ def _fixed(points: list[tuple[int, float]], n: int = 5) -> float:
     return statistics.median(t for _, t in points[:n])
 
 
-def fit_link(ms: list[Measurement], benchmarks: dict, messages: float,
-             overhead_us: float) -> LinkClass:
+def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_us: float,
+             rate_by: str = "message") -> LinkClass:
     """A link class that makes each benchmark's closed form `model(link, b)` (us) its measured
-    time: benchmarks = {kind: (message_of(b), model)}. The first kind's `messages` serialized
-    messages of `message_of(b)` bytes give the bulk rate (the slope between the largest sizes);
-    each message size's latency (`latency_by_size`) is solved for in every benchmark (so every
-    latency a benchmark's path holds is counted as the model counts it), the median over the
-    benchmarks taken, and smoothed over sizes."""
+    time: benchmarks = {kind: (message_of(b), model)}. The latency is the fixed cost: solved in
+    every benchmark at its smallest sizes (the first kind's `messages` serialized messages of
+    `message_of(b)` bytes give a bulk rate to take their small wire time off), the median
+    taken. Then each size's achieved bandwidth is solved for in every benchmark where the wire
+    is a third of its time or more (so every message a benchmark's path serializes is counted
+    as the model counts it), the median over the benchmarks taken and smoothed over sizes: the
+    best is the bandwidth, each size's share of it the efficiency by message size."""
     first = next(iter(benchmarks))
     points = _series(ms, first)
     overhead = min(overhead_us, _fixed(points))
     message_of = benchmarks[first][0]
-    bw = _bulk_rate([(message_of(b) * messages, t) for b, t in points])
+    bulk = _bulk_rate([(message_of(b) * messages, t) for b, t in points])
 
-    def link(latency: float) -> LinkClass:
-        return LinkClass(bandwidth_gbps=bw, latency_us=latency, overhead_us=overhead)
+    def link(bw: float, latency: float) -> LinkClass:
+        return LinkClass(bandwidth_gbps=bw, latency_us=latency, overhead_us=overhead,
+                         rate_by=rate_by)
 
-    solved: dict[int, list[float]] = {}
+    fixed = []
+    for kind, (_, model) in benchmarks.items():
+        series = _series(ms, kind)
+        for b, t in series[:max(1, min(5, len(series) // 2))]:
+            fixed.append(_solve(lambda lat: model(link(bulk, lat), b), t))
+    latency = statistics.median(fixed)
+    rates: dict[int, list[float]] = {}
     for kind, (size_of, model) in benchmarks.items():
         for b, t in _series(ms, kind):
-            x = _solve(lambda lat: model(link(lat), b), t)
-            solved.setdefault(int(size_of(b)), []).append(x)
-    sizes = sorted(solved)
-    latency = _smooth([statistics.median(solved[k]) for k in sizes])
-    return LinkClass(bandwidth_gbps=round(bw, 4), latency_us=round(latency[0], 2),
-                     overhead_us=round(overhead, 2),
-                     latency_by_size={k: round(v, 2) for k, v in zip(sizes, latency)})
+            if model(link(1e9, latency), b) > t * 2 / 3:  # the wire is too small a part
+                continue
+            per_byte = _solve(lambda y: model(link(1.0 / max(y, 1e-12), latency), b), t, 1.0)
+            rates.setdefault(int(size_of(b)), []).append(1.0 / max(per_byte, 1e-12))
+    sizes = sorted(rates)
+    if not sizes:  # a short sweep: no size's wire stands out of its fixed cost
+        return LinkClass(bandwidth_gbps=round(bulk, 4), latency_us=round(latency, 2),
+                         overhead_us=round(overhead, 2), rate_by=rate_by)
+    curve = _smooth([statistics.median(rates[k]) for k in sizes])
+    bw = max(curve)
+    return LinkClass(bandwidth_gbps=round(bw, 4), latency_us=round(latency, 2),
+                     overhead_us=round(overhead, 2), rate_by=rate_by,
+                     efficiency={k: round(max(1e-3, r / bw), 4) for k, r in zip(sizes, curve)})
 
 
-def _solve(f, target: float, hi: float = 1e7) -> float:
-    """The x >= 0 with f(x) = target for an increasing f (0 when f(0) >= target; bisection)."""
+def _solve(f, target: float, hi: float = 0.0) -> float:
+    """The x >= 0 with f(x) = target for an increasing f (0 when f(0) >= target; bisection
+    from [0, hi], hi doubled until f(hi) >= target; hi = max(target, 1) when not given)."""
     lo = 0.0
     if f(lo) >= target:
         return 0.0
-    hi = max(target, 1.0)
+    hi = hi or max(target, 1.0)
     while f(hi) < target and hi < 1e9:
         hi *= 2
     for _ in range(50):
@@ -175,6 +191,28 @@ def message_overhead_us(ms: list[Measurement], messages: float,
     return max(1.0, statistics.median(extra)) if extra else 1.0
 
 
+def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
+                      up_to: int = 1 << 18) -> float:
+    """The per-message cost for which the model (`predict_ms` on topo, its link's overhead
+    replaced) puts the chunked exchange as far above the whole one as measured, at sizes up to
+    256 KiB (the median over sizes; `first`: the estimate that starts the search)."""
+    times = dict(_series(ms, "exchange"))
+
+    def with_overhead(o: float) -> Topology:
+        link = dataclasses.replace(topo.intra.link, overhead_us=o)
+        return dataclasses.replace(topo, intra=dataclasses.replace(topo.intra, link=link))
+
+    got = []
+    for m in ms:
+        if m.kind == "exchange_chunked" and m.chunks > 1 and m.nbytes in times \
+                and m.nbytes <= up_to:
+            whole = dataclasses.replace(m, kind="exchange", chunks=1)
+            extra = lambda o: (predict_ms(with_overhead(o), m)  # noqa: E731
+                               - predict_ms(with_overhead(o), whole)) * 1e3
+            got.append(_solve(extra, m.time_ms * 1e3 - times[m.nbytes], first))
+    return max(1.0, statistics.median(got)) if got else first
+
+
 def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "") -> Topology:
     """The base topology (conf/topology/local.yaml) with every fitted figure replaced."""
     ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
@@ -188,7 +226,7 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
         return dataclasses.replace(plain, intra=dataclasses.replace(base.intra, link=link), **kw)
 
     # the ring's link: from a bare ring step, and from the runtime's own rings (with their adds
-    # and copies), each size's latency the median of the three
+    # and copies), each size's achieved bandwidth the median of the three
     rings = {
         "exchange": (lambda b: b, lambda link, b: collective_us(CollSpec(  # without the copy
             "all_gather", b * P, group), "ring", with_link(link)) - (
@@ -199,11 +237,16 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
             "all_gather", b, group), "ring", with_link(link))),
     }
     posted = base.ring_work_on_compute  # each rank's thread posts its own messages
-    link = fit_link(ms, rings, per_step, message_overhead_us(ms, 1 if posted else per_step))
+    u, v = _slowdowns(ms, base)
+    overhead = message_overhead_us(ms, 1 if posted else per_step)
+    for _ in range(2):  # the first estimate, then the one the model's own chunks agree with
+        link = fit_link(ms, rings, per_step, overhead, base.intra.link.rate_by)
+        overhead = chunk_overhead_us(ms, with_link(link, compute_slowdown=u, comm_slowdown=v),
+                                     overhead)
     library = fit_link(ms, {"all_reduce": (lambda b: b / P, lambda link, b: collective_us(
         CollSpec("all_reduce", b, group, library=True), "ring",
-        dataclasses.replace(plain, library=link)))}, 2 * (P - 1) * per_step, 0.0)
-    u, v = _slowdowns(ms, base)
+        dataclasses.replace(plain, library=link)))}, 2 * (P - 1) * per_step, 0.0,
+        base.library.rate_by if base.library else "message")
     return dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
                                                                               link=link),
                                library=library, compute_slowdown=u, comm_slowdown=v,
@@ -268,7 +311,7 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
     if m.kind in ("exchange", "send", "overlap_exchange", "exchange_chunked"):
         pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
         C = m.chunks
-        return _des(topo, P, [(s, d, b / C) for s, d in pairs for _ in range(C)], []) / 1e3
+        return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], []) / 1e3
     if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
         spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
         return collective_us(spec, "ring", topo) / 1e3
@@ -292,18 +335,19 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         return dev.matmul_us(b, m.flops, "f32") / 1e3
     if m.kind in ("overlap_inside", "overlap_both"):
         E, K = m.exchange_bytes, m.kernel_bytes
-        pairs = [(r, (r + 1) % P, E) for r in range(P)]
+        pairs = [(r, (r + 1) % P, E, E) for r in range(P)]
         inside, both = _des(topo, P, pairs, [dev.kernel_us(K, 0, "f32")] * P, inside=True)
         return (inside if m.kind == "overlap_inside" else both) / 1e3
     raise ValueError(f"no prediction for benchmark kind {m.kind!r}")
 
 
 def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False):
-    """Transfers and kernels (one per rank) started together: the makespan in us (and, with
+    """Transfers (src, dst, bytes, of a transfer of whole bytes) and kernels (one per rank)
+    started together: the makespan in us (and, with
     `inside`, (the kernels' longest time, the makespan))."""
     sim = Sim(topo, P)
-    for s, d, b in transfers:
-        sim.transfer(s, d, b, "calibration", "exchange")
+    for s, d, b, whole in transfers:
+        sim.transfer(s, d, b, "calibration", "exchange", whole=whole)
     procs = [sim.compute(r, us, "calibration", "kernel") for r, us in enumerate(kernels_us)]
     end = sim.run()
     if not inside:

@@ -1,7 +1,7 @@
 """The closed-form (alpha-beta) model of the same collectives and schedules: the DES's oracle.
 
 Every hop costs what the DES charges an uncontended message: it holds its route for `overhead +
-bytes / (bandwidth * efficiency(bytes))` and arrives `latency` later (`network.hop_parts`). A
+bytes / (bandwidth * efficiency(bytes))` and arrives `latency` later (`network.hop_us`). A
 collective of C chunks is a pipeline:
     time = L1 + (C - 1) * bottleneck
 where L1 is the first chunk's critical path and the bottleneck is the busiest resource's time per
@@ -28,10 +28,12 @@ all-gathers); an overlap pipelines producer chunks into its consumer, with compu
 """
 from __future__ import annotations
 
+import dataclasses
+
 from codegen.plan import Collective, Compute, Copy, FusedCollective, MatMul, Overlap, Plan
 
 from .collectives import CollSpec, applicable, by_node, chain_parents, double_trees
-from .network import hop, hop_parts, hop_us
+from .network import hop, hop_us
 from .topology import Topology
 
 _CHOICE: dict = {}
@@ -80,11 +82,12 @@ def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float
     if algorithm == "hierarchical":
         return _hierarchical(topo, spec, S / C)
     if algorithm == "tree":
-        return _trees(topo, double_trees(topo, spec.group), S / 2 / C, link, True, True)
+        return _trees(topo, double_trees(topo, spec.group), S / 2 / C, link, True, True,
+                      C * spec.pieces)
     if algorithm == "chain":
         kind = spec.kind
         return _trees(topo, [chain_parents(spec)], S / C, link, kind == "reduce",
-                      kind == "broadcast")
+                      kind == "broadcast", C * spec.pieces)
     if algorithm == "direct":
         load: dict = {}
         for r in spec.group:
@@ -93,9 +96,9 @@ def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float
                     keys, cls, scale = hop(topo, r, peer, link)
                     for k in keys:
                         load[k] = load.get(k, 0.0) + cls.overhead_us + cls.wire_us(
-                            S / P / C) / scale
+                            S / P / C, S / P * spec.pieces) / scale
         worst = max(load.values())
-        return worst + cls.latency(S / P / C), worst
+        return worst + cls.latency_us, worst
     raise ValueError(f"unknown algorithm {algorithm!r}")
 
 
@@ -122,11 +125,11 @@ class _Edges:
         self.load_vectors = list(vec)
         self.windows: dict[int, list] = {}
 
-    def times(self, b: float, posted: bool = False):
-        """(busy, latency) of one message of b bytes, per class (`posted`: without the
-        overhead, which the sender's compute stream pays)."""
-        return [((0.0 if posted else cls.overhead_us) + cls.wire_us(b) / scale, cls.latency(b))
-                for cls, scale in self.classes]
+    def times(self, b: float, posted: bool = False, whole: float | None = None):
+        """(busy, latency) of one message of b bytes (a chunk of a `whole`-byte transfer), per
+        class (`posted`: without the overhead, which the sender's compute stream pays)."""
+        return [((0.0 if posted else cls.overhead_us) + cls.wire_us(b, whole) / scale,
+                 cls.latency_us) for cls, scale in self.classes]
 
     def overhead(self) -> float:
         return max(cls.overhead_us for cls, _ in self.classes)
@@ -170,7 +173,7 @@ def _ring(topo, spec, members, b, phases, link, work, channels, share: float = 1
     pairs = tuple((members[i], members[(i + 1) % n_m]) for i in range(n_m))
     edges = _edges(topo, pairs, link, channels)
     posted = topo.ring_work_on_compute and link is None  # the CPU runtime's thread posts sends
-    parts = edges.times(b, posted)
+    parts = edges.times(b, posted, b * spec.chunks * spec.pieces)
     post = edges.overhead() if posted else 0.0
     busy = share * edges.busiest([p[0] for p in parts])  # the busiest resource, per ring step
     steps = n_m - 1
@@ -251,14 +254,15 @@ def _post_order(parent: dict) -> list:
     return out
 
 
-def _trees(topo, parents_list, b, link, up, down):
+def _trees(topo, parents_list, b, link, up, down, pieces: int = 1):
     """L1: the slowest tree's reduce path up plus broadcast path down; bottleneck: the busiest
-    port's time per chunk over every tree (up and down)."""
+    port's time per chunk over every tree (up and down); messages of b bytes, each 1/pieces of
+    its transfer."""
     L1, pairs = 0.0, []
     for parent in parents_list:
         tr = _tree(topo, parent, link)
-        t_up = [p[0] + p[1] for p in tr.up.times(b)]
-        t_dn = [p[0] + p[1] for p in tr.down.times(b)]
+        t_up = [p[0] + p[1] for p in tr.up.times(b, whole=b * pieces)]
+        t_dn = [p[0] + p[1] for p in tr.down.times(b, whole=b * pieces)]
         n = len(tr.order)
         reduce_at, depth = [0.0] * n, [0.0] * n
         e = 0
@@ -282,7 +286,7 @@ def _trees(topo, parents_list, b, link, up, down):
         edges = [(v, p) for v, p in parent.items() if p is not None]
         pairs += (edges if up else []) + ([(p, v) for v, p in edges] if down else [])
     every = _edges(topo, tuple(pairs), link, False)
-    return L1, every.busiest([p[0] for p in every.times(b)])
+    return L1, every.busiest([p[0] for p in every.times(b, whole=b * pieces)])
 
 
 # -- schedules ----------------------------------------------------------------------------------
@@ -320,8 +324,8 @@ def _copy(plan, s, topo, chunks):
 
 def _collective(plan, s, topo, chunks):
     spec = spec_of(plan, s, topo)
-    if chunks > 1:
-        spec = CollSpec(spec.kind, spec.nbytes // chunks, spec.group, 1, spec.library, spec.dtype)
+    if chunks > 1:  # one of `chunks` pieces of the collective
+        spec = dataclasses.replace(spec, nbytes=spec.nbytes // chunks, pieces=chunks)
     return staging_us(plan, s, topo, chunks) + collective_us(spec, choose(spec, topo), topo)
 
 
@@ -336,7 +340,7 @@ def staging_us(plan, s, topo: Topology, chunks: int = 1) -> float:
 
 def _p2p(plan, s, topo, chunks):
     src, dst = s.src_stage * plan.P, s.dst_stage * plan.P
-    return hop_us(topo, src, dst, s.nbytes / chunks)
+    return hop_us(topo, src, dst, s.nbytes / chunks, whole=s.nbytes)
 
 
 def _fused(plan, f: FusedCollective, topo, chunks):

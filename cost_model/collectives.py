@@ -54,6 +54,7 @@ class CollSpec:
     library: bool = False
     dtype: str = "f32"
     root: int = 0  # broadcast / reduce: the root's index in the group
+    pieces: int = 1  # this collective is one of `pieces` equal pieces of one (a fused chunk)
 
     @property
     def P(self) -> int:
@@ -133,7 +134,7 @@ class _Build:
 
     def send(self, src, dst, nbytes, task, deps, channels=False, chunk=0):
         ev = self.sim.transfer(src, dst, nbytes, self.step, task, deps, self.link, channels,
-                               self.first + chunk)
+                               self.first + chunk, nbytes * self.spec.chunks * self.spec.pieces)
         self.sent.setdefault(src, []).append(ev)
         return ev
 

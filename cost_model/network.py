@@ -8,7 +8,8 @@
   node's NIC rails taken together (`rails_out`, `rails_in`);
 - `transfer(src, dst, nbytes, ...)`: a process that takes the route's resources (in one global
   order, so processes never deadlock), holds them for `overhead + bytes / (bandwidth *
-  efficiency(bytes))`, releases them, and arrives `latency` later; where the runtime's own
+  efficiency(bytes))`, releases them, and arrives `latency` later (`whole`: the size of the
+  transfer a chunk belongs to, where the link's rate goes by it); where the runtime's own
   thread posts its messages (`ring_work_on_compute`: the CPU runtime's isend), the overhead is
   a task on the sender's compute stream before the transfer instead;
 - `compute(rank, us, ...)`: a process that runs `us` microseconds of work on the rank's compute
@@ -164,17 +165,10 @@ def _hamiltonian(left: dict, n: int):
 
 
 def hop_us(topo: Topology, src: int, dst: int, nbytes: float, link: Optional[LinkClass] = None,
-           channels: bool = False) -> float:
-    """Uncontended time of one message src -> dst, in microseconds."""
-    busy, latency = hop_parts(topo, src, dst, nbytes, link, channels)
-    return busy + latency
-
-
-def hop_parts(topo: Topology, src: int, dst: int, nbytes: float,
-              link: Optional[LinkClass] = None, channels: bool = False) -> tuple[float, float]:
-    """(time the message holds its route, latency after it), in microseconds."""
+           channels: bool = False, whole: Optional[float] = None) -> float:
+    """Uncontended time of one message src -> dst (a chunk of `whole` bytes), in microseconds."""
     _, cls, scale = hop(topo, src, dst, link, channels)
-    return cls.overhead_us + cls.wire_us(nbytes) / scale, cls.latency(nbytes)
+    return cls.overhead_us + cls.wire_us(nbytes, whole) / scale + cls.latency_us
 
 
 def _fold_key(key: tuple, per_node: int) -> tuple:
@@ -289,10 +283,12 @@ class Sim:
         self.trace.append((rank, "comm", step, task, start, self.env.now))
 
     def transfer(self, src: int, dst: int, nbytes: float, step: str, task: str, deps=(),
-                 link: Optional[LinkClass] = None, channels: bool = False, chunk: int = 0):
-        """A process: wait for deps, send nbytes src -> dst over the route. With the topology's
-        `pipelined_chunks` a waiting message of a lower chunk goes first; else first come,
-        first served."""
+                 link: Optional[LinkClass] = None, channels: bool = False, chunk: int = 0,
+                 whole: Optional[float] = None):
+        """A process: wait for deps, send nbytes src -> dst over the route (a chunk of a
+        transfer of `whole` bytes, for a link whose rate goes by the transfer). With the
+        topology's `pipelined_chunks` a waiting message of a lower chunk goes first; else first
+        come, first served."""
         prio = chunk if self.topo.pipelined_chunks else 0
         deps = [d for d in deps if d is not None]
         posted = self.posts_on_compute(link)
@@ -301,13 +297,13 @@ class Sim:
             if cls.overhead_us > 0:
                 deps = [self.compute(src, cls.overhead_us, step, f"post {task}", deps)]
         return self.env.process(self._transfer(src, dst, nbytes, step, task, deps, link,
-                                               channels, prio, posted))
+                                               channels, prio, posted, whole))
 
     def posts_on_compute(self, link: Optional[LinkClass]) -> bool:
         """A CPU runtime's own messages (not the library's) are posted by the rank's thread."""
         return self.topo.ring_work_on_compute and link is None
 
-    def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio, posted):
+    def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio, posted, whole):
         ready = join(self.env, deps)
         if ready is not None:
             yield ready
@@ -324,7 +320,7 @@ class Sim:
             self._comm[r] += 1
             if self._comm[r] == 1:
                 self._signal(r)
-        hold = (0.0 if posted else cls.overhead_us) + cls.wire_us(nbytes) / scale
+        hold = (0.0 if posted else cls.overhead_us) + cls.wire_us(nbytes, whole) / scale
         yield from self._work(hold, ends,
                               self.topo.comm_slowdown,
                               lambda: sum(self._busy[r] for r in ends) / len(ends))
@@ -334,9 +330,8 @@ class Sim:
                 self._signal(r)
         for port in ports:
             port.release()
-        latency = cls.latency(nbytes)
-        if latency:
-            yield self.env.timeout(latency)
+        if cls.latency_us:
+            yield self.env.timeout(cls.latency_us)
         self.trace.append((a, "comm", step, task, start, self.env.now))
 
     def _res_id(self, key: tuple) -> int:

@@ -17,8 +17,11 @@ message and kernel sizes in bytes.
 - `LinkClass`: one port or link, per direction: a message of b bytes holds it for
   `overhead_us + b / (bandwidth_gbps * efficiency(b))` (the per-message software cost and the
   wire), then arrives `latency_us` later (propagation and pipeline latency, which does not hold
-  the link: NCCL's per-hop latency; LogP's o and L); `latency_by_size` {bytes: us}, where given,
-  replaces `latency_us` by a curve (a CPU runtime's wake-ups grow with the message).
+  the link: NCCL's per-hop latency; LogP's o and L). `rate_by`: `message` reads the efficiency
+  at the message's own size (NCCL: a chunk of a pipelined collective is a message of its own);
+  `transfer` at the size of the whole transfer a chunk belongs to (a CPU runtime: the chunks of
+  one buffer stream through the same sockets, copies and caches at the whole buffer's rate, as
+  calibration's `exchange_chunked` shows: C chunks cost one whole message plus C - 1 posts).
 - `IntraNode`: `kind` switch (each device has one port into a non-blocking switch: NVSwitch),
   mesh (point-to-point links, `mesh` = [[a, b, links], ...] between local devices, each link a
   `link`; pairs without one go over `fallback`: PCIe / host) or bus (one medium every message of
@@ -59,6 +62,7 @@ from typing import Any, Dict, List, Optional, Union
 CONF_TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "conf" / "topology"
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 ALGORITHMS = ("ring", "tree", "hierarchical")
+RATE_BY = ("message", "transfer")
 
 
 class TopologyError(ValueError):
@@ -75,25 +79,22 @@ class LinkClass:
     latency_us: float = field(metadata=_positive(False))
     efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
     overhead_us: float = field(default=0.0, metadata=_positive(False))
-    latency_by_size: Dict[int, float] = field(default_factory=dict,
-                                              metadata={"nonnegative_values": True})
+    rate_by: str = field(default="message", metadata={"choices": RATE_BY})
 
     def eff(self, nbytes: float) -> float:
         return interpolate(self.efficiency, nbytes)
 
-    def latency(self, nbytes: float) -> float:
-        """The latency of a message of nbytes: `latency_by_size` interpolated where given."""
-        return interpolate(self.latency_by_size, nbytes) if self.latency_by_size else \
-            self.latency_us
-
     def time_us(self, nbytes: float) -> float:
         """overhead + bytes / achieved bandwidth + latency: one uncontended message, in us."""
-        return self.overhead_us + self.wire_us(nbytes) + self.latency(nbytes)
+        return self.overhead_us + self.wire_us(nbytes) + self.latency_us
 
-    def wire_us(self, nbytes: float) -> float:
+    def wire_us(self, nbytes: float, whole: Optional[float] = None) -> float:
+        """nbytes on the wire at the efficiency of its own size, or with `rate_by: transfer`
+        of the `whole` transfer it is a chunk of (where given)."""
         if nbytes <= 0:
             return 0.0
-        return nbytes / (self.bandwidth_gbps * 1e3 * self.eff(nbytes))
+        at = whole if self.rate_by == "transfer" and whole else nbytes
+        return nbytes / (self.bandwidth_gbps * 1e3 * self.eff(at))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -325,10 +326,6 @@ def _check_range(f, value, path: str) -> None:
         for k, v in value.items():
             if k <= 0 or not 0 < v <= 1:
                 raise TopologyError(f"{path}[{k}]={v!r}: sizes must be > 0 and fractions in (0, 1]")
-    if meta.get("nonnegative_values"):
-        for k, v in value.items():
-            if k <= 0 or v < 0:
-                raise TopologyError(f"{path}[{k!r}]={v!r}: sizes must be > 0, values >= 0")
     if meta.get("curves"):
         for name, curve in value.items():
             for k, v in curve.items():

@@ -25,6 +25,7 @@ in place). Every rank ends with the topology's `step_overhead_us` (a task `overh
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -122,7 +123,7 @@ def _p2p(run: Run, s: P2P, ready, C):
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
         evs = [run.sim.transfer(src, dst, s.nbytes / C, run.name(s), f"p2p c{c}", [ready[src][c]],
-                                chunk=c) for c in range(C)]
+                                chunk=c, whole=s.nbytes) for c in range(C)]
         out[src] = evs
         out[dst] = [join(run.sim.env, (ev, ready[dst][c]))
                     for c, ev in enumerate(evs)]
@@ -147,7 +148,7 @@ def _piece(run: Run, part, c: int, C: int, ready_c: dict, algo: Optional[str]):
     one = {r: [e] for r, e in ready_c.items()}
     if isinstance(part, Collective):
         spec = spec_of(run.plan, part, run.topo, C)
-        piece = CollSpec(spec.kind, spec.nbytes // C, spec.group, 1, spec.library, spec.dtype)
+        piece = dataclasses.replace(spec, nbytes=spec.nbytes // C, chunks=1, pieces=C)
         done = _coll(run, piece, part, one, algo, c)
     elif isinstance(part, P2P):
         done = _p2p_piece(run, part, C, c, one)
@@ -164,7 +165,7 @@ def _p2p_piece(run: Run, s: P2P, C: int, c: int, ready):
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
         ev = run.sim.transfer(src, dst, s.nbytes / C, run.name(s), f"p2p c{c}", [ready[src][0]],
-                              chunk=c)
+                              chunk=c, whole=s.nbytes)
         out[src] = [ev]
         out[dst] = [join(run.sim.env, (ev, ready[dst][0]))]
     return out

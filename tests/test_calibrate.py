@@ -15,10 +15,10 @@ from experiments import MeasureSettings, PredictSettings
 
 def truth():
     base = load_topology("local")
-    link = LinkClass(bandwidth_gbps=2.0, latency_us=300.0, overhead_us=40.0,
-                     latency_by_size={1 << 10: 300.0, 1 << 27: 300.0})
-    lib = LinkClass(bandwidth_gbps=1.5, latency_us=500.0, latency_by_size={1 << 9: 500.0,
-                                                                           1 << 26: 500.0})
+    link = LinkClass(bandwidth_gbps=2.0, latency_us=300.0, overhead_us=40.0, rate_by="transfer",
+                     efficiency={1 << 16: 0.5, 1 << 22: 0.8, 1 << 27: 1.0})
+    lib = LinkClass(bandwidth_gbps=1.5, latency_us=500.0, rate_by="transfer",
+                    efficiency={1 << 20: 0.6, 1 << 26: 1.0})
     device = dataclasses.replace(base.device, memory_bandwidth_gbps=20.0, launch_us=30.0,
                                  memory_efficiency={}, matmul_efficiency=1.0,
                                  peak_tflops={**base.device.peak_tflops, "f32": 0.05})
@@ -46,16 +46,37 @@ def synthetic(topo, P=2) -> list[Measurement]:
 def test_the_fit_recovers_the_topology_that_made_the_measurements():
     t = truth()
     got = fit(synthetic(t), load_topology("local"), 2)
-    assert got.intra.link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
-    assert got.intra.link.overhead_us == pytest.approx(40.0, rel=0.15)  # wire hides a little
+    link = got.intra.link
+    assert link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
+    assert link.overhead_us == pytest.approx(40.0, rel=0.15)  # wire hides a little
+    assert link.latency_us == pytest.approx(300.0, rel=0.1)
+    assert link.rate_by == "transfer"
+    for size, eff in ((1 << 22, 0.8), (1 << 25, t.intra.link.eff(1 << 25))):
+        assert link.eff(size) == pytest.approx(eff, abs=0.04)
     assert got.library.bandwidth_gbps == pytest.approx(1.5, rel=0.02)
+    assert got.library.latency_us == pytest.approx(500.0, rel=0.1)
+    assert got.library.eff(1 << 23) == pytest.approx(t.library.eff(1 << 23), abs=0.04)
     assert got.device.memory_bandwidth_gbps == pytest.approx(20.0, rel=0.02)
     assert got.device.launch_us == pytest.approx(30.0, rel=0.02)
     assert got.device.peak("f32") == pytest.approx(0.05, rel=0.02)
     assert got.compute_slowdown == pytest.approx(0.3, abs=0.02)
     assert got.comm_slowdown == pytest.approx(0.2, abs=0.03)
-    for m in synthetic(t):  # and predicts them back (the fit counts one latency per ring step)
+    for m in synthetic(t):  # and predicts them back, the chunked exchange too
         assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=0.1), m
+
+
+def test_chunks_of_one_transfer_go_at_the_transfers_rate():
+    """`rate_by: transfer`: C chunks cost what the whole message costs plus their posts (as the
+    CPU runtime measures); `message`: each chunk at its own (lower) efficiency, so more."""
+    t = truth()
+    whole, chunked = (Measurement("exchange", 1 << 24, 0.0, 2),
+                      Measurement("exchange_chunked", 1 << 24, 0.0, 2, chunks=16))
+    posts = 15 * t.intra.link.overhead_us / 1e3
+    by_transfer = predict_ms(t, chunked)
+    assert predict_ms(t, whole) < by_transfer <= predict_ms(t, whole) + posts + 0.3
+    own = dataclasses.replace(t, intra=dataclasses.replace(
+        t.intra, link=dataclasses.replace(t.intra.link, rate_by="message")))
+    assert predict_ms(own, chunked) > 1.2 * by_transfer
 
 
 def test_a_short_noisy_kernel_sweep_still_fits_a_bandwidth():
