@@ -190,7 +190,11 @@ def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn, stack
         sys.stderr.flush()
     if failed:
         os._exit(1)  # peers may be blocked on us; do not run gloo's teardown
-    dist.destroy_process_group()
+    try:  # leave together: a peer's teardown under a rank still in gloo aborted it once
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - the result is already with the parent
+        os._exit(0)
 
 
 def _send(conn, message) -> None:
