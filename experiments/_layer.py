@@ -25,6 +25,16 @@ def bias_dropout_residual(b: Builder, partial: Tensor, dtype, stage=None) -> Ten
     return b.dropout(total + bias, p=DROPOUT_P, seed=DROPOUT_SEED) + residual
 
 
+def torch_bias_dropout_add(y, bias, residual, out) -> None:
+    """The tail as Megatron-LM runs it in torch ops (the baselines' library computation):
+    out = dropout(y + bias) + residual, with torch's own dropout (Philox random numbers)."""
+    import torch
+
+    torch.add(y, bias, out=out)
+    torch.nn.functional.dropout(out, DROPOUT_P, training=True, inplace=True)
+    out.add_(residual)
+
+
 def value_of(p: Program, op: str):
     """The only statement of kind `op` in p (its out value), for naming transform targets."""
     found = [s.out for s in p.body if s.op == op and s.out.type.rank > 0]

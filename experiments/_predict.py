@@ -7,7 +7,8 @@ over the predicted baseline at the same point. The baseline has no Plan of its o
 predicted as the library runs it, on the unscheduled program's Plan (AR-C, MM-AR-C, AR-C-P2P:
 the library's all-reduce with the topology's algorithm, then the computation). Where the
 experiment's baseline calls a library routine for its computation (`LIBRARY_STEP`: torch's fused
-Adam, the torch LAMB of `_dp_measure`) and the topology's device has that routine's measured
+Adam, the torch LAMB of `_dp_measure`, the Megatron tail's torch ops of `_mp_measure`) and the
+topology's device has that routine's measured
 time (`Device.library_steps_us`, from `experiment=calibrate`), the Plan's computation takes that
 time (on the gradient's bytes) instead of the generated kernels'; elsewhere it equals the
 unscheduled schedule's prediction.
@@ -20,6 +21,7 @@ A100 and DGX H100 nodes. `local_points(rows)` reads the measured points back fro
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -95,21 +97,26 @@ def _program(exp: ModuleType, dtype):
         return exp.program()
 
 
-LIBRARY_STEP = {"adam_fusion": "adam", "lamb_fusion": "lamb"}  # experiment -> library routine
+# experiment -> (the library routine its baseline calls, the size symbols whose product is the
+# routine's element count)
+LIBRARY_STEP = {"adam_fusion": ("adam", ("N",)), "lamb_fusion": ("lamb", ("N",)),
+                "model_parallel": ("bias_dropout_add", ("S", "B", "H")),
+                "pipeline_parallel": ("bias_dropout_add", ("S", "B", "H"))}
 
 
 def library_compute_us(exp: ModuleType, plan, topo: Topology, bindings: dict,
                        dtype=None) -> dict:
-    """{step id: us} for the baseline's Plan: its library routine's measured time on the
-    gradient (N elements of dtype) given to the first Compute step, 0 to the others and to the
-    collectives' staging copies (the library reduces the gradient in place); {} where the
-    experiment has no library routine or the topology no time for it."""
+    """{step id: us} for the baseline's Plan: its library routine's measured time on its
+    elements (the gradient's N, or the layer output's S * B * H, of dtype) given to the first
+    Compute step, 0 to the others and to the collectives' staging copies (the library reduces
+    in place); {} where the experiment has no library routine or the topology no time for it."""
     from codegen.plan import Collective, Compute
 
-    routine = LIBRARY_STEP.get(exp.NAME)
-    if routine is None or "N" not in bindings:
+    routine, symbols = LIBRARY_STEP.get(exp.NAME, (None, ()))
+    if routine is None or any(k not in bindings for k in symbols):
         return {}
-    us = topo.device.library_step_us(routine, bindings["N"] * (dtype or f32).numpy.itemsize)
+    elements = math.prod(bindings[k] for k in symbols)
+    us = topo.device.library_step_us(routine, elements * (dtype or f32).numpy.itemsize)
     steps = [s.id for s in plan.steps if isinstance(s, Compute)]
     if us is None or not steps:
         return {}

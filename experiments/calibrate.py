@@ -22,7 +22,9 @@ bytes (f32 buffers), powers of two up to the scale's largest:
   `sequence_comm` and `sequence_compute` (each alone): what a step costs beyond its parts;
 - `library_adam`, `library_lamb`: the library optimizer steps the data-parallel baselines call
   (`experiments._dp_measure.Baseline.update`: torch's fused Adam, the torch LAMB), b = the
-  gradient's bytes, on every rank at once as in a step;
+  gradient's bytes, on every rank at once as in a step; `library_bias_dropout_add`: the
+  model- and pipeline-parallel baselines' tail in torch ops (`_layer.torch_bias_dropout_add`),
+  b = the output's bytes;
 - `overlap_compute`: the kernel while a large exchange is in flight (compute slowdown);
   `overlap_comm`: an exchange while kernels run on every rank (communication slowdown).
 
@@ -59,7 +61,8 @@ KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "default": (19, 23, 1), "paper": (19, 23, 1)}  # elements
 LIBRARY_SCALES = {"smoke": (10, 16, 3), "default": (14, 23, 1), "paper": (14, 23, 1)}  # elements
-LIBRARY_ROUTINES = ("adam", "lamb")  # the optimizer steps the data-parallel baselines call
+LIBRARY_ROUTINES = ("adam", "lamb", "bias_dropout_add")  # what the baselines call
+TAIL_HIDDEN = 1024  # bias_dropout_add: rows of this many elements (the layer's H)
 
 
 def sizes(scale: str, table=SCALES) -> list[int]:
@@ -178,10 +181,19 @@ def _sequence(plan, step, fn, runner, comm, n, spec, times, extras) -> None:
 
 
 def _library_step(routine: str, n: int, world: int):
-    """The baseline's library optimizer step on n elements (its gradient summed already)."""
+    """The baseline's library routine on n elements: an optimizer step (its gradient summed
+    already), or the Megatron layer's tail in torch ops on [n / H, H]."""
     import numpy as np
 
     from ._dp_measure import Baseline
+
+    if routine == "bias_dropout_add":
+        from ._layer import torch_bias_dropout_add
+
+        h = min(n, TAIL_HIDDEN)
+        y, residual = torch.randn(n // h, h), torch.randn(n // h, h)
+        bias, out = torch.randn(h), torch.empty(n // h, h)
+        return lambda: torch_bias_dropout_add(y, bias, residual, out)
 
     base = Baseline(routine, np.random.default_rng(n).standard_normal(n, dtype=np.float32),
                     world)

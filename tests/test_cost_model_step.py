@@ -11,7 +11,7 @@ from codegen.plan import Compute
 from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.topology import Topology, TopologyError, load_topology
 from cost_model.workload import simulate
-from experiments import _predict, adam_fusion, lamb_fusion
+from experiments import _predict, adam_fusion, lamb_fusion, model_parallel
 from tests.test_calibrate import synthetic, truth
 from tests.test_cost_model import tiny
 
@@ -98,6 +98,20 @@ def test_the_baseline_computes_with_its_library_routine_on_the_gradients_bytes(e
     rows = {r["schedule"]: r for r in _predict.predict(exp, topo, [{"N": n}], 2)}
     assert rows["baseline"]["compute_ms"] == pytest.approx(5.0, rel=1e-6)
     assert rows["baseline"]["time_ms"] != rows["AR-C"]["time_ms"]
+
+
+def test_the_layer_baselines_compute_their_tail_with_the_library_routine():
+    """model_parallel's baseline runs the tail (bias, dropout, residual) in torch ops: its
+    Compute step takes `bias_dropout_add`'s time on the output's S * B * H f32 elements."""
+    b = {"S": 64, "B": 2, "H": 128, "K": 128}
+    out_bytes = 4 * 64 * 2 * 128
+    topo = _with_steps(load_topology("local"), 0.0, {"bias_dropout_add": {out_bytes: 7000.0}})
+    plan = lower(model_parallel.program(), b, 2)
+    got = _predict.library_compute_us(model_parallel, plan, topo, b)
+    computes = [s.id for s in plan.steps if isinstance(s, Compute)]
+    assert got[computes[0]] == pytest.approx(7000.0)
+    rows = {r["schedule"]: r for r in _predict.predict(model_parallel, topo, [b], 2)}
+    assert rows["baseline"]["time_ms"] > rows["MM-AR-C"]["time_ms"] + 5.0
 
 
 def test_without_a_measured_routine_the_baseline_is_the_unscheduled_schedule():
