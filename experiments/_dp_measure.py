@@ -7,7 +7,8 @@ Plan through `codegen.runtime.execute`. Per point:
   gradient per rank and step) the schedule's w, m, v equal the baseline's within
   |x - ref| <= RTOL * (1 + |ref|) on every rank; the baseline itself is checked against
   `dsl.interpret` of the experiment's program (one step, small N);
-- time: `time_ranks` (warm-up, repeats, a barrier before each, the max over ranks), median, min, max.
+- time: `_points.time_point` (warm-up, repeats, a barrier before each, the max over ranks; a
+  short step more repeats), median, min, max.
 Rank 0 appends each point to results.csv as soon as it is measured and prints a progress line.
 """
 from __future__ import annotations
@@ -26,9 +27,8 @@ from codegen.lower import lower
 from codegen.plan import Plan
 from codegen.runtime.execute import PlanRunner, tp_groups
 from codegen.runtime.launch import run_ranks
-from codegen.runtime.measure import time_ranks
 
-from ._points import agree, progress, publish
+from ._points import agree, progress, publish, time_point
 
 RTOL = 2e-6  # f32: three steps differ only by reduction and op order (a few ulp of w, m, v)
 HP = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
@@ -164,14 +164,14 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
     for n in spec.sizes:
         reference, base_step = _baseline(spec, rank, n)
         base_ok = spec.baseline_ok
-        timing = time_ranks(base_step, spec.warmup, spec.repeats)
+        timing = time_point(base_step, spec.warmup, spec.repeats)
         base_ms = timing.median_ms
         rows.append(_row(spec, "baseline", n, timing, base_ms, base_ok, rank, bar))
         for name, size, plan in spec.plans:
             if size != n:
                 continue
             ok, fn = _run_schedule(spec, plan, rank, kernels, groups, n, reference)
-            timing = time_ranks(fn, spec.warmup, spec.repeats)
+            timing = time_point(fn, spec.warmup, spec.repeats)
             rows.append(_row(spec, name, n, timing, base_ms, ok, rank, bar))
     return rows
 

@@ -10,8 +10,9 @@ the only difference between the two runs). Inputs are
   |x - ref| <= tol * (1 + |ref|), tol = `dsl.equivalence.tolerance` (matmul and reduction order
   differ); the baseline itself equals `dsl.interpret` at a small size (checked by the parent).
   Dropout masks are identical by construction (the baseline computes the DSL's hash mask).
-- time: `time_ranks` (warm-up, repeats, barrier before each, the max over ranks); compute_ms is
-  the time in kernels and matmuls (rank average per run), comm_ms = time_ms - compute_ms, and for
+- time: `_points.time_point` (warm-up, repeats, barrier before each, the max over ranks);
+  compute_ms is the time in kernels and matmuls (rank average per run), comm_ms = time_ms -
+  compute_ms, and for
   an overlapped schedule overlapped_ms = the split schedule's comm_ms at the same point minus its
   own (communication it hid), floored at 0.
 Rank 0 appends each point to results.csv as soon as it is measured.
@@ -32,11 +33,10 @@ from codegen.lower import lower
 from codegen.runtime import comm
 from codegen.runtime.execute import PlanRunner, tp_groups
 from codegen.runtime.launch import run_ranks
-from codegen.runtime.measure import time_ranks
 from dsl.equivalence import tolerance
 
 from ._layer import DROPOUT_P, DROPOUT_SEED, torch_bias_dropout_add, torch_dropout_
-from ._points import agree, progress, publish
+from ._points import agree, progress, publish, time_point
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,9 @@ def _close(got: dict, ref: dict, tol: float) -> bool:
 def _measure(obj, spec: Spec, group) -> tuple:
     obj.compute_ms = 0.0
     fn = obj.step if isinstance(obj, Baseline) else obj.run
-    timing = time_ranks(fn, spec.warmup, spec.repeats)
-    t = torch.tensor([obj.compute_ms / (spec.warmup + spec.repeats)], dtype=torch.float64)
+    timing = time_point(fn, spec.warmup, spec.repeats)
+    calls = spec.warmup + len(timing.times_ms)
+    t = torch.tensor([obj.compute_ms / calls], dtype=torch.float64)
     dist.all_reduce(t)
     return timing, float(t[0]) / dist.get_world_size()
 

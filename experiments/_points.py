@@ -9,8 +9,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from codegen.runtime.measure import Timing, time_ranks
 from reports.progress import Progress
 from reports.table import append_row
+
+MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
+
+
+def time_point(fn, warmup: int, repeats: int) -> Timing:
+    """A measured point's timing: `time_ranks`, a short step repeated until its repeats take
+    MIN_TIMED_MS (at most MORE_REPEATS x repeats), so that its median rests on more samples."""
+    return time_ranks(fn, warmup, repeats, min_total_ms=MIN_TIMED_MS,
+                      max_repeats=MORE_REPEATS * repeats)
 
 
 def agree(ok: bool) -> bool:

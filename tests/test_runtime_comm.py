@@ -331,3 +331,21 @@ def test_torchrun_joins_ranks_through_run_ranks():
                           timeout=90, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK 2 ranks" in proc.stdout
+
+
+def _short_and_long_steps(rank, world):
+    from codegen.runtime.measure import time_ranks
+
+    short = time_ranks(lambda: time.sleep(0.005 * (1 + rank)), 1, 3, min_total_ms=100.0,
+                       max_repeats=12)
+    long = time_ranks(lambda: time.sleep(0.05), 0, 3, min_total_ms=100.0, max_repeats=12)
+    return len(short.times_ms), len(long.times_ms), min(short.times_ms)
+
+
+def test_a_short_step_gets_more_repeats_the_same_on_every_rank():
+    """min_total_ms: repeats until they add up to it (at most max_repeats), counted from the
+    first repeat's slowest rank, so every rank runs the same number of barriers."""
+    got = launch(_short_and_long_steps, 2, timeout_s=60.0)
+    assert got[0][:2] == got[1][:2]
+    n_short, n_long, fastest = got[0]
+    assert n_long == 3 and 6 <= n_short <= 12 and fastest >= 10.0  # rank 1's 10 ms sleeps

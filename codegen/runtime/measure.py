@@ -1,12 +1,13 @@
 """Timing on ranks: warm-up, repeats, a barrier before each timed region, the maximum over ranks.
 
 `time_ranks(fn, warmup, repeats, group=None) -> Timing` calls `fn()` `warmup` times untimed, then
-`repeats` times, each preceded by a barrier; a repeat's time is the maximum over the ranks of the
+`repeats` times (more for a short fn with `min_total_ms`), each preceded by a barrier; a repeat's time is the maximum over the ranks of the
 group of their elapsed wall-clock time (all_reduce MAX), so a repeat costs what the slowest rank
 paid. Every rank gets the same Timing. Units: milliseconds.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -34,18 +35,22 @@ class Timing:
 
 
 def time_ranks(fn: Callable[[], None], warmup: int, repeats: int, group: Optional[object] = None,
-               before: Optional[Callable[[], None]] = None) -> Timing:
+               before: Optional[Callable[[], None]] = None, min_total_ms: float = 0.0,
+               max_repeats: int = 0) -> Timing:
     """Time fn on every rank of `group`; `before()` (untimed) runs ahead of each call, e.g. to
-    reset state that fn updates in place."""
+    reset state that fn updates in place. With `min_total_ms`, a short fn is repeated until the
+    repeats add up to that much (as the first repeat's time, the same on every rank, says), at
+    most `max_repeats` times: a median of more samples where each costs little."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     for _ in range(warmup):
         if before:
             before()
         fn()
-    out = []
+    out: list[float] = []
     t = torch.zeros(1, dtype=torch.float64)
-    for _ in range(repeats):
+    count = repeats
+    while len(out) < count:
         if before:
             before()
         dist.barrier(group=group)
@@ -54,4 +59,7 @@ def time_ranks(fn: Callable[[], None], warmup: int, repeats: int, group: Optiona
         t[0] = (time.perf_counter() - start) * 1e3
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         out.append(float(t[0]))
+        if len(out) == 1 and min_total_ms > 0:
+            wanted = math.ceil(min_total_ms / max(out[0], 1e-6))
+            count = max(repeats, min(max_repeats or repeats, wanted))
     return Timing(tuple(out))
