@@ -50,6 +50,8 @@ from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.table import append_row
 
+from ._points import MIN_TIMED_MS, MORE_REPEATS
+
 NAME = "calibrate"
 FIGURE = "none (fits the cost model's local topology)"
 NEEDS_MEASUREMENT = True
@@ -122,8 +124,12 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     extras: dict[tuple, dict] = {}
 
     def record(kind, nbytes, fn, **extra):
-        small = nbytes <= (1 << 21)  # cheap: more repeats against the noise of short timings
-        t = time_ranks(fn, spec["warmup"], spec["repeats"] * (3 if small else 1))
+        # cheap ones more repeats against the noise of short timings: 3x at small sizes, and
+        # until a pass's repeats take MIN_TIMED_MS (at most MORE_REPEATS x), as measured points
+        small = nbytes <= (1 << 21)
+        repeats = spec["repeats"] * (3 if small else 1)
+        t = time_ranks(fn, spec["warmup"], repeats, min_total_ms=MIN_TIMED_MS,
+                       max_repeats=MORE_REPEATS * spec["repeats"])
         times.setdefault((kind, nbytes), []).extend(t.times_ms)
         extras[(kind, nbytes)] = extra
 
