@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from codegen.plan import Collective, Compute, Copy, FusedCollective, MatMul, Overlap, Plan
+from codegen.plan import (ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap,
+                          Plan)
 
 from .collectives import CollSpec, applicable, by_node, chain_parents, double_trees
 from .network import hop, hop_us
@@ -311,7 +312,18 @@ def step_us(plan: Plan, step, topo: Topology, chunks: int = 1) -> float:
 
 
 def _compute(plan, s, topo, chunks):
-    return topo.device.kernel_us(s.nbytes / chunks, s.flops / chunks, _dtype(plan, s))
+    return topo.device.kernel_us(kernel_bytes(plan, s, topo) / chunks, s.flops / chunks,
+                                 _dtype(plan, s))
+
+
+def kernel_bytes(plan: Plan, s: Compute, topo: Topology) -> float:
+    """The bytes a kernel moves: its reads and writes, and on a `write_allocate` device once
+    more each buffer it writes without reading it (the line is read before it is written)."""
+    if not topo.device.write_allocate:
+        return s.nbytes
+    read = {a.buffer for a in s.kernel.reads}
+    fresh = {b for _, b in s.kernel.writes if b not in read}
+    return s.nbytes + s.kernel.numel * sum(ITEMSIZE[plan.buffer(b).dtype] for b in fresh)
 
 
 def _matmul(plan, s, topo, chunks):

@@ -13,7 +13,9 @@ message and kernel sizes in bytes.
   time of whole library routines (`library_steps_us` {routine: {bytes: us}}: a library optimizer
   step such as torch's fused Adam, which the experiments' baselines call; `library_step_us`
   interpolates in log-log between sizes, the smallest size's time below it, per byte beyond the
-  largest; None where the device has no figure for the routine).
+  largest; None where the device has no figure for the routine). `write_allocate`: a store
+  reads its cache line first (CPUs without streaming stores), so a kernel's writes to a buffer
+  it does not read cost their bytes twice.
 - `LinkClass`: one port or link, per direction: a message of b bytes holds it for
   `overhead_us + b / (bandwidth_gbps * efficiency(b))` (the per-message software cost and the
   wire), then arrives `latency_us` later (propagation and pipeline latency, which does not hold
@@ -108,6 +110,7 @@ class Device:
     library_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
     library_steps_us: Dict[str, Dict[int, float]] = field(default_factory=dict,
                                                           metadata={"curves": True})
+    write_allocate: bool = False
 
     def library_step_us(self, routine: str, nbytes: float) -> Optional[float]:
         """The library routine's time on nbytes (us), from `library_steps_us`; None without."""

@@ -118,3 +118,27 @@ def test_without_a_measured_routine_the_baseline_is_the_unscheduled_schedule():
     topo = load_topology("local")
     rows = {r["schedule"]: r for r in _predict.predict(adam_fusion, topo, [{"N": 1 << 16}], 2)}
     assert rows["baseline"]["time_ms"] == rows["AR-C"]["time_ms"]
+
+
+def test_write_allocate_counts_the_writes_to_buffers_a_kernel_does_not_read():
+    """On a CPU (write_allocate) a store reads its line first: LAMB's first kernel writes new
+    buffers (m, v, u of the step) and moves their bytes twice; Adam's updates in place do not."""
+    from cost_model.closed_form import kernel_bytes
+
+    n = 1 << 16
+    cpu = load_topology("local")
+    gpu = dataclasses.replace(cpu, device=dataclasses.replace(cpu.device, write_allocate=False))
+    assert cpu.device.write_allocate
+    extra = []
+    for exp in (adam_fusion, lamb_fusion):
+        plan = lower(exp.program(), {"N": n}, 2)
+        for s in (s for s in plan.steps if isinstance(s, Compute)):
+            read = {a.buffer for a in s.kernel.reads}
+            fresh = sum(n * 4 for _, b in s.kernel.writes if b not in read)  # f32, loop n
+            assert kernel_bytes(plan, s, gpu) == s.nbytes
+            assert kernel_bytes(plan, s, cpu) == s.nbytes + fresh
+            extra.append(fresh // n)
+    assert extra == [0, 12, 0]  # Adam in place; LAMB's first kernel writes m', v', u anew
+    adam = next(s for s in lower(adam_fusion.program(), {"N": n}, 2).steps
+                if isinstance(s, Compute))
+    assert kernel_bytes(plan, adam, cpu) == adam.nbytes  # w, m, v read and written in place
