@@ -7,8 +7,9 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
 - `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
   bus the P messages of a step go one after the other: time = P * (overhead + b / (bandwidth *
   efficiency(b))) + latency. `exchange_chunked` (the same in C chunks) gives the per-message
-  overhead ((chunked - whole) / ((C-1) P) at small sizes); the latency is the smallest sizes'
-  fixed cost; each size's achieved bandwidth is solved for, the best is the bandwidth and each
+  overhead at small sizes: first (chunked - whole) / ((C-1) P), then the overhead for which the
+  model's own chunked exchange is as far above the whole one as measured (`chunk_overhead_us`:
+  posts overlap the wire); the latency is the smallest sizes' fixed cost; each size's achieved bandwidth is solved for, the best is the bandwidth and each
   size's share of it the efficiency curve. With `rate_by: transfer` (the shipped `local`) chunks
   go at their whole transfer's rate, which `exchange_chunked` at large sizes checks.
 - `all_reduce` (gloo's): the library link, the same way, as a ring of 2(P-1) steps of b/P bytes.

@@ -161,6 +161,21 @@ def test_chunked_rings_agree_on_one_node():
             assert des == pytest.approx(collective_us(spec, "ring", topo), rel=0.02)
 
 
+def test_chunks_go_at_the_whole_transfers_rate_where_the_link_says_so():
+    """`rate_by: transfer` reads a chunk's efficiency at its whole message's size (DES and closed
+    form alike), so C chunks are no slower on the wire than one message; `message` at its own."""
+    base = quiet(load_topology("dgx_a100"))
+    times = {}
+    for rate_by in ("message", "transfer"):  # wire-bound: no latency, a steep efficiency curve
+        link = dataclasses.replace(base.intra.link, latency_us=0.0, rate_by=rate_by,
+                                   efficiency={1 << 16: 0.2, 1 << 24: 1.0})
+        t = dataclasses.replace(base, intra=dataclasses.replace(base.intra, link=link))
+        spec = CollSpec("reduce_scatter", 1 << 25, tuple(range(8)), 16)  # 256 KiB of 4 MiB
+        times[rate_by] = simulate_collective(spec, t, "ring").time_us
+        assert times[rate_by] == pytest.approx(collective_us(spec, "ring", t), rel=0.02)
+    assert times["transfer"] == pytest.approx(times["message"] * 0.4 / 0.8, rel=0.05)
+
+
 def _sequential_plans():
     f = {"N": 1 << 22}
     yield "dgx2", 2, adam_fusion.schedules()["AR-C"], f
