@@ -349,3 +349,46 @@ def test_a_short_step_gets_more_repeats_the_same_on_every_rank():
     assert got[0][:2] == got[1][:2]
     n_short, n_long, fastest = got[0]
     assert n_long == 3 and 6 <= n_short <= 12 and fastest >= 10.0  # rank 1's 10 ms sleeps
+
+
+def _sleep_and_say_pid(rank, world, folder):
+    import os as _os
+
+    with open(_os.path.join(folder, f"rank{rank}.pid"), "w") as f:
+        f.write(str(_os.getpid()))
+    time.sleep(60)
+
+
+def test_ranks_end_when_their_parent_is_killed(tmp_path):
+    """A parent killed with SIGKILL runs no cleanup: its ranks notice and exit on their own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path[:0] = {path!r}; from codegen.runtime.launch import launch; "
+            "from tests.test_runtime_comm import _sleep_and_say_pid; "
+            "launch(_sleep_and_say_pid, 2, ({folder!r},), timeout_s=120.0)")
+    parent = subprocess.Popen([sys.executable, "-c", code.format(path=sys.path,
+                                                                   folder=str(tmp_path))])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+        assert len(pids) == 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+    def alive(pid):  # a zombie waiting for its new parent to reap it has ended too
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)

@@ -18,6 +18,8 @@ Contract
     - After `timeout_s` of wall-clock time the run is ended and `RankError` names the ranks that
       had not finished (`err.ranks`); `err.remote_traceback` holds their Python stacks at that
       moment (dumped by faulthandler on SIGUSR1).
+    - A parent killed outright (Ctrl-C twice, SIGTERM, SIGKILL) leaves no ranks behind: each
+      rank watches its parent and exits within a second of it.
     Children inherit the caller's `sys.path` (spawn sends it), so project modules and test modules
     import in the ranks whether the project is installed or run from the repository root. Each
     child's environment carries MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
@@ -141,7 +143,7 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_rank_main, name=f"rank{rank}", args=(
                     rank, world_size, store.port, fn, tuple(args), timeout_s, threads, send_end,
-                    _stacks_path(stacks_dir.name, rank)))
+                    _stacks_path(stacks_dir.name, rank), os.getpid()))
                 proc.start()
                 send_end.close()
                 procs.append(proc)
@@ -161,10 +163,25 @@ def _stacks_path(folder: str, rank: int) -> str:
     return os.path.join(folder, f"rank{rank}.stacks")
 
 
-def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn, stacks_path) -> None:
+def _exit_with(parent: int, every_s: float = 0.5) -> None:
+    """A daemon thread that ends this process once `parent` is gone (this process is re-parented):
+    a parent killed outright (SIGKILL, SIGTERM) runs no cleanup, and its ranks must not live on."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn, stacks_path,
+               parent) -> None:
     """Body of a spawned rank: init gloo, run fn, send ('ok', value) or ('err', ...) back.
     SIGUSR1 dumps every thread's Python stack into `stacks_path` (read by the parent on a
-    timeout)."""
+    timeout); the rank ends itself when its parent is gone."""
+    _exit_with(parent)
     stacks = open(stacks_path, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     os.environ.update(MASTER_ADDR=_HOST, MASTER_PORT=str(port), RANK=str(rank),
