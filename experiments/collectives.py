@@ -11,8 +11,8 @@ scale's max_elements x 4 bytes; smoke: every fourth power). Rows: `schedule` = t
 `size` = bytes, `time_ms`, `algbw_gbps` = bytes / time, `busbw_gbps` = algbw x the nccl-tests
 factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e9 bytes/s).
 Measured: the runtime's own calls (`comm.all_reduce`: gloo; `comm.reduce_scatter` and
-`comm.all_gather`: its rings over send/recv), timed by `time_ranks`, each result checked (every
-rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the collective alone
+`comm.all_gather`: its rings over send/recv), timed by `_points.time_point`, each result
+checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the collective alone
 in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm; the library's for
 the kinds the runtime leaves to it), on all the topology's devices (local: world_size ranks).
 """
@@ -78,7 +78,8 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int) 
     import torch
 
     from codegen.runtime import comm
-    from codegen.runtime.measure import time_ranks
+
+    from ._points import time_point
 
     out = []
     for b in szs:
@@ -98,7 +99,7 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int) 
             got = full if kind != "reduce_scatter" else part
             ok = bool((got == expect).all()) if expect is not None else bool(
                 (full.view(world, -1) == torch.arange(1, world + 1).view(-1, 1)).all())
-            t = time_ranks(ops[kind], warmup, repeats)
+            t = time_point(ops[kind], warmup, repeats)
             out.append(row(kind, b, t.median_ms, world, "measured", "cpu", "local",
                            time_ms_min=round(t.min_ms, 6), time_ms_max=round(t.max_ms, 6),
                            verified=ok))
