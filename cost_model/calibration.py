@@ -9,8 +9,9 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
   efficiency(b))) + latency. `exchange_chunked` (the same in C chunks) gives the per-message
   overhead at small sizes: first (chunked - whole) / ((C-1) P), then the overhead for which the
   model's own chunked exchange is as far above the whole one as measured (`chunk_overhead_us`:
-  posts overlap the wire); the latency is the smallest sizes' fixed cost; each size's achieved bandwidth is solved for, the best is the bandwidth and each
-  size's share of it the efficiency curve. With `rate_by: transfer` (the shipped `local`) chunks
+  posts overlap the wire); the latency is the smallest sizes' fixed cost; each size's achieved
+  bandwidth is solved for, the best is the bandwidth and each size's share of it the efficiency
+  curve. With `rate_by: transfer` (the shipped `local`) chunks
   go at their whole transfer's rate, which `exchange_chunked` at large sizes checks.
 - `all_reduce` (gloo's): the library link, the same way, as a ring of 2(P-1) steps of b/P bytes.
 - `kernel` (the generated Adam kernel over b bytes of traffic): launch overhead (the smallest
@@ -344,12 +345,13 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
 
 def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False):
     """Transfers (src, dst, bytes, of a transfer of whole bytes) and kernels (one per rank)
-    started together: the makespan in us (and, with
-    `inside`, (the kernels' longest time, the makespan))."""
+    started together: the makespan in us (and, with `inside`, (the kernels' longest time, the
+    makespan))."""
     sim = Sim(topo, P)
     for s, d, b, whole in transfers:
         sim.transfer(s, d, b, "calibration", "exchange", whole=whole)
-    procs = [sim.compute(r, us, "calibration", "kernel") for r, us in enumerate(kernels_us)]
+    for r, us in enumerate(kernels_us):
+        sim.compute(r, us, "calibration", "kernel")
     end = sim.run()
     if not inside:
         return end

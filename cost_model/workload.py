@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from codegen.plan import Collective, Compute, Copy, FusedCollective, MatMul, P2P, Plan
+from codegen.plan import Collective, Compute, FusedCollective, P2P, Plan
 
 from . import collectives
 from .closed_form import choose, collective_us, spec_of, staging_us, step_us

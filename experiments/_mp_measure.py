@@ -12,9 +12,8 @@ the only difference between the two runs). Inputs are
   Dropout masks are identical by construction (the baseline computes the DSL's hash mask).
 - time: `_points.time_point` (warm-up, repeats, barrier before each, the max over ranks);
   compute_ms is the time in kernels and matmuls (rank average per run), comm_ms = time_ms -
-  compute_ms, and for
-  an overlapped schedule overlapped_ms = the split schedule's comm_ms at the same point minus its
-  own (communication it hid), floored at 0.
+  compute_ms, and for an overlapped schedule overlapped_ms = the split schedule's comm_ms at the
+  same point minus its own (communication it hid), floored at 0.
 Rank 0 appends each point to results.csv as soon as it is measured.
 """
 from __future__ import annotations

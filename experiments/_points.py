@@ -3,6 +3,7 @@
 `publish(row, csv_path, rank, progress, label)` appends the row to results.csv and prints the
 point and a progress line (`reports.progress.Progress`: the bar and the time left), on rank 0
 only, as soon as the point is measured. `progress(rank, weights, label)` makes that Progress.
+`time_point(fn, warmup, repeats)` times a point (`time_ranks`, a short step repeated more).
 """
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ scale's max_elements x 4 bytes; smoke: every fourth power). Rows: `schedule` = t
 factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e9 bytes/s).
 Measured: the runtime's own calls (`comm.all_reduce`: gloo; `comm.reduce_scatter` and
 `comm.all_gather`: its rings over send/recv), timed by `_points.time_point`, each result
-checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the collective alone
-in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm; the library's for
-the kinds the runtime leaves to it), on all the topology's devices (local: world_size ranks).
+checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
+collective alone in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm;
+the library's for the kinds the runtime leaves to it), on all the topology's devices (local:
+world_size ranks).
 """
 from __future__ import annotations
 

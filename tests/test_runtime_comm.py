@@ -361,7 +361,6 @@ def _sleep_and_say_pid(rank, world, folder):
 
 def test_ranks_end_when_their_parent_is_killed(tmp_path):
     """A parent killed with SIGKILL runs no cleanup: its ranks notice and exit on their own."""
-    import os
     import signal
     import subprocess
     import sys

@@ -1,9 +1,10 @@
 """Timing on ranks: warm-up, repeats, a barrier before each timed region, the maximum over ranks.
 
 `time_ranks(fn, warmup, repeats, group=None) -> Timing` calls `fn()` `warmup` times untimed, then
-`repeats` times (more for a short fn with `min_total_ms`), each preceded by a barrier; a repeat's time is the maximum over the ranks of the
-group of their elapsed wall-clock time (all_reduce MAX), so a repeat costs what the slowest rank
-paid. Every rank gets the same Timing. Units: milliseconds.
+`repeats` times (more for a short fn with `min_total_ms`), each preceded by a barrier; a repeat's
+time is the maximum over the ranks of the group of their elapsed wall-clock time (all_reduce
+MAX), so a repeat costs what the slowest rank paid. Every rank gets the same Timing (the same
+number of repeats too). Units: milliseconds.
 """
 from __future__ import annotations
 
