@@ -83,12 +83,11 @@ def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float
     if algorithm == "hierarchical":
         return _hierarchical(topo, spec, S / C)
     if algorithm == "tree":
-        return _trees(topo, double_trees(topo, spec.group), S / 2 / C, link, True, True,
-                      C * spec.pieces)
+        return _trees(topo, double_trees(topo, spec.group), S / 2 / C, link, True, True, spec)
     if algorithm == "chain":
         kind = spec.kind
         return _trees(topo, [chain_parents(spec)], S / C, link, kind == "reduce",
-                      kind == "broadcast", C * spec.pieces)
+                      kind == "broadcast", spec)
     if algorithm == "direct":
         load: dict = {}
         for r in spec.group:
@@ -97,7 +96,7 @@ def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float
                     keys, cls, scale = hop(topo, r, peer, link)
                     for k in keys:
                         load[k] = load.get(k, 0.0) + cls.overhead_us + cls.wire_us(
-                            S / P / C, S / P * spec.pieces) / scale
+                            S / P / C, spec.whole(S / P / C)) / scale
         worst = max(load.values())
         return worst + cls.latency_us, worst
     raise ValueError(f"unknown algorithm {algorithm!r}")
@@ -174,7 +173,7 @@ def _ring(topo, spec, members, b, phases, link, work, channels, share: float = 1
     pairs = tuple((members[i], members[(i + 1) % n_m]) for i in range(n_m))
     edges = _edges(topo, pairs, link, channels)
     posted = topo.ring_work_on_compute and link is None  # the CPU runtime's thread posts sends
-    parts = edges.times(b, posted, b * spec.chunks * spec.pieces)
+    parts = edges.times(b, posted, spec.whole(b))
     post = edges.overhead() if posted else 0.0
     busy = share * edges.busiest([p[0] for p in parts])  # the busiest resource, per ring step
     steps = n_m - 1
@@ -255,15 +254,14 @@ def _post_order(parent: dict) -> list:
     return out
 
 
-def _trees(topo, parents_list, b, link, up, down, pieces: int = 1):
+def _trees(topo, parents_list, b, link, up, down, spec: CollSpec):
     """L1: the slowest tree's reduce path up plus broadcast path down; bottleneck: the busiest
-    port's time per chunk over every tree (up and down); messages of b bytes, each 1/pieces of
-    its transfer."""
+    port's time per chunk over every tree (up and down); messages of b bytes of `spec`."""
     L1, pairs = 0.0, []
     for parent in parents_list:
         tr = _tree(topo, parent, link)
-        t_up = [p[0] + p[1] for p in tr.up.times(b, whole=b * pieces)]
-        t_dn = [p[0] + p[1] for p in tr.down.times(b, whole=b * pieces)]
+        t_up = [p[0] + p[1] for p in tr.up.times(b, whole=spec.whole(b))]
+        t_dn = [p[0] + p[1] for p in tr.down.times(b, whole=spec.whole(b))]
         n = len(tr.order)
         reduce_at, depth = [0.0] * n, [0.0] * n
         e = 0
@@ -287,7 +285,7 @@ def _trees(topo, parents_list, b, link, up, down, pieces: int = 1):
         edges = [(v, p) for v, p in parent.items() if p is not None]
         pairs += (edges if up else []) + ([(p, v) for v, p in edges] if down else [])
     every = _edges(topo, tuple(pairs), link, False)
-    return L1, every.busiest([p[0] for p in every.times(b, whole=b * pieces)])
+    return L1, every.busiest([p[0] for p in every.times(b, whole=spec.whole(b))])
 
 
 # -- schedules ----------------------------------------------------------------------------------

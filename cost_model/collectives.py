@@ -60,6 +60,11 @@ class CollSpec:
     def P(self) -> int:
         return len(self.group)
 
+    def whole(self, message: float) -> float:
+        """The bytes of the unchunked transfer that one of this collective's messages is a piece
+        of (its chunks, and the pieces of a fused step's collective)."""
+        return message * self.chunks * self.pieces
+
 
 def dtype_name(dtype) -> str:
     return dtype.name if isinstance(dtype, DType) else str(dtype)
@@ -134,7 +139,7 @@ class _Build:
 
     def send(self, src, dst, nbytes, task, deps, channels=False, chunk=0):
         ev = self.sim.transfer(src, dst, nbytes, self.step, task, deps, self.link, channels,
-                               self.first + chunk, nbytes * self.spec.chunks * self.spec.pieces)
+                               self.first + chunk, self.spec.whole(nbytes))
         self.sent.setdefault(src, []).append(ev)
         return ev
 
