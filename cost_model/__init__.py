@@ -4,9 +4,13 @@ Layers, as in ASTRA-sim:
 - `topology`: validated, frozen hardware data (conf/topology/*.yaml or a calibrated file):
   `load_topology(name, nodes, path) -> Topology`, `Topology.from_dict`, `dump_topology`;
   `TopologyError` names the field at fault.
+- `nccl`: NCCL's own cost model and tuner (NCCL 2.20.3's tuning.cc: algorithm x protocol ->
+  latency + bytes / bandwidth, plus one fitted pipeline-fill constant per system), which every
+  collective and P2P on a GPU topology (one with an `nccl` section) costs, in the DES and the
+  closed form alike (`pick`, `call`, `time_us`, `p2p_us`).
 - `network`: links and ports as SimPy resources, compute with the overlap slowdowns, the trace
   (`Sim`; `hop`/`hop_us`: a message's route and uncontended time).
-- `collectives`: ring, double binary tree, hierarchical, chain and direct algorithms as chunked,
+- `collectives`: NCCL calls on GPU topologies; for the CPU runtime ring, double binary tree, hierarchical, chain and direct algorithms as chunked,
   pipelined transfers (`CollSpec`, `simulate`).
 - `workload`: a Plan becomes a task DAG per rank (`cost_rules`, one per step kind);
   `simulate(plan, topo) -> Result(time_us, finish_us, trace, folded)`, `simulate_collective`.

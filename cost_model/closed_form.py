@@ -1,5 +1,10 @@
 """The closed-form (alpha-beta) model of the same collectives and schedules: the DES's oracle.
 
+On a topology with an `nccl` section, a collective NCCL runs is C NCCL calls of nbytes / C each,
+one after the other: C x `cost_model.nccl`'s time of the call (the DES holds the same ports for
+the same time), and `choose` is NCCL's tuner (`nccl.pick`: the algorithm and protocol of least
+time, or the topology's forced `algo` / `proto`); a P2P is `nccl.p2p_us`. Otherwise (CPU ranks):
+
 Every hop costs what the DES charges an uncontended message: it holds its route for `overhead +
 bytes / (bandwidth * efficiency(bytes))` and arrives `latency` later (`network.hop_us`). A
 collective of C chunks is a pipeline:
@@ -33,7 +38,9 @@ import dataclasses
 from codegen.plan import (ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap,
                           Plan)
 
-from .collectives import CollSpec, applicable, by_node, chain_parents, double_trees
+from . import nccl
+from .collectives import (CollSpec, applicable, by_node, chain_parents, double_trees, nccl_call,
+                          uses_nccl)
 from .network import hop, hop_us
 from .topology import Topology
 
@@ -42,6 +49,8 @@ _CHOICE: dict = {}
 
 # -- collectives --------------------------------------------------------------------------------
 def collective_us(spec: CollSpec, algorithm: str, topo: Topology) -> float:
+    if uses_nccl(spec, topo):
+        return spec.chunks * nccl_call(spec, topo, algorithm).time_us if spec.P > 1 else 0.0
     shape = _shape(spec, algorithm, topo)
     if len(shape) == 3:  # a ring knows its chunked time
         return shape[2]
@@ -55,7 +64,9 @@ def choose(spec: CollSpec, topo: Topology) -> str:
     if key in _CHOICE and _CHOICE[key][0] is topo:
         return _CHOICE[key][1]
     algos = applicable(spec, topo)
-    if topo.algorithm in algos:
+    if uses_nccl(spec, topo):
+        pick = nccl_call(spec, topo).algo
+    elif topo.algorithm in algos:
         pick = topo.algorithm
     else:
         pick = min(algos, key=lambda a: collective_us(spec, a, topo))
@@ -350,6 +361,8 @@ def staging_us(plan, s, topo: Topology, chunks: int = 1) -> float:
 
 def _p2p(plan, s, topo, chunks):
     src, dst = s.src_stage * plan.P, s.dst_stage * plan.P
+    if topo.nccl is not None:
+        return nccl.p2p_us(topo, src, dst, s.nbytes / chunks)
     return hop_us(topo, src, dst, s.nbytes / chunks, whole=s.nbytes)
 
 

@@ -5,7 +5,16 @@ array for reduce_scatter / all_gather, each rank's buffer for all_to_all), its g
 in ring order), `chunks` (pieces pipelined through it; a fused collective's chunks) and whether the
 runtime leaves it to its library (`library`: the topology's library link class, gloo on CPU).
 
-Algorithms (`ALGORITHMS[kind]`; which one runs is `closed_form.choose`'s pick, as NCCL's tuner
+On a topology with an `nccl` section (GPUs), the collectives NCCL runs (all_reduce,
+reduce_scatter, all_gather, broadcast, reduce) are NCCL calls instead: `applicable` gives NCCL's
+algorithms (ring, tree, nvls, nvls_tree, collnet_*), and each of the C chunks is one call that
+holds every member's ports (and, across nodes, each node's NIC rails) for the time
+`cost_model.nccl` gives it (the tuner's protocol for that algorithm and size), once every member
+has the chunk; its trace task names the algorithm and protocol (`ring/LL128 c0`). The DES and
+the closed form thus share NCCL's per-call cost; the DES adds contention between calls, P2P and
+compute.
+
+Otherwise (the CPU runtime), algorithms (`ALGORITHMS[kind]`; which one runs is `closed_form.choose`'s pick, as NCCL's tuner
 picks the lowest estimate, unless the topology forces one):
 - ring: reduce-scatter and all-gather in P-1 steps of nbytes/P per rank (all-reduce: both, 2(P-1)
   steps); each chunk's step s+1 leaves once its step s arrived. Its hops are spread over NCCL's
@@ -36,6 +45,7 @@ from typing import Optional
 
 from dsl.types import DType
 
+from . import nccl
 from .network import Sim, join
 from .topology import Topology
 
@@ -83,7 +93,15 @@ def _by_node(per_node: int, group: tuple) -> tuple:
     return tuple(tuple(m) for m in nodes.values())
 
 
+def uses_nccl(spec: CollSpec, topo: Topology) -> bool:
+    return nccl.applies(spec.kind, spec.library, topo)
+
+
 def applicable(spec: CollSpec, topo: Topology) -> tuple[str, ...]:
+    if uses_nccl(spec, topo):
+        ranks, nodes = nccl.communicator(topo, spec.group)
+        return tuple(dict.fromkeys(a for a, _ in nccl.enabled(spec.kind, ranks, nodes,
+                                                                   topo.nccl)))
     if spec.library:
         return ("ring",) if spec.kind in ("all_reduce", "reduce_scatter", "all_gather") else \
             ALGORITHMS[spec.kind]
@@ -256,7 +274,9 @@ def simulate(sim: Sim, spec: CollSpec, algorithm: str, ready, step: str, first_c
     ready = {r: (ready[r] if ready.get(r) is not None else [None] * C) for r in b.sims}
     if P == 1:
         return ready, b.finished(ready)
-    if algorithm == "ring":
+    if uses_nccl(spec, b.topo):
+        done = _nccl_calls(b, spec, algorithm, ready)
+    elif algorithm == "ring":
         phases = {"all_reduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}
         done = ready
         for phase in phases[kind]:
@@ -282,6 +302,25 @@ def simulate(sim: Sim, spec: CollSpec, algorithm: str, ready, step: str, first_c
     else:
         raise ValueError(f"unknown algorithm {algorithm!r} for {kind}")
     return done, b.finished(done)
+
+
+def nccl_call(spec: CollSpec, topo: Topology, algorithm: Optional[str] = None) -> nccl.Call:
+    """The NCCL call one chunk of this collective is (nbytes / chunks, over its group)."""
+    return nccl.call(spec.kind, spec.nbytes / spec.chunks, spec.group, topo, algorithm)
+
+
+def _nccl_calls(b: _Build, spec: CollSpec, algorithm: str, ready):
+    """One NCCL call per chunk: once every member has chunk c, it holds their ports."""
+    call = nccl_call(spec, b.topo, algorithm)
+    keys = nccl.ports(b.topo, spec.group)
+    done = {r: [None] * spec.chunks for r in b.sims}
+    for c in range(spec.chunks):
+        ev = b.sim.hold(keys, b.sims, call.time_us, b.step, f"{call.label} c{c}",
+                        [ready[r][c] for r in b.sims],
+                        b.first + c if b.topo.pipelined_chunks else 0)
+        for r in b.sims:
+            done[r][c] = ev
+    return done
 
 
 def _hierarchical(b: _Build, spec: CollSpec, ready):

@@ -12,6 +12,9 @@
   transfer a chunk belongs to, where the link's rate goes by it); where the runtime's own
   thread posts its messages (`ring_work_on_compute`: the CPU runtime's isend), the overhead is
   a task on the sender's compute stream before the transfer instead;
+- `hold(keys, ends, us, ...)`: a process that takes the resources `keys` (folded as routes are)
+  and holds them for `us` (a time the caller computed, e.g. one NCCL call by `cost_model.nccl`
+  over every member's ports), its `ends` communicating meanwhile;
 - `compute(rank, us, ...)`: a process that runs `us` microseconds of work on the rank's compute
   stream. While the rank communicates (a transfer it sends or receives is in flight) compute runs
   at (1 - compute_slowdown) of its speed; a transfer runs at (1 - comm_slowdown x the fraction of
@@ -304,23 +307,37 @@ class Sim:
         return self.topo.ring_work_on_compute and link is None
 
     def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio, posted, whole):
+        keys, cls, scale = self.route(src, dst, link, channels)
+        a, b = self.rep(src), self.rep(dst)
+        hold = (0.0 if posted else cls.overhead_us) + cls.wire_us(nbytes, whole) / scale
+        yield from self._occupy(keys, (a,) if a == b else (a, b), hold, cls.latency_us, step,
+                                task, deps, prio, (a,))
+
+    def hold(self, keys, ends, us: float, step: str, task: str, deps=(), prio: int = 0,
+             latency_us: float = 0.0):
+        """A process: wait for deps, hold the resources `keys` for `us` (work of the ranks
+        `ends`, slowed as a transfer is), arrive `latency_us` later; traced on every end."""
+        if self.fold:
+            keys = [_fold_key(k, self.topo.devices_per_node) for k in keys]
+        ends = tuple(dict.fromkeys(self.rep(r) for r in ends))
+        return self.env.process(self._occupy(list(dict.fromkeys(keys)), ends, us, latency_us,
+                                             step, task, [d for d in deps if d is not None],
+                                             prio, ends))
+
+    def _occupy(self, keys, ends, hold, latency_us, step, task, deps, prio, traced):
         ready = join(self.env, deps)
         if ready is not None:
             yield ready
-        keys, cls, scale = self.route(src, dst, link, channels)
         ports = [self.resource(k) for k in sorted(keys, key=self._res_id)]
         for port in ports:
             granted = port.acquire(prio)
             if granted is not None:
                 yield granted
         start = self.env.now
-        a, b = self.rep(src), self.rep(dst)
-        ends = (a,) if a == b else (a, b)
         for r in ends:
             self._comm[r] += 1
             if self._comm[r] == 1:
                 self._signal(r)
-        hold = (0.0 if posted else cls.overhead_us) + cls.wire_us(nbytes, whole) / scale
         yield from self._work(hold, ends,
                               self.topo.comm_slowdown,
                               lambda: sum(self._busy[r] for r in ends) / len(ends))
@@ -330,9 +347,10 @@ class Sim:
                 self._signal(r)
         for port in ports:
             port.release()
-        if cls.latency_us:
-            yield self.env.timeout(cls.latency_us)
-        self.trace.append((a, "comm", step, task, start, self.env.now))
+        if latency_us:
+            yield self.env.timeout(latency_us)
+        for r in traced:
+            self.trace.append((r, "comm", step, task, start, self.env.now))
 
     def _res_id(self, key: tuple) -> int:
         self.resource(key)

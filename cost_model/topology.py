@@ -39,6 +39,16 @@ message and kernel sizes in bytes.
   `pipelined_chunks`: a link serves the waiting message of the lowest chunk first (NCCL's kernels
   loop over chunks); false: in the order messages were issued (the CPU runtime posts every chunk's
   first send at once). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
+- `nccl`: where NCCL runs the collectives (GPU topologies), the inputs of NCCL's own tuner
+  (`cost_model.nccl`): the `arch` (volta | ampere | hopper | blackwell: which of NCCL's per-arch
+  tables apply), the ring/tree graph's `channels` and per-channel bandwidths `bw_intra_gbps` (NVLink
+  inside a node) and `bw_inter_gbps` (the node's NICs, across nodes), the `intra_link` class for the
+  per-hop latencies (nvlink | pci), NVLink SHARP (`nvls`, with its graph's `nvls_channels` x
+  `nvls_bw_gbps`), CollNet/SHARP in the network (`collnet`), the host's `net_overhead_us` per
+  network step, and `fill_us`: the one constant fitted to published measurements per system (the
+  per-chunk cost of a collective's pipeline, `nccl.time_us`). Absent: the DES's own algorithms
+  (CPU ranks). `algo` / `proto`: force NCCL's algorithm / protocol (NCCL_ALGO / NCCL_PROTO), where
+  the collective has it (else the tuner picks, as NCCL falls back).
 - `step_overhead_us`: what one step of a program (its operations back to back on every rank,
   no barrier between them) costs beyond its operations timed one by one (CPU ranks: the
   library's threads and the processes handing the two cores to each other); 0 on GPUs.
@@ -64,6 +74,9 @@ from typing import Any, Dict, List, Optional, Union
 CONF_TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "conf" / "topology"
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 ALGORITHMS = ("ring", "tree", "hierarchical")
+NCCL_ALGOS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain")
+PROTOCOLS = ("LL", "LL128", "Simple")
+ARCHS = ("volta", "ampere", "hopper", "blackwell")
 RATE_BY = ("message", "transfer")
 
 
@@ -170,6 +183,22 @@ class InterNode:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Nccl:
+    arch: str = field(metadata={"choices": ARCHS})
+    channels: int = field(metadata={"min": 1})
+    bw_intra_gbps: float = field(metadata=_positive())
+    bw_inter_gbps: float = field(default=1.0, metadata=_positive())
+    intra_link: str = field(default="nvlink", metadata={"choices": ("nvlink", "pci")})
+    nvls: bool = False
+    nvls_channels: int = field(default=16, metadata={"min": 1})
+    nvls_bw_gbps: float = field(default=1.0, metadata=_positive())
+    collnet: bool = False
+    net_overhead_us: float = field(default=1.0, metadata=_positive(False))
+    fill_us: float = field(default=0.0, metadata=_positive(False))
+    version: str = "2.20.3"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Topology:
     name: str
     nodes: int = field(metadata={"min": 1})
@@ -185,6 +214,9 @@ class Topology:
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     step_overhead_us: float = field(default=0.0, metadata=_positive(False))
+    nccl: Optional[Nccl] = None
+    algo: Optional[str] = field(default=None, metadata={"choices": NCCL_ALGOS})
+    proto: Optional[str] = field(default=None, metadata={"choices": PROTOCOLS})
     source: str = ""
 
     @property

@@ -6,8 +6,9 @@ with a compute stream (tasks in issue order, one at a time) and a communication 
 which contend for the network's ports and links). `cost_rules` has one rule per Plan step kind,
 `rule(run, step, ready, C) -> done`: `ready[r]` / `done[r]` are per-chunk events of rank r.
 - Compute / MatMul / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
-- Collective: the collectives layer's algorithm (the tuner's pick); P2P: rank i of the source stage
-  sends to rank i of the destination stage, chunk by chunk.
+- Collective: the collectives layer's algorithm (the tuner's pick; on a GPU topology NCCL's calls,
+  `cost_model.nccl`); P2P: rank i of the source stage sends to rank i of the destination stage,
+  chunk by chunk (on a GPU topology each message holds its ports for `nccl.p2p_us`).
 - FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
   scatter, or P2P), then the kernels on chunk c as soon as it is there, then chunk c's all-gathers;
   a 0-d all_reduce inside is a barrier (every chunk's kernels before it finish first).
@@ -15,7 +16,7 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 
 Folding (`fold=None`: automatic): a one-stage plan on whole nodes simulates node 0's ranks only
 (`network.Sim`), exact because every node does the same; a collective whose algorithm is not the
-same on every node (tree, chain) then takes its closed-form time (marked in the trace's task).
+same on every node (the CPU runtime's tree, chain) then takes its closed-form time (marked in the trace's task).
 `compute_us` {step id: us} replaces a step's time on the compute stream by a given one (a
 Compute step's roofline: a library routine that does its work, e.g. the baseline's torch
 optimizer, split evenly over its chunks; a Collective's staging copy: 0 where a library reduces
@@ -31,7 +32,7 @@ from typing import Optional
 
 from codegen.plan import Collective, Compute, FusedCollective, P2P, Plan
 
-from . import collectives
+from . import collectives, nccl
 from .closed_form import choose, collective_us, spec_of, staging_us, step_us
 from .collectives import CollSpec
 from .network import Sim, join
@@ -106,7 +107,8 @@ def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first:
     algo = algo or choose(spec, run.topo)
     mine = [r for r in run.sim.ranks if r in set(spec.group)]
     sub = {r: ready[r] for r in mine}
-    if run.sim.fold and algo not in FOLDABLE:  # closed form inside a folded run
+    if run.sim.fold and algo not in FOLDABLE and not collectives.uses_nccl(spec, run.topo):
+        # closed form inside a folded run
         us = collective_us(spec, algo, run.topo)
         ev = {r: run.sim.delay(r, us, run.name(s), f"{algo} (closed form)", list(sub[r]))
               for r in mine}
@@ -118,12 +120,22 @@ def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first:
     return _pass(run, ready, mine, done)
 
 
+def _send(run: Run, src: int, dst: int, nbytes: float, step: str, c: int, deps, whole: float):
+    """One P2P message (chunk c of a transfer of `whole` bytes)."""
+    if run.topo.nccl is None:
+        return run.sim.transfer(src, dst, nbytes, step, f"p2p c{c}", deps, chunk=c, whole=whole)
+    prio = c if run.topo.pipelined_chunks else 0
+    return run.sim.hold(nccl.p2p_ports(run.topo, src, dst), (src, dst),
+                        nccl.p2p_us(run.topo, src, dst, nbytes), step, f"p2p/Simple c{c}", deps,
+                        prio)
+
+
 def _p2p(run: Run, s: P2P, ready, C):
     P, out = run.plan.P, dict(ready)
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
-        evs = [run.sim.transfer(src, dst, s.nbytes / C, run.name(s), f"p2p c{c}", [ready[src][c]],
-                                chunk=c, whole=s.nbytes) for c in range(C)]
+        evs = [_send(run, src, dst, s.nbytes / C, run.name(s), c, [ready[src][c]], s.nbytes)
+               for c in range(C)]
         out[src] = evs
         out[dst] = [join(run.sim.env, (ev, ready[dst][c]))
                     for c, ev in enumerate(evs)]
@@ -164,8 +176,7 @@ def _p2p_piece(run: Run, s: P2P, C: int, c: int, ready):
     P, out = run.plan.P, dict(ready)
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
-        ev = run.sim.transfer(src, dst, s.nbytes / C, run.name(s), f"p2p c{c}", [ready[src][0]],
-                              chunk=c, whole=s.nbytes)
+        ev = _send(run, src, dst, s.nbytes / C, run.name(s), c, [ready[src][0]], s.nbytes)
         out[src] = [ev]
         out[dst] = [join(run.sim.env, (ev, ready[dst][0]))]
     return out
@@ -284,7 +295,8 @@ def simulate_collective(spec: CollSpec, topo: Topology, algorithm: Optional[str]
     algo = algorithm or choose(spec, topo)
     world = max(spec.group) + 1
     n = topo.devices_per_node
-    fold = (world > n and world % n == 0 and algo in FOLDABLE) if fold is None else fold
+    foldable = algo in FOLDABLE or collectives.uses_nccl(spec, topo)
+    fold = (world > n and world % n == 0 and foldable) if fold is None else fold
     sim = Sim(topo, world, fold)
     ready = {r: [None] * spec.chunks for r in sim.ranks if r in set(spec.group)}
     _, finished = collectives.simulate(sim, spec, algo, ready, f"{spec.kind} ({algo})")

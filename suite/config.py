@@ -9,7 +9,7 @@ One config group per axis of variation:
   per-experiment knobs; `conf/experiment/<name>.yaml` are deltas (`# @package _global_`).
 - `scale`: smoke | default | paper, how much work (repeats, sizes, verification trials).
 - `backend`: cpu | sim | cuda, what measures (gloo ranks, the cost model only, NCCL on GPUs).
-- `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx1_v100, the hardware predicted on
+- `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx_b200 | dgx1_v100, the hardware predicted on
   (cost_model.topology's schema; `topology.path=FILE` loads a calibrated one instead).
 
 `validate(cfg)` checks what types cannot express (world sizes >= 1, trials >= 1, ...); checks that

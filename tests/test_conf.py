@@ -21,7 +21,7 @@ def test_every_group_has_options():
     assert {o for g, o in OPTIONS if g == "scale"} == {"smoke", "default", "paper"}
     assert {o for g, o in OPTIONS if g == "backend"} == {"cpu", "sim", "cuda"}
     assert {o for g, o in OPTIONS if g == "topology"} == {
-        "local", "dgx2", "dgx_a100", "dgx_h100", "dgx1_v100"}
+        "local", "dgx2", "dgx_a100", "dgx_h100", "dgx_b200", "dgx1_v100"}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)

@@ -149,11 +149,16 @@ def test_des_agrees_with_the_closed_form(kind, algo, topo_name, nodes, size):
     assert des == pytest.approx(collective_us(spec, algo, topo), rel=0.02)
 
 
+def links_only(topo: Topology) -> Topology:
+    """The topology without NCCL's model: collectives as the DES's own chunked transfers."""
+    return dataclasses.replace(quiet(topo), nccl=None)
+
+
 def test_chunked_rings_agree_on_one_node():
     """Chunks pipelined through a ring: the busiest port's messages plus one latency (large
     messages on NVSwitch; the CPU runtime's bus, where chunks go first come, first served)."""
     for topo_name, S in (("dgx_a100", 1 << 28), ("local", 1 << 24), ("local", 1 << 16)):
-        topo = quiet(load_topology(topo_name))
+        topo = links_only(load_topology(topo_name))
         P = 8 if topo_name == "dgx_a100" else 2
         for C in (2, 4, 8):
             spec = CollSpec("reduce_scatter", S, tuple(range(P)), C)
@@ -164,7 +169,7 @@ def test_chunked_rings_agree_on_one_node():
 def test_chunks_go_at_the_whole_transfers_rate_where_the_link_says_so():
     """`rate_by: transfer` reads a chunk's efficiency at its whole message's size (DES and closed
     form alike), so C chunks are no slower on the wire than one message; `message` at its own."""
-    base = quiet(load_topology("dgx_a100"))
+    base = links_only(load_topology("dgx_a100"))
     times = {}
     for rate_by in ("message", "transfer"):  # wire-bound: no latency, a steep efficiency curve
         link = dataclasses.replace(base.intra.link, latency_us=0.0, rate_by=rate_by,

@@ -1,0 +1,262 @@
+"""NCCL's own collective cost model and tuner: (algorithm x protocol) -> time, the fastest picked.
+
+Follows NCCL 2.20.3 (src/graph/tuning.cc: `ncclTopoTuneModel`, `ncclTopoGetAlgoTime`; tables
+transcribed below with their NCCL names), written afresh. For one call of a collective of
+`nbytes` (nccl-tests' size: the whole array for reduce_scatter / all_gather) on `ranks` GPUs
+over `nodes` nodes of a topology whose `nccl` section gives NCCL's graph (channels, per-channel
+bandwidths, NVLS, CollNet):
+
+    time_us = latency + nbytes / (1000 * bandwidth) + fill
+    latency = base[algo][proto] + hops x hw latency per link class (NVLink, PCI, network)
+    bandwidth (algorithm bandwidth, GB/s) = channels x per-channel bw, capped and scaled per
+              protocol (LL: 1/4 of the ring, at most llMaxBw; LL128: 92%, at most a per-channel
+              cap; tree: 92% and its own caps), then x nranks/nsteps (ring), 5/6 (NVLS) or 1/2
+              (tree, CollNet) to turn NCCL's bus bandwidth into the algorithm's
+    fill    = 2 sqrt(fill_us x depth x nbytes / bandwidth): the pipeline's fill and drain with
+              optimal chunking (a chunk costs fill_us beyond its bytes, `depth` stages: a ring's
+              nsteps, a tree's hops up and down, NVLS's 2). `fill_us` is the topology's one
+              fitted constant (0: NCCL's own linear model).
+
+`pick(kind, nbytes, ranks, nodes, nc, algo, proto)` is the tuner: the (algorithm, protocol) of
+least time among those NCCL enables for the collective on that communicator, restricted to a
+forced algorithm / protocol where it is available (NCCL_ALGO / NCCL_PROTO; NCCL falls back to
+its own choice where a forced one does not apply). `p2p_us` is a send/recv (NCCL's Simple
+protocol over the GPU's NVLink channels inside a node, over its NIC rail across nodes).
+`ports(topo, group)` are the DES resources a collective call holds: every member's switch ports
+and, across nodes, each node's NIC rails. Units: us, bytes, GB/s (1e9 B/s).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+from .topology import NCCL_ALGOS, PROTOCOLS, Nccl, Topology
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+LL, LL128, SIMPLE = PROTOCOLS
+
+# baseLat [algorithm][LL, LL128, Simple], us
+BASE_LAT_US = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4),
+               "collnet_direct": (0.0, 0.0, 0.0), "collnet_chain": (0.0, 0.0, 0.0),
+               "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0)}
+# hwLat [link class][algorithm][LL, LL128, Simple], us
+HW_LAT_US = {
+    "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4), "collnet_direct": (0, 0, 3.7),
+               "collnet_chain": (0, 0, 2.8), "nvls": (0, 0, 23.0), "nvls_tree": (0, 0, 23.0)},
+    "pci": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7), "collnet_direct": (0, 0, 3.7),
+            "collnet_chain": (0, 0, 2.8), "nvls": (0, 0, 0.0), "nvls_tree": (0, 0, 0.0)},
+    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0), "collnet_direct": (0, 0, 31.0),
+            "collnet_chain": (0, 0, 30.0), "nvls": (0, 0, 18.0), "nvls_tree": (0, 0, 14.0)},
+}
+# per-arch tables [Volta, Ampere, Hopper][1 node, 2 nodes, more], GB/s. NCCL 2.20 has no
+# Blackwell row: Blackwell takes Hopper's (as later NCCL versions start from).
+ARCH_INDEX = {"volta": 0, "ampere": 1, "hopper": 2, "blackwell": 2}
+LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (87.7, 22.5, 19.0))  # llMaxBws
+RING_LL128_PER_CH = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
+TREE_LL128_PER_CH = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
+TREE_PER_CH = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
+# treeCorrectionFactor [protocol][log2(bytes / 64)], 64 B .. 256 MiB
+TREE_CORRECTION = {
+    LL: (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
+         1.0, 1.0),
+    LL128: (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9,
+            .9, 1.0, 1.0),
+    SIMPLE: (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8,
+             .9, .9),
+}
+# which algorithms NCCL runs each collective with (ncclTopoTuneModel's `continue`s)
+ALGOS_FOR = {"all_reduce": NCCL_ALGOS, "reduce_scatter": ("ring", "nvls", "collnet_direct"),
+             "all_gather": ("ring", "nvls", "collnet_direct"), "broadcast": ("ring",),
+             "reduce": ("ring",)}
+
+
+@dataclass(frozen=True)
+class Call:
+    """The tuner's pick for one call: algorithm, protocol and its time split."""
+    algo: str
+    proto: str
+    time_us: float
+    latency_us: float
+    bandwidth_gbps: float  # the algorithm bandwidth (bytes / wire time)
+
+    @property
+    def label(self) -> str:
+        return f"{self.algo}/{self.proto}"
+
+
+def applies(kind: str, library: bool, topo: Topology) -> bool:
+    """NCCL runs this collective on this topology (a GPU topology, not the CPU runtime's)."""
+    return topo.nccl is not None and not library and kind in KINDS
+
+
+def communicator(topo: Topology, group) -> tuple[int, int]:
+    """(ranks, nodes) of the communicator over `group` (global ranks)."""
+    return len(group), len({r // topo.devices_per_node for r in group})
+
+
+def enabled(kind: str, ranks: int, nodes: int, nc: Nccl) -> list[tuple[str, str]]:
+    """The (algorithm, protocol) pairs NCCL enables for the collective on this communicator."""
+    out = []
+    for algo in ALGOS_FOR[kind]:
+        if algo == "nvls" and not (nc.nvls and nodes == 1):  # no NVLS across nodes w/o CollNet
+            continue
+        if algo == "nvls_tree" and not (nc.nvls and nodes > 1):
+            continue
+        if algo.startswith("collnet") and not (nc.collnet and nodes > 1):
+            continue
+        if algo in ("collnet_direct",) and kind != "all_reduce":
+            continue  # CollNet reduce_scatter / all_gather need a 1:1 GPU:NIC plugin path
+        protos = (SIMPLE,) if algo.startswith(("nvls", "collnet")) else PROTOCOLS
+        out += [(algo, p) for p in protos]
+    return out
+
+
+def _steps(kind: str, ranks: int, nodes: int) -> tuple[int, int]:
+    """(nsteps, nInterSteps) of a ring."""
+    if kind == "all_reduce":
+        return 2 * (ranks - 1), (2 * nodes if nodes > 1 else 0)
+    if kind in ("reduce_scatter", "all_gather"):
+        return ranks - 1, nodes - 1
+    return ranks, nodes
+
+
+def bandwidth_gbps(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc: Nccl) -> float:
+    """NCCL's algorithm bandwidth (comm->bandwidths) of (algo, proto), GB/s."""
+    ai, n2 = ARCH_INDEX[nc.arch], min(nodes, 3) - 1
+    ll_max = LL_MAX_BW[ai if nodes == 1 else 0][n2]  # across nodes: the (Intel) host's row
+    ppn = ranks / nodes
+    collnet = algo.startswith("collnet")
+    # across nodes NCCL's graph runs each channel at the NIC's share (its search gives the
+    # channels of a multi-node graph bwIntra = bwInter), so one node's bandwidth is bw_intra's
+    bw = nc.bw_intra_gbps if nodes == 1 or collnet else nc.bw_inter_gbps
+    channels = nc.channels
+    if algo == "nvls":
+        bw, channels = nc.nvls_bw_gbps, nc.nvls_channels
+    elif algo == "nvls_tree":
+        inter = nc.bw_inter_gbps * nc.channels / nc.nvls_channels
+        bw = min(nc.nvls_bw_gbps, inter if nodes <= 2 else inter / 2)
+        channels = nc.nvls_channels
+    bus = channels * bw
+    if algo == "ring" and proto == LL:
+        bus = min(ll_max, bus * (0.25 if nodes > 1 or kind in ("all_reduce", "reduce") else 1 / 3))
+    if algo == "ring" and proto == LL128:
+        bus = min(bus * (0.7 if ppn < 2 else 0.92), channels * RING_LL128_PER_CH[ai][n2])
+    if algo == "tree":
+        bus = min(bus * 0.92, channels * TREE_PER_CH[ai][n2])
+        if proto == LL:
+            bus = min(bus / 3.8, ll_max)
+        if proto == LL128:
+            bus = min(bus * (7 / 9 if nodes == 1 else 120 / 128), channels * TREE_LL128_PER_CH[ai][n2])
+    if algo == "collnet_direct":
+        factor = ppn / channels  # GPUs per NIC
+        bus = bus / (factor - (factor - 1) / 2) * (0.85 if ai >= 2 else 1.0)
+    if algo == "ring":
+        nsteps = _steps(kind, ranks, nodes)[0]
+        return bus * ranks / nsteps
+    return bus * (5 / 6 if algo.startswith("nvls") else 0.5)
+
+
+def latency_us(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc: Nccl) -> float:
+    """NCCL's latency (comm->latencies) of (algo, proto), us."""
+    p = PROTOCOLS.index(proto)
+    intra = HW_LAT_US[nc.intra_link][algo][p]
+    inter = HW_LAT_US["net"][algo][p]
+    ppn = ranks // nodes
+    lat = BASE_LAT_US[algo][p]
+    if algo == "ring":
+        nsteps, inter_steps = _steps(kind, ranks, nodes)
+        if kind in ("broadcast", "reduce"):  # rings of one order on every channel: one hop
+            return lat + (intra if nodes == 1 else inter)
+        overhead = nc.net_overhead_us * (3 if proto == SIMPLE else 1) if nodes > 1 else 0.0
+        return lat + (nsteps - inter_steps) * max(intra, overhead) + inter_steps * inter
+    log_nodes = int(math.log2(nodes))
+    if algo == "tree":
+        return lat + 2 * ((ppn - 1) * intra + log_nodes * inter)
+    if algo == "collnet_direct":
+        return lat + 2 * (min(1, ppn - 1) * intra + (ppn - 1) * 0.4) + inter
+    if algo == "collnet_chain":
+        return lat + 2 * (ppn - 1) * intra + inter
+    if algo == "nvls":
+        return intra + (inter if nodes > 1 else 0.0)
+    return lat + intra + 2 * log_nodes * inter  # nvls_tree
+
+
+def depth(kind: str, algo: str, ranks: int, nodes: int) -> int:
+    """Pipeline stages a chunk goes through (the fill term's depth)."""
+    if algo == "ring":
+        return _steps(kind, ranks, nodes)[0]
+    if algo == "tree":
+        return 2 * (ranks // nodes - 1 + int(math.log2(nodes)))
+    if algo == "nvls_tree":
+        return 2 + 2 * int(math.log2(nodes))
+    return 2  # nvls, collnet: up to the switch and back
+
+
+def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
+            nc: Nccl) -> Call:
+    """One call's time as NCCL estimates it (ncclTopoGetAlgoTime), plus the pipeline fill."""
+    bw = bandwidth_gbps(kind, algo, proto, ranks, nodes, nc)
+    lat = latency_us(kind, algo, proto, ranks, nodes, nc)
+    log_size = int(math.log2(max(nbytes, 64) / 64))
+    if algo == "tree" and log_size < 23:
+        bw *= TREE_CORRECTION[proto][log_size]
+    if (algo == "ring" and proto == SIMPLE and nodes > 1 and kind == "all_reduce"
+            and nbytes / (nc.channels * ranks) >= 64):
+        lat *= 1.9 if nc.arch == "volta" else 1.4  # the ring's plateau
+    wire = nbytes / (1000.0 * bw)
+    fill = 2.0 * math.sqrt(nc.fill_us * depth(kind, algo, ranks, nodes) * wire)
+    return Call(algo, proto, lat + wire + fill, lat, bw)
+
+
+@lru_cache(maxsize=65536)
+def pick(kind: str, nbytes: float, ranks: int, nodes: int, nc: Nccl,
+         algo: Optional[str] = None, proto: Optional[str] = None) -> Call:
+    """The tuner: the fastest enabled (algorithm, protocol), within a forced algorithm /
+    protocol where the collective has it."""
+    pairs = enabled(kind, ranks, nodes, nc)
+    if algo and any(a == algo for a, _ in pairs):
+        pairs = [(a, p) for a, p in pairs if a == algo]
+    if proto and any(p == proto for _, p in pairs):
+        pairs = [(a, p) for a, p in pairs if p == proto]
+    calls = [time_us(kind, nbytes, a, p, ranks, nodes, nc) for a, p in pairs]
+    return min(calls, key=lambda c: c.time_us)
+
+
+def call(kind: str, nbytes: float, group, topo: Topology, algo: Optional[str] = None) -> Call:
+    """The call NCCL makes for `nbytes` over `group` on `topo` (the topology's forced algo /
+    proto, or `algo` where given, else the tuner's)."""
+    ranks, nodes = communicator(topo, group)
+    forced = algo or topo.algo or (topo.algorithm if topo.algorithm in NCCL_ALGOS else None)
+    if ranks == 1:
+        return Call("none", SIMPLE, 0.0, 0.0, math.inf)
+    return pick(kind, float(nbytes), ranks, nodes, topo.nccl, forced, topo.proto)
+
+
+def p2p_us(topo: Topology, src: int, dst: int, nbytes: float) -> float:
+    """A send/recv of nbytes (NCCL's Simple protocol): inside a node over the GPU's NVLink
+    channels, across nodes over its NIC rail (the node's NIC bandwidth shared by its rails)."""
+    nc = topo.nccl
+    if topo.node_of(src) == topo.node_of(dst):
+        lat = BASE_LAT_US["ring"][2] + HW_LAT_US[nc.intra_link]["ring"][2]
+        return lat + nbytes / (1000.0 * nc.channels * nc.bw_intra_gbps)
+    nics = topo.inter.nics if topo.inter else 1
+    lat = BASE_LAT_US["ring"][2] + HW_LAT_US["net"]["ring"][2]
+    return lat + nbytes / (1000.0 * nc.channels * nc.bw_inter_gbps / nics)
+
+
+def p2p_ports(topo: Topology, src: int, dst: int) -> list[tuple]:
+    if topo.node_of(src) == topo.node_of(dst):
+        return [("out", src), ("in", dst)]
+    return [("nic_out", topo.node_of(src), topo.rail_of(src)),
+            ("nic_in", topo.node_of(dst), topo.rail_of(dst))]
+
+
+def ports(topo: Topology, group) -> list[tuple]:
+    """The DES resources one collective call over `group` holds."""
+    keys = [k for r in group for k in (("out", r), ("in", r))]
+    nodes = sorted({r // topo.devices_per_node for r in group})
+    if len(nodes) > 1:
+        keys += [k for n in nodes for k in (("rails_out", n), ("rails_in", n))]
+    return keys

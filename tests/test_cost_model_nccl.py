@@ -1,0 +1,156 @@
+"""NCCL's tuner model (cost_model/nccl.py): every algorithm and protocol against times computed by
+hand from NCCL 2.20.3's formulas, the tuner's picks, forced choices, the published H100 figures,
+and the DES agreeing with the closed form where nothing contends (pure)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cost_model import nccl
+from cost_model.closed_form import choose, collective_us
+from cost_model.collectives import CollSpec
+from cost_model.topology import Nccl, Topology, TopologyError, load_topology
+from cost_model.workload import simulate_collective
+
+# 2 channels of 10 GB/s inside a node, 5 GB/s across; NVLS and CollNet on; no fill
+SMALL = Nccl(arch="hopper", channels=2, bw_intra_gbps=10.0, bw_inter_gbps=5.0, nvls=True,
+             nvls_channels=2, nvls_bw_gbps=10.0, collnet=True)
+MB = 1e6  # bytes; log2(1e6 / 64) = 13.9: the tree correction's entry 13
+
+# (kind, algo, proto, ranks, nodes, hand-computed us). Ring all_reduce, 4 ranks: nsteps 6, algbw
+# = bus x 4/6; tree: bus x 0.92 (x 7/9 LL128, / 3.8 LL) x 1/2 x correction (LL .4, LL128 .6,
+# Simple .5); NVLS: bus x 5/6.
+HAND = [
+    ("all_reduce", "ring", "LL", 4, 1, 6.6 + 6 * 0.6 + MB / (1e3 * 5 * 4 / 6)),  # 310.2
+    ("all_reduce", "ring", "LL128", 4, 1, 14.0 + 6 * 1.9 + MB / (1e3 * 18.4 * 4 / 6)),
+    ("all_reduce", "ring", "Simple", 4, 1, 8.4 + 6 * 3.4 + MB / (1e3 * 20 * 4 / 6)),  # 103.8
+    ("all_reduce", "tree", "LL", 4, 1, 6.8 + 2 * 3 * 0.6 + MB / (1e3 * 18.4 / 3.8 * .5 * .4)),
+    ("all_reduce", "tree", "LL128", 4, 1, 14.0 + 2 * 3 * 1.25 + MB / (1e3 * 18.4 * 7 / 9 * .5 * .6)),
+    ("all_reduce", "tree", "Simple", 4, 1, 2 * 3 * 28.0 + MB / (1e3 * 18.4 * .5 * .5)),
+    ("all_reduce", "nvls", "Simple", 4, 1, 23.0 + MB / (1e3 * 20 * 5 / 6)),  # 83
+    # 2 nodes: NVLS tree at min(10, the NICs' 5 per channel); CollNet at the node's bandwidth
+    ("all_reduce", "nvls_tree", "Simple", 4, 2, 23.0 + 2 * 14.0 + MB / (1e3 * 10 * 5 / 6)),
+    ("all_reduce", "collnet_direct", "Simple", 4, 2,
+     2 * (3.7 + 0.4) + 31.0 + MB / (1e3 * 20 * .85 * .5)),
+    ("all_reduce", "collnet_chain", "Simple", 4, 2, 2 * 2.8 + 30.0 + MB / (1e3 * 20 * .5)),
+    # a ring across 2 nodes: 4 of its 6 steps cross the network; Simple's plateau x 1.4
+    ("all_reduce", "ring", "Simple", 4, 2,
+     (8.4 + 2 * 3.4 + 4 * 14.0) * 1.4 + MB / (1e3 * 10 * 4 / 6)),
+    ("reduce_scatter", "ring", "Simple", 4, 1, 8.4 + 3 * 3.4 + MB / (1e3 * 20 * 4 / 3)),
+    ("all_gather", "ring", "LL128", 4, 1, 14.0 + 3 * 1.9 + MB / (1e3 * 18.4 * 4 / 3)),
+    ("all_gather", "nvls", "Simple", 4, 1, 23.0 + MB / (1e3 * 20 * 5 / 6)),
+    ("broadcast", "ring", "Simple", 4, 1, 8.4 + 3.4 + MB / (1e3 * 20 * 4 / 4)),
+    ("reduce", "ring", "LL", 4, 1, 6.6 + 0.6 + MB / (1e3 * 20 / 4)),
+]
+
+
+@pytest.mark.parametrize("kind,algo,proto,ranks,nodes,expect", HAND,
+                         ids=[f"{k}-{a}-{p}-{n}n" for k, a, p, _, n, _ in HAND])
+def test_each_algorithm_and_protocol_against_hand_computed_times(kind, algo, proto, ranks, nodes,
+                                                                 expect):
+    got = nccl.time_us(kind, MB, algo, proto, ranks, nodes, SMALL)
+    assert (got.algo, got.proto) == (algo, proto)
+    assert got.time_us == pytest.approx(expect, rel=1e-9)
+
+
+def test_the_fill_term_is_the_pipelines_optimal_chunking():
+    # ring Simple, 4 ranks: 6 stages; wire 75 us; fill = 2 sqrt(1 us x 6 x 75 us)
+    filled = dataclasses.replace(SMALL, fill_us=1.0)
+    got = nccl.time_us("all_reduce", MB, "ring", "Simple", 4, 1, filled).time_us
+    assert got == pytest.approx(8.4 + 6 * 3.4 + 75.0 + 2 * (6 * 75.0) ** 0.5)
+
+
+def test_p2p_goes_over_nvlink_inside_a_node_and_a_nic_rail_across():
+    topo = load_topology("dgx_h100", nodes=2)
+    nc = topo.nccl
+    assert nccl.p2p_us(topo, 0, 1, MB) == pytest.approx(8.4 + 3.4 + MB / (1e3 * 360.0))
+    per_rail = nc.channels * nc.bw_inter_gbps / topo.inter.nics
+    assert nccl.p2p_us(topo, 0, 8, MB) == pytest.approx(8.4 + 14.0 + MB / (1e3 * per_rail))
+
+
+def test_which_algorithms_nccl_enables():
+    algos = lambda kind, nodes, nc=SMALL: {a for a, _ in nccl.enabled(kind, 4, nodes, nc)}  # noqa: E731
+    assert algos("all_reduce", 1) == {"ring", "tree", "nvls"}
+    assert algos("all_reduce", 2) == {"ring", "tree", "nvls_tree", "collnet_direct",
+                                      "collnet_chain"}
+    assert algos("reduce_scatter", 1) == {"ring", "nvls"}
+    assert algos("broadcast", 2) == {"ring"}
+    plain = dataclasses.replace(SMALL, nvls=False, collnet=False)
+    assert algos("all_reduce", 2, plain) == {"ring", "tree"}
+    assert {p for a, p in nccl.enabled("all_reduce", 4, 1, SMALL) if a == "nvls"} == {"Simple"}
+
+
+# the tuner's pick at a small, a medium and a large size (8 GPUs, one node)
+PICKS = [("dgx_a100", 1 << 16, "ring", "LL"), ("dgx_a100", 1 << 24, "ring", "LL128"),
+         ("dgx_a100", 1 << 30, "ring", "Simple"), ("dgx_h100", 1 << 12, "ring", "LL"),
+         ("dgx_h100", 1 << 24, "nvls", "Simple"), ("dgx_h100", 1 << 30, "nvls", "Simple")]
+
+
+@pytest.mark.parametrize("topo_name,nbytes,algo,proto", PICKS)
+def test_the_tuner_picks_the_fastest(topo_name, nbytes, algo, proto):
+    topo = load_topology(topo_name)
+    got = nccl.call("all_reduce", nbytes, range(8), topo)
+    assert got.label == f"{algo}/{proto}"
+    every = [nccl.time_us("all_reduce", nbytes, a, p, 8, 1, topo.nccl).time_us
+             for a, p in nccl.enabled("all_reduce", 8, 1, topo.nccl)]
+    assert got.time_us == min(every)
+    assert choose(CollSpec("all_reduce", nbytes, tuple(range(8))), topo) == algo
+
+
+def test_across_nodes_the_tuner_weighs_trees_against_rings():
+    topo = load_topology("dgx2", nodes=16)
+    small = nccl.call("all_reduce", 1 << 12, range(256), topo)
+    large = nccl.call("all_reduce", 1 << 30, range(256), topo)
+    assert small.algo == "tree" and large.algo == "ring"  # log2(16) hops against 2 x 16
+
+
+def _busbw(topo, nbytes: int, ranks: int = 8) -> tuple[str, float]:
+    spec = CollSpec("all_reduce", nbytes, tuple(range(ranks)))
+    algo = choose(spec, topo)
+    t = simulate_collective(spec, topo, algo).time_us
+    return algo, nbytes / (t * 1e3) * 2 * (ranks - 1) / ranks
+
+
+def test_h100_all_reduce_at_1_gib_nvls_and_forced_ring():
+    """Must show: NVLS by default at >= 440 GB/s busbw; with ring forced within 10% of 370."""
+    topo = load_topology("dgx_h100")
+    algo, busbw = _busbw(topo, 1 << 30)
+    assert algo == "nvls" and busbw >= 440
+    algo, busbw = _busbw(dataclasses.replace(topo, algo="ring"), 1 << 30)
+    assert algo == "ring" and busbw == pytest.approx(370, rel=0.10)
+
+
+def test_a_forced_protocol_and_an_inapplicable_forced_algorithm():
+    topo = load_topology("dgx_a100")
+    assert nccl.call("all_reduce", 1 << 30, range(8), dataclasses.replace(topo, proto="LL")
+                     ).label == "ring/LL"
+    # no NVLS on an A100: NCCL falls back to its own choice
+    assert nccl.call("all_reduce", 1 << 30, range(8), dataclasses.replace(topo, algo="nvls")
+                     ).label == "ring/Simple"
+    with pytest.raises(TopologyError, match="topology.algo='butterfly'"):
+        Topology.from_dict({**_raw("dgx_a100"), "algo": "butterfly"})
+
+
+def _raw(name):
+    import yaml
+
+    from cost_model.topology import CONF_TOPOLOGY_DIR
+    return yaml.safe_load((CONF_TOPOLOGY_DIR / f"{name}.yaml").read_text())
+
+
+DES_CASES = [("dgx_h100", 1, "all_reduce", "nvls", 1), ("dgx_h100", 1, "reduce_scatter", "ring", 4),
+             ("dgx_h100", 2, "all_reduce", "nvls_tree", 1), ("dgx2", 2, "all_reduce", "tree", 2),
+             ("dgx_a100", 1, "all_gather", "ring", 8), ("dgx_b200", 1, "all_reduce", "nvls", 2),
+             ("dgx1_v100", 1, "broadcast", "ring", 1)]
+
+
+@pytest.mark.parametrize("topo_name,nodes,kind,algo,chunks", DES_CASES)
+def test_des_and_closed_form_agree_where_nothing_contends(topo_name, nodes, kind, algo, chunks):
+    topo = load_topology(topo_name, nodes=nodes)
+    spec = CollSpec(kind, 1 << 26, tuple(range(topo.devices)), chunks)
+    r = simulate_collective(spec, topo, algo)
+    assert r.time_us == pytest.approx(collective_us(spec, algo, topo), rel=1e-9)
+    assert r.time_us == pytest.approx(chunks * nccl.call(kind, (1 << 26) / chunks, spec.group,
+                                                         topo, algo).time_us)
+    assert r.trace.task.str.startswith(f"{algo}/").all()  # the trace names algorithm/protocol
