@@ -2,7 +2,9 @@
 
 The command line is checked first (`suite.cli.prevalidate`: one line on stderr and exit 2 for bad
 input), then Hydra composes the configuration, makes the run directory and calls `suite.run.run`
-once per job (several with `-m`); the exit status is the worst job's (1: a schedule failed).
+once per job (several with `-m`, on SLURM with `hydra/launcher=slurm`:
+hydra_plugins/coconet_suite/slurm_launcher.py); the exit
+status is the worst job's (1: a schedule failed; 3: a job failed or was cancelled).
 """
 import sys
 
@@ -10,28 +12,44 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import CONF_DIR
+from . import CONF_DIR, PROJECT_ROOT
 from .cli import prevalidate
 from .config import register
 from .errors import SuiteError
 from .run import fail, run
+from .slurm import SWEPT
 
 statuses: list[int] = []
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def job(cfg: DictConfig) -> None:
-    statuses.append(run(OmegaConf.to_object(cfg), HydraConfig.get().runtime.output_dir))
+def job(cfg: DictConfig) -> int:
+    """One job: its exit status, also when it ends early (a SLURM job returns it to the sweep)."""
+    try:
+        status = run(OmegaConf.to_object(cfg), HydraConfig.get().runtime.output_dir)
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+    statuses.append(status)
+    return status
+
+
+def plugins_on_path() -> None:
+    """Hydra finds launchers only in the `hydra_plugins` namespace, by walking sys.path; an
+    editable install maps the project's packages with an import hook that walk cannot see, so
+    the checkout (where `hydra_plugins/coconet_suite`, the SLURM launcher, lives) goes on the path."""
+    if str(PROJECT_ROOT) not in sys.path:
+        sys.path.append(str(PROJECT_ROOT))
 
 
 def main() -> None:
+    plugins_on_path()
     try:
         prevalidate(sys.argv[1:])
     except SuiteError as e:
         fail(e)
     register()
     job()
-    sys.exit(max(statuses, default=0))
+    sys.exit(max(statuses + [j.status for j in SWEPT], default=0))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ need the experiment's program (divisibility by its pipeline stages) live in `sui
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -62,6 +63,29 @@ class BackendConf:
 # are checked at compose time; ranges and required fields when the run loads it (`topology_of`).
 TopologyConf = hydra_schema(Topology, "TopologyConf",
                             extra=(("path", Optional[str], field(default=None)),))
+
+
+def _importable(schema: type) -> None:
+    """Make a generated schema class and the ones nested in it attributes of this module, so
+    that pickle finds them by name: Hydra's submitit launcher pickles the ConfigStore to its
+    jobs, and a class pickled by value loses `dataclasses.MISSING` (a field without a default
+    would read as an object of type _MISSING_TYPE)."""
+    name, k = schema.__name__, 1
+    while globals().get(name, schema) is not schema:  # _mirror makes one class per use
+        name, k = f"{schema.__name__}_{k}", k + 1
+    schema.__module__, schema.__qualname__ = __name__, name
+    globals()[name] = schema
+    for f in fields(schema):
+        for tp in _nested(f.type):
+            if is_dataclass(tp) and globals().get(tp.__qualname__) is not tp:
+                _importable(tp)
+
+
+def _nested(tp) -> list:
+    return [tp, *(t for a in typing.get_args(tp) for t in _nested(a))]
+
+
+_importable(TopologyConf)
 
 
 @dataclass(kw_only=True)
