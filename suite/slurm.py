@@ -16,6 +16,7 @@ else from `scontrol show job` (jobs stay there for MinJobAge after they end).
 """
 from __future__ import annotations
 
+import copy
 import csv
 import subprocess
 import time
@@ -97,7 +98,11 @@ class SlurmSweep(SlurmLauncher):
         nums = [initial_job_idx + i for i in range(len(job_overrides))]
         args = [(list(o), "hydra.sweep.dir", n, f"job_id_for_{n}", state)
                 for o, n in zip(job_overrides, nums)]
-        jobs = executor.map_array(self, *zip(*args))
+        # the jobs unpickle this launcher: as SlurmSweep, which an editable install can import
+        # anywhere, not as the hydra_plugins subclass, found only with the checkout on the path
+        task = copy.copy(self)
+        task.__class__ = SlurmSweep
+        jobs = executor.map_array(task, *zip(*args))
         print(f"submitted {len(jobs)} SLURM jobs ({', '.join(str(j.job_id) for j in jobs)}); "
               f"sweep directory {sweep}", flush=True)
         swept: list[SweptJob] = []
