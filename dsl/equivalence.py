@@ -13,21 +13,24 @@ uniform in [0.5, 1.5), or [1, 8] for integers; integers otherwise uniform in [-8
 coins; inputs with a default are left out, so the default is used), `distribute` cuts them into
 each rank's local inputs according to one program's layouts, and `random_inputs` does both.
 
-Tolerance: reductions may run in a different order after a rewrite (a reduce-scatter then an
-all-gather, a chunked fused collective), so floats compare with
+Tolerance: a rewrite may change the order of sums (a reduce-scatter then an all-gather, a
+chunked fused collective, a matmul computed in row chunks), so each element gets a bound derived
+from its computation (`dsl.bounds.error_bounds`: for a matmul a multiple of
+u * sum_k |x_ik||w_kj|, for a reduction of the sum of magnitudes and the number of terms, ...),
+and floats compare with
 
-    |after - before| <= tol * (1 + |before|),   tol = 16 * eps(dtype) * (P + log2(1 + K))
+    |after - before| <= error_before + error_after     (element by element)
 
-where K is the largest global element count of any tensor in either program; NaN equals NaN,
-infinities must match exactly; integers and bools compare exactly.
+on the same inputs; NaN equals NaN, infinities must match exactly; integers and bools compare
+exactly.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping, Optional
 
 import numpy as np
 
+from .bounds import error_bounds, within
 from .errors import BindError, DSLError
 from .interpret import as_dtype, bind, evaluate_shape, interpret, piece
 from .ir import Const, Input, Program
@@ -133,15 +136,20 @@ def random_inputs(program: Program, world_size: int, bindings: Optional[Mapping[
     return distribute(program, global_inputs(program, P, bound, rng), world_size, bound)
 
 
-def to_global(program: Program, outs: list[dict[str, np.ndarray]], P: int
+def to_global(program: Program, outs: list[dict[str, np.ndarray]], P: int, same: bool = True
               ) -> dict[str, dict[int, np.ndarray]]:
-    """Output name -> stage -> global view, from `interpret`'s per-rank outputs."""
+    """Output name -> stage -> global view, from `interpret`'s per-rank outputs.
+
+    A replicated output must be the same on every tp index; with `same=False` (error bounds) its
+    view is the element-wise largest instead."""
     res: dict[str, dict[int, np.ndarray]] = {}
     for name, v in program.outputs:
         layout, views = v.type.layout, {}
         for st in (range(program.stages) if v.type.stage is None else [v.type.stage]):
             parts = [outs[st * P + i][name] for i in range(P)]
-            if isinstance(layout, Replicated):
+            if isinstance(layout, Replicated) and not same:
+                views[st] = np.maximum.reduce(parts)
+            elif isinstance(layout, Replicated):
                 bad = [i for i in range(1, P) if not np.array_equal(parts[0], parts[i], equal_nan=True)]
                 if bad:
                     raise EquivalenceError(f"{program.name}: replicated output {name} differs between"
@@ -156,28 +164,6 @@ def to_global(program: Program, outs: list[dict[str, np.ndarray]], P: int
 
 
 # -- comparison -----------------------------------------------------------------------------------
-def tolerance(dtype: DType, P: int, K: int) -> float:
-    """16 * eps(dtype) * (P + log2(1 + K)); 0 for integers and bools."""
-    return 16 * dtype.eps * (P + math.log2(1 + K))
-
-
-def _largest(program: Program, P: int, bindings: Mapping[str, int]) -> int:
-    return max((math.prod(global_shape(v.type, P, bindings)) for v in program.values()), default=1)
-
-
-def _error(ref: np.ndarray, new: np.ndarray, tol: float) -> tuple[float, int]:
-    """(max abs error, number of elements out of tolerance)."""
-    if ref.dtype.kind != "f":
-        diff = np.abs(ref.astype(np.int64) - new.astype(np.int64))
-        return float(diff.max(initial=0)), int(np.count_nonzero(diff))
-    r, n = ref.astype(np.float64), new.astype(np.float64)
-    same = (r == n) | (np.isnan(r) & np.isnan(n))
-    diff = np.where(same, 0.0, np.abs(n - r))
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    bound = np.where(np.isfinite(r), tol * (1 + np.abs(r)), 0.0)
-    return float(diff.max(initial=0.0)), int(np.count_nonzero(diff > bound))
-
-
 def _check_signatures(before: Program, after: Program, P: int, bound: Mapping[str, int]) -> None:
     if before.stages != after.stages:
         raise EquivalenceError(f"{before.name} has {before.stages} stage(s), {after.name} has "
@@ -198,50 +184,55 @@ def _check_signatures(before: Program, after: Program, P: int, bound: Mapping[st
                                    f"but on stage {ta.stage} in {after.name}")
 
 
+def _errors(program: Program, inputs: list[dict], world_size: int, P: int,
+            bound: Mapping[str, int]) -> dict[str, dict[int, np.ndarray]]:
+    """Output name -> stage -> global view of the output's error bound."""
+    bounds = error_bounds(program, inputs, world_size, bound)
+    return to_global(program, [{k: b.error for k, b in r.items()} for r in bounds], P, same=False)
+
+
 def check_equivalent(before: Program, after: Program, world_size: int, trials: int = 3,
                      bindings: Optional[Mapping[str, int]] = None, seed: int = 0) -> dict[str, float]:
     """Interpret both programs on the same random global inputs and compare their outputs.
 
     Each trial draws global inputs (those of `before`, then any only `after` has), distributes
     them to each program's own layouts, interprets both on `world_size` ranks and compares every
-    output's global view: same names, dtypes and global shapes; floats within
-    `tol = 16 * eps(dtype) * (P + log2(1 + K))` relative to `1 + |before|`, K the largest global
-    element count of any tensor in either program; integers and bools exactly. Without
-    `bindings`, every size symbol but P is bound to 2*P*P. Raises `EquivalenceError` naming the
-    output, the trial, the world size, the max abs error and the tolerance; returns output name
-    -> max abs error over all trials.
+    output's global view: same names, dtypes and global shapes; floats element by element within
+    `error_before + error_after`, each program's `dsl.bounds.error_bounds` on these inputs;
+    integers and bools exactly. Without `bindings`, every size symbol but P is bound to 2*P*P.
+    Raises `EquivalenceError` naming the output, the trial, the world size, the max abs error,
+    the largest bound and the number of elements outside it; returns output name -> max abs
+    error over all trials.
     """
     P, _ = bind(before, world_size, None)
     if bindings is None:
         bindings = {**default_bindings(before, P), **default_bindings(after, P)}
     P, bound = bind(before, world_size, bindings)
     _check_signatures(before, after, P, bound)
-    K = max(_largest(before, P, bound), _largest(after, P, bound))
     rng = np.random.default_rng(seed)
     worst = {name: 0.0 for name, _ in before.outputs}
-    types = dict(before.outputs)
     for trial in range(trials):
         g = global_inputs(before, P, bound, rng)
         g.update({i.value.name: _draw(i, P, bound, rng) for i in after.inputs
                   if i.default is None and i.value.name not in g})
-        ref = to_global(before, interpret(before, distribute(before, g, world_size, bound),
-                                          world_size, bound), P)
-        new = to_global(after, interpret(after, distribute(after, g, world_size, bound),
-                                         world_size, bound), P)
+        ins_b, ins_a = distribute(before, g, world_size, bound), distribute(after, g, world_size, bound)
+        ref = to_global(before, interpret(before, ins_b, world_size, bound), P)
+        new = to_global(after, interpret(after, ins_a, world_size, bound), P)
+        err_b, err_a = _errors(before, ins_b, world_size, P, bound), _errors(after, ins_a, world_size, P, bound)
         for name, views in ref.items():
-            tol = tolerance(types[name].type.dtype, P, K)
             for st, r in views.items():
-                err, bad = _error(r, new[name][st], tol)
+                allowed = err_b[name][st] + err_a[name][st]
+                err, bad = within(new[name][st], r, allowed)
                 worst[name] = max(worst[name], err)
                 if bad:
                     where = f" on stage {st}" if before.stages > 1 else ""
                     raise EquivalenceError(
                         f"output {name}{where} differs in trial {trial} at world size {world_size}:"
-                        f" max abs error {err:.3g} > tolerance {tol:.3g} * (1 + |reference|)"
-                        f" at {bad} of {r.size} element(s) ({before.name} vs {after.name})")
+                        f" max abs error {err:.3g} at {bad} of {r.size} element(s) outside their"
+                        f" bound (largest {float(np.max(allowed, initial=0.0)):.3g})"
+                        f" ({before.name} vs {after.name})")
     return worst
 
 
 __all__ = ["EquivalenceError", "check_equivalent", "default_bindings", "distribute",
-           "global_inputs", "global_shape", "local_part", "random_inputs", "symbols", "to_global",
-           "tolerance"]
+           "global_inputs", "global_shape", "local_part", "random_inputs", "symbols", "to_global"]

@@ -222,9 +222,14 @@ def _norm(x):
     return np.sqrt((x64 * x64).sum())
 
 
+def matmul2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[.., K] x [K, H] as one 2-d product (numpy's stacked matmul would run row by row)."""
+    return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[1:])
+
+
 def _matmul(s, xs, g, i):
     a, b = xs
-    return np.matmul(a.astype(_acc_of(a)), b.astype(_acc_of(b)))
+    return matmul2d(a.astype(_acc_of(a)), b.astype(_acc_of(b)))
 
 
 def _update(s, xs, g, i):
@@ -401,5 +406,5 @@ def interpret(program: Program, inputs: Sequence[Mapping[str, np.ndarray]], worl
              if _lives(v.type.stage, r // P)} for r in range(world_size)]
 
 
-__all__ = ["interpret", "EVAL", "Rule", "Group", "bind", "as_dtype", "round_bf16", "mix32",
+__all__ = ["interpret", "EVAL", "matmul2d", "Rule", "Group", "bind", "as_dtype", "round_bf16", "mix32",
            "dropout_keep", "global_flat_index", "piece", "evaluate_shape"]

@@ -12,8 +12,8 @@
 - GPUs here: every schedule at every verification binding runs on NCCL ranks, one per GPU, at each
   world size of `verify.world_sizes` + `world_size` that the GPUs allow (the largest that divides
   into the program's pipeline stages when none does), through `CudaPlanRunner`, and its outputs are
-  compared with `dsl.interpret` of the same schedule on the same inputs (tolerance:
-  4 x `dsl.equivalence.tolerance`, as the CPU runtime's tests). One `suite.verification.Check` per
+  compared with `dsl.interpret` of the same schedule on the same inputs (each element within
+  twice its `dsl.error_bounds` bound, as the CPU runtime's tests). One `suite.verification.Check` per
   schedule x world size x binding is returned and one line printed per schedule x world size.
 Errors: a kernel that does not render or compile is a `codegen.build.BuildError`, a bad arch too.
 
@@ -21,7 +21,6 @@ Until suite.run calls it: `python -m suite.cuda experiment=NAME [key=value ...] 
 """
 from __future__ import annotations
 
-import math
 import re
 import sys
 import time
@@ -35,7 +34,6 @@ import dsl
 from codegen import build_cuda
 from codegen.lower import lower
 from codegen.plan import Plan
-from dsl.equivalence import tolerance
 
 from .verification import Check
 
@@ -163,18 +161,15 @@ def verify_on_gpus(cfg, exp: ModuleType, schedules: dict[str, dsl.Program], gpus
 
 
 def make_cases(program: dsl.Program, bindings, world: int, seed: int) -> list[tuple]:
-    """(bindings, plan, inputs per rank, expected outputs per rank, tolerance) per binding."""
+    """(bindings, plan, inputs per rank, expected outputs per rank, error bounds per rank) per
+    binding."""
     cases = []
     for b in bindings:
         b = b or _default(program, world)
         plan = lower(program, b, world)
         inputs = dsl.random_inputs(program, world, b, np.random.default_rng(seed))
         expect = dsl.interpret(program, inputs, world, b)
-        K = max(math.prod(np.shape(x)) for r in inputs for x in r.values())
-        dtype = max((v.type.dtype for v in program.values() if v.type.dtype.is_float),
-                    key=lambda d: d.eps, default=dsl.f32)
-        P = world // program.stages
-        cases.append((b, plan, inputs, expect, 4 * tolerance(dtype, P, K)))
+        cases.append((b, plan, inputs, expect, dsl.error_bounds(program, inputs, world, b)))
     return cases
 
 
@@ -189,25 +184,24 @@ def run_cases(cases: list[tuple], world: int) -> list[tuple[dict, Optional[float
     results = run_ranks(_rank, world, args=([c[1] for c in cases], [c[2] for c in cases], kernels),
                         timeout_s=RUN_TIMEOUT_S)
     out = []
-    for k, (b, _, _, expect, tol) in enumerate(cases):
-        err, msg = compare([r[k] for r in results], expect, tol)
+    for k, (b, _, _, expect, bounds) in enumerate(cases):
+        err, msg = compare([r[k] for r in results], expect, bounds)
         out.append((b, err, msg))
     return out
 
 
-def compare(got: list[dict], expect: list[dict], tol: float) -> tuple[Optional[float], str]:
-    """Largest absolute error over ranks and outputs, or (None, what differs)."""
+def compare(got: list[dict], expect: list[dict], bounds: list[dict]) -> tuple[Optional[float], str]:
+    """Largest absolute error over ranks and outputs, or (None, what differs): each element
+    within twice its `dsl.error_bounds` bound (the interpreter and the GPU each within it)."""
     worst = 0.0
     for rank, (g, e) in enumerate(zip(got, expect)):
         if set(g) != set(e):
             return None, f"rank {rank} has outputs {sorted(g)}, expected {sorted(e)}"
         for name, ref in e.items():
-            ref64 = np.asarray(ref, dtype=np.float64)
-            diff = np.abs(np.asarray(g[name], dtype=np.float64) - ref64)
-            bad = ~(diff <= tol * (1 + np.abs(ref64))) & ~(np.isnan(diff) & np.isnan(ref64))
-            if bad.any():
-                return None, f"rank {rank} output {name}: {int(bad.sum())} elements off, max {diff.max():.3g}"
-            worst = max(worst, float(np.nanmax(diff, initial=0.0)))
+            diff, bad = dsl.within(g[name], ref, 2 * bounds[rank][name].error)
+            if bad:
+                return None, f"rank {rank} output {name}: {bad} elements off, max {diff:.3g}"
+            worst = max(worst, diff)
     return worst, ""
 
 

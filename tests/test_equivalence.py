@@ -6,7 +6,8 @@ import pytest
 
 from dsl import (P, BindError, Builder, EquivalenceError, Local, Replicated, Sliced, bf16,
                  check_equivalent, default_bindings, f16, f32, f64, i64, random_inputs, sym)
-from dsl.equivalence import distribute, global_inputs, tolerance
+from dsl.bounds import gamma
+from dsl.equivalence import distribute, global_inputs
 
 N, B, K, H = sym("N"), sym("B"), sym("K"), sym("H")
 WORLDS = range(1, 9)
@@ -73,7 +74,7 @@ def test_a_wrong_rewrite_raises_naming_the_output(after, world):
     with pytest.raises(EquivalenceError) as e:
         check_equivalent(ar_c(), after(), world)
     msg = str(e.value)
-    for part in ("output w", "trial 0", f"world size {world}", "max abs error", "tolerance"):
+    for part in ("output w", "trial 0", f"world size {world}", "max abs error", "outside their bound"):
         assert part in msg
     assert "\n" not in msg
 
@@ -146,7 +147,7 @@ def test_integers_compare_exactly():
         b.output("s", b.all_reduce(b.input("x", i64, [N], Local())) + extra)
         return b.build()
     assert check_equivalent(prog(0), prog(0), 4) == {"s": 0.0}
-    with pytest.raises(EquivalenceError, match=r"output s .* max abs error 1 > tolerance 0"):
+    with pytest.raises(EquivalenceError, match=r"output s .* max abs error 1 at \d+ of \d+ element\(s\) outside their bound \(largest 0\)"):
         check_equivalent(prog(0), prog(1), 4)
 
 
@@ -190,11 +191,13 @@ def test_default_bindings_divide_by_p_twice(P_):
     assert default_bindings(mm_ar_c(), P_) == {"B": n, "H": n, "K": n, "P": P_}
 
 
-def test_tolerance_formula():
-    assert tolerance(f32, 4, 1023) == 16 * 2.0**-23 * (4 + 10)
-    assert tolerance(f16, 1, 0) == 16 * 2.0**-10 * 1
-    assert tolerance(i64, 8, 10**6) == 0
-    assert math.isclose(tolerance(bf16, 2, 3), 16 * 2.0**-7 * 4)
+def test_gamma_is_the_worst_case_for_few_terms_and_grows_as_sqrt_n_for_many():
+    u = 2.0**-24
+    assert gamma(1, f32) == 0 and gamma(10**6, i64) == 0
+    assert math.isclose(gamma(4, f32), 3 * u / (1 - 3 * u))
+    assert math.isclose(gamma(4096, f32), 8 * 64 * u)  # not 4095 u
+    assert math.isclose(gamma(3, bf16), 2 * 2.0**-8 / (1 - 2 * 2.0**-8))
+    assert gamma(10**8, f16) < math.inf
 
 
 def test_explicit_bindings_are_used():

@@ -316,5 +316,5 @@ def test_dropout_mask_is_the_same_on_a_sliced_tensor(dim, world):
 
 
 # -- the rule table -------------------------------------------------------------------------------
-def test_every_op_kind_has_an_interpret_rule_and_an_inference_rule():
-    assert set(EVAL) == set(dsl.ops.ALL_OPS) == set(dsl.ops.INFER)
+def test_every_op_kind_has_an_interpret_rule_an_inference_rule_and_an_error_rule():
+    assert set(EVAL) == set(dsl.ops.ALL_OPS) == set(dsl.ops.INFER) == set(dsl.bounds.ERROR)

@@ -1,0 +1,418 @@
+"""`error_bounds`: per element, how far a floating-point run of a program may be from its exact value.
+
+    bounds = error_bounds(program, inputs, world_size, bindings)   # one dict per rank
+    bounds[r]["out"].value, bounds[r]["out"].error                 # exact value, bound on |computed - value|
+
+A run "computes" the program when every op rounds its result to the op's dtype, in any evaluation
+order of its sums (a matmul's inner products in any blocking, a collective's reduction in any ring
+order, a chunked reduce-scatter, a fused kernel with FMA). `value` is the exact result (float64
+for float dtypes, exact for integers and bools, the inputs taken as given); `error` (float64,
+>= 0; for bools 1 where the result may flip) bounds |computed - value| element by element. Two
+runs of equivalent schedules then agree within `error_a + error_b` (`within` checks that).
+
+Rules (one per op kind in `ERROR`, `U = eps(dtype)`, twice the unit roundoff: an op may be one
+ulp off; exp, pow and rsqrt, library functions, 4 U (`ULPS`)):
+- a pointwise op propagates its operands' errors by the op's derivative bound (add: ea + eb; mul:
+  |a| eb + |b| ea + ea eb; div, sqrt, rsqrt, exp, pow: exact bounds of the function over the
+  interval the operand may lie in) and adds `U * (|result| + propagated)` for its own rounding
+  (times `ULPS[op]`);
+  a constant operand, or a hyper-parameter left to its default, carries |c - fl(c)|, its
+  rounding to the dtype (a run may use it rounded or in double precision).
+- a sum of n terms t_k (reductions: n elements; matmul: n = K products x_ik w_kj; a collective
+  reduction: n = P ranks; two ranks' one addition rounds as a pointwise add) adds
+  `gamma(n) * sum_k |t_k|` with, u = U / 2 the unit roundoff,
+  `gamma(n) = min((n - 1) * u / (1 - (n - 1) * u), LAMBDA * sqrt(n) * u)`. The first is the
+  worst case (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1); the second the
+  probabilistic bound of Higham and Mary (SIAM J. Sci. Comput. 2019, Thm 3.1), which holds for
+  any order with probability at least 1 - 2n exp(-LAMBDA^2 / 2) when rounding errors are
+  independent and mean zero (LAMBDA = 8: 2.5e-14 n per element). It grows as sqrt(n), not n:
+  a matmul with K = 4096 gets 512 u sum_k |x_ik||w_kj| where the worst case gives 4095 u.
+- max, min, neg, copies and the data movement of collectives do not round: errors move with
+  the data (max of errors for a max-reduction).
+- comparisons may flip where |a - b| <= ea + eb; `where` with such a condition takes the larger
+  operand error plus |a - b| there; a cast to an integer may be off by ceil(e) + 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .errors import BindError, DSLError
+from .interpret import EVAL, Group, _load, _operands, as_dtype, bind, evaluate_shape, matmul2d
+from .ir import Const, Program, Stmt, Value
+from .ops import COMPARE
+from .printer import format_stmt
+from .sizes import Size
+from .types import DType, Replicated
+
+LAMBDA = 8.0  # the probabilistic bound's confidence parameter (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """An element-wise exact value and a bound on how far a computed run may be from it."""
+    value: np.ndarray
+    error: np.ndarray
+
+
+def gamma(n: int, dtype: DType) -> float:
+    """The relative error bound of a sum of n terms in `dtype`, in units of sum |terms|."""
+    return gamma_u(n, dtype.eps)
+
+
+def gamma_u(n: int, U: float) -> float:
+    """`gamma(n)` for a dtype whose eps is U (unit roundoff u = U / 2)."""
+    u = U / 2
+    if n <= 1 or u == 0:
+        return 0.0
+    worst = (n - 1) * u / (1 - (n - 1) * u) if (n - 1) * u < 1 else math.inf
+    return min(worst, LAMBDA * math.sqrt(n) * u)
+
+
+# -- pointwise rules: (stmt, operand values, operand errors, result, U) -> propagated error -----
+PwRule = Callable[[Stmt, list, list, np.ndarray, float], np.ndarray]
+
+
+def _add(s, v, e, r, U):
+    return e[0] + e[1]
+
+
+def _mul(s, v, e, r, U):
+    return np.abs(v[0]) * e[1] + np.abs(v[1]) * e[0] + e[0] * e[1]
+
+
+def _div(s, v, e, r, U):
+    a, b = v
+    if np.issubdtype(np.asarray(r).dtype, np.integer):  # truncation may move by one more
+        return _int_div(a, b, e)
+    room = np.abs(b) - e[1]
+    with np.errstate(all="ignore"):
+        out = (e[0] + np.abs(r) * e[1]) / room
+    return np.where(room > 0, out, np.where((e[0] == 0) & (e[1] == 0), 0.0, np.inf))
+
+
+def _int_div(a, b, e):
+    spread = e[0] + e[1]
+    return np.where(spread == 0, 0.0, np.inf)  # integer operands carry errors only after a cast
+
+
+def _pow(s, v, e, r, U):
+    a, b = np.abs(v[0]), np.abs(v[1])
+    with np.errstate(all="ignore"):
+        rel = np.where(e[0] == 0, 0.0, e[0] / a)
+        log_a = np.where(e[1] == 0, 0.0, np.abs(np.log(a)))
+        t = b * rel / (1 - rel) + e[1] * (log_a + rel / (1 - rel))
+        out = np.abs(r) * np.expm1(t)
+    return np.where(rel < 0.5, np.where(t == 0, 0.0, out), np.inf)
+
+
+def _nonexpansive(s, v, e, r, U):
+    return np.maximum(e[0], e[1]) if len(e) > 1 else e[0]
+
+
+def _sqrt(s, v, e, r, U):
+    a, ea = v[0], e[0]
+    with np.errstate(all="ignore"):
+        inside = ea / (np.sqrt(np.maximum(a, 0)) + np.sqrt(np.maximum(a - ea, 0)))
+        edge = np.sqrt(np.maximum(a, 0) + ea)
+    return np.where(ea == 0, 0.0, np.where(a > ea, inside, edge))
+
+
+def _rsqrt(s, v, e, r, U):
+    rel = np.where(e[0] == 0, 0.0, e[0] / np.abs(v[0]))
+    with np.errstate(all="ignore"):
+        out = np.abs(r) * ((1 - rel) ** -0.5 - 1)
+    return np.where(rel == 0, 0.0, np.where(rel < 1, out, np.inf))
+
+
+def _exp(s, v, e, r, U):
+    with np.errstate(over="ignore"):
+        return np.abs(r) * np.expm1(e[0])
+
+
+def _compare(s, v, e, r, U):
+    a, b = np.broadcast_arrays(v[0], v[1])
+    slack = e[0] + e[1]
+    return ((slack > 0) & (np.abs(a - b) <= slack)).astype(np.float64)
+
+
+def _where(s, v, e, r, U):
+    c, a, b = v
+    flip = e[0] > 0
+    inner = np.where(c, e[1], e[2])
+    return np.where(flip, np.maximum(e[1], e[2]) + np.abs(a - b), inner)
+
+
+def _cast(s, v, e, r, U):
+    to, x, ex = s.attr("dtype"), v[0], e[0]
+    if to is DType.bool:
+        return ((ex > 0) & (np.abs(x) <= ex)).astype(np.float64)
+    if not to.is_float and np.asarray(x).dtype.kind == "f":
+        return np.where(ex > 0, np.ceil(ex) + 1, 0.0)
+    return ex + to.eps * (np.abs(x) + ex)
+
+
+def _dropout(s, v, e, r, U):
+    p = float(s.attr("p"))
+    keep = (r != 0) | (v[0] == 0)
+    return np.where(keep, e[0] / (1 - p), 0.0)
+
+
+ROUNDS = ("add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "exp", "cast", "dropout")
+ULPS = {"exp": 4, "pow": 4, "rsqrt": 4}  # library functions: vectorised exp/pow (numpy's f32 pow
+# measured 2.6 eps), rsqrt as 1/sqrt or CUDA's rsqrtf (2 ulp); IEEE ops are correctly rounded
+POINTWISE_ERROR: dict[str, PwRule] = {
+    "add": _add, "sub": _add, "mul": _mul, "div": _div, "pow": _pow,
+    "maximum": _nonexpansive, "minimum": _nonexpansive, "neg": _nonexpansive,
+    "sqrt": _sqrt, "rsqrt": _rsqrt, "exp": _exp, "where": _where, "cast": _cast,
+    "dropout": _dropout, **{k: _compare for k in COMPARE},
+}
+
+
+# -- reductions and matmul: (stmt, operand values, operand errors, result, U) -> error ----------
+def _sum_error(x, e, U):
+    n = max(int(np.size(x)), 1)
+    prop = float(np.sum(e))
+    return prop + gamma_u(n, U) * (float(np.sum(np.abs(x))) + prop)
+
+
+def _sum(s, v, e, r, U):
+    return np.asarray(_sum_error(v[0], e[0], U))
+
+
+def _mean(s, v, e, r, U):
+    return np.asarray(_sum_error(v[0], e[0], U) / max(int(np.size(v[0])), 1))
+
+
+def _norm(s, v, e, r, U):
+    x, ex = np.abs(v[0]), e[0]
+    n = max(int(np.size(x)), 1)
+    sq = float(np.sum(x * x))
+    prop = float(np.sum(2 * x * ex + ex * ex))
+    es = prop + gamma_u(n, U) * (sq + prop)
+    return _sqrt(s, [np.asarray(sq)], [np.asarray(es)], r, U)
+
+
+def _matmul(s, v, e, r, U):
+    a, b = np.abs(v[0]), np.abs(v[1])
+    ea, eb = e
+    g = gamma_u(a.shape[-1], U)
+    if not ea.any() and not eb.any():
+        return g * matmul2d(a, b)  # the |x| @ |w| pass
+    prop = matmul2d(a, eb) + matmul2d(ea, b) + matmul2d(ea, eb)
+    return prop + g * matmul2d(a + ea, b + eb)
+
+
+REDUCE_ERROR: dict[str, PwRule] = {"sum": _sum, "mean": _mean, "norm": _norm, "matmul": _matmul}
+
+
+# -- communication and data movement: (stmt, values per rank, errors per rank, group) -> errors --
+CommRule = Callable[[Stmt, list[list], list[list], Group], list[np.ndarray]]
+
+
+def _moves(s, vals, errs, g):
+    """Data movement: errors go where the data goes."""
+    return EVAL[s.op](s, errs, g)
+
+
+def _with_op(s: Stmt, op: str) -> Stmt:
+    return Stmt(s.out, s.op, s.args, tuple((k, op if k == "op" else v) for k, v in s.attrs)
+                + (() if s.attr("op") is not None else (("op", op),)))
+
+
+def _reduces(s, vals, errs, g):
+    """A reduction over the group (all_reduce, reduce_scatter, reduce) in any order."""
+    op = s.attr("op", "sum")
+    if op in ("max", "min"):
+        return EVAL[s.op](_with_op(s, "max"), errs, g)
+    U = s.out.type.dtype.eps
+    wide = [[np.abs(v[0]) + e[0]] for v, e in zip(vals, errs)]
+    if op == "prod":
+        exact = [[np.abs(v[0])] for v in vals]
+        hi, lo = EVAL[s.op](s, wide, g), EVAL[s.op](s, exact, g)
+        return [h - l + gamma_u(g.P, U) * h for h, l in zip(hi, lo)]
+    moved = EVAL[s.op](s, errs, g)
+    if g.P == 2:  # one addition: rounded relative to its result, as a pointwise add
+        sums = EVAL[s.op](s, vals, g)
+        return [m + U * (np.abs(r) + m) for m, r in zip(moved, sums)]
+    mags = EVAL[s.op](s, wide, g)
+    return [m + gamma_u(g.P, U) * w for m, w in zip(moved, mags)]
+
+
+COMM_ERROR: dict[str, CommRule] = {
+    "slice": _moves, "update": _moves, "all_gather": _moves, "broadcast": _moves,
+    "all_to_all": _moves, "p2p": _moves,
+    "all_reduce": _reduces, "reduce_scatter": _reduces, "reduce": _reduces,
+}
+ERROR = {**POINTWISE_ERROR, **REDUCE_ERROR, **COMM_ERROR}
+
+
+# -- the interpreter ------------------------------------------------------------------------------
+def _exact(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype.kind == "f" else x
+
+
+def rounding_error(c: float, dtype: DType) -> np.ndarray:
+    """|c - c rounded to dtype|: how far a constant is from the dtype's copy of it."""
+    c = float(c)
+    if not dtype.is_float or not math.isfinite(c):
+        return np.asarray(0.0)
+    return np.asarray(abs(c - float(as_dtype(c, dtype))))
+
+
+def _const_error(a: Const, s: Stmt, g: Group) -> np.ndarray:
+    dt = s.values[0].type.dtype if s.op in COMPARE else s.out.type.dtype
+    return rounding_error(a.value.value(g.bindings) if isinstance(a.value, Size) else a.value, dt)
+
+
+def _local(s: Stmt, vals: list, errs: list, g: Group, i: int) -> tuple[list, list]:
+    """Rank i's operand values and errors as the op reads them (replicated ones sliced)."""
+    v = _operands(s, vals, g, i)
+    e = _operands(s, errs, g, i)
+    e = [_const_error(a, s, g) if isinstance(a, Const) else x for a, x in zip(s.args, e)]
+    return [_exact(x) for x in v], e
+
+
+def _cast_value(s: Stmt, x: np.ndarray) -> np.ndarray:
+    to = s.attr("dtype")
+    return np.asarray(x, dtype=np.float64) if to.is_float else as_dtype(x, to)
+
+
+def _compute(s: Stmt, vals: list[list], errs: list[list], g: Group) -> tuple[list, list]:
+    """Each rank's exact result and its error bound, for one statement on one tp group."""
+    if s.op in COMM_ERROR:
+        return [_exact(x) for x in EVAL[s.op](s, vals, g)], COMM_ERROR[s.op](s, vals, errs, g)
+    if isinstance(s.out.type.layout, Replicated) and g.P > 1:  # the same on every rank
+        outs, errors = _compute(s, vals[:1], errs[:1], Group(1, g.bindings))
+        return outs * g.P, errors * g.P
+    U = s.out.type.dtype.eps
+    rule = POINTWISE_ERROR.get(s.op) or REDUCE_ERROR[s.op]
+    local = [_local(s, vals[i], errs[i], g, i) for i in range(g.P)]
+    if s.op == "cast":
+        outs = [_cast_value(s, v[0]) for v, _ in local]
+    else:
+        outs = [_exact(x) for x in EVAL[s.op](s, vals, g)]
+    errors = []
+    for r, (v, e) in zip(outs, local):
+        with np.errstate(all="ignore"):
+            err = np.asarray(rule(s, v, e, r, U), dtype=np.float64)
+            if s.op in ROUNDS or s.op in REDUCE_ERROR:
+                err = err + ULPS.get(s.op, 1) * U * (np.abs(r) + err)
+        errors.append(np.broadcast_to(err, np.shape(r)))
+    return outs, errors
+
+
+def _start(program: Program, inputs: Sequence[Mapping], P: int, bound: dict,
+           errors: Optional[Sequence[Mapping]]) -> tuple[list[dict], list[dict]]:
+    """Each rank's input values (as given: floats widened, not rounded) and input errors."""
+    env = _load(program, inputs, P, bound)  # checks names, shapes and replication
+    vals: list[dict] = [{} for _ in env]
+    errs: list[dict] = [{} for _ in env]
+    for r, given in enumerate(inputs):
+        for inp in program.inputs:
+            v = inp.value
+            if v.id not in env[r]:
+                continue
+            x = env[r][v.id]
+            if v.type.dtype.is_float and v.name in given:
+                x = np.asarray(given[v.name], dtype=np.float64)
+            vals[r][v.id] = _exact(x)
+            hyper = inp.default is not None and v.name not in given
+            errs[r][v.id] = (rounding_error(inp.default, v.type.dtype) if hyper
+                             else np.zeros(np.shape(x)))
+            if errors is not None and v.name in errors[r]:
+                e = np.asarray(errors[r][v.name], dtype=np.float64)
+                if e.shape != np.shape(x) or not np.all(e >= 0):
+                    raise BindError(f"error bound of input {v.name} on rank {r} must be >= 0 with "
+                                    f"shape {list(np.shape(x))}, got shape {list(e.shape)}")
+                errs[r][v.id] = e
+    return vals, errs
+
+
+def _last_uses(program: Program) -> dict[int, int]:
+    """Value id -> index of the last statement reading it (outputs never expire)."""
+    last = {a.id: k for k, s in enumerate(program.body) for a in s.values}
+    for _, v in program.outputs:
+        last[v.id] = len(program.body)
+    return last
+
+
+def error_bounds(program: Program, inputs: Sequence[Mapping[str, np.ndarray]], world_size: int,
+                 bindings: Optional[Mapping[str, int]] = None,
+                 errors: Optional[Sequence[Mapping[str, np.ndarray]]] = None
+                 ) -> list[dict[str, Bound]]:
+    """Per rank, output name -> `Bound` (exact value, error bound); see the module docstring.
+
+    `inputs` are what `interpret` takes (float inputs may be given in float64: they are used as
+    they are, not rounded); `errors[r]` optionally gives a bound on how far rank r's input may
+    already be from its exact value (to chain steps). Hyper-parameters left to their default
+    carry their rounding to the dtype, |default - fl(default)|.
+    """
+    P, bound = bind(program, world_size, bindings)
+    vals, errs = _start(program, inputs, P, bound, errors)
+    last = _last_uses(program)
+    with np.errstate(all="ignore"):
+        for k, s in enumerate(program.body):
+            _step(s, program, P, bound, vals, errs)
+            for a in {a.id for a in s.values if last.get(a.id, -1) == k}:
+                for r in range(len(vals)):
+                    vals[r].pop(a, None), errs[r].pop(a, None)
+    return [{name: Bound(vals[r][v.id], errs[r][v.id]) for name, v in program.outputs
+             if v.id in vals[r]} for r in range(world_size)]
+
+
+def _step(s: Stmt, program: Program, P: int, bound: dict, vals: list, errs: list) -> None:
+    if s.op not in ERROR:
+        raise DSLError(f"{format_stmt(s)}: error rule for {s.op} not implemented")
+    shape = evaluate_shape(s.out.type, bound)
+    src = s.values[0].type.stage if s.op == "p2p" else s.out.type.stage
+    g = Group(P, bound)
+    for stage in (range(program.stages) if src is None else [src]):
+        ranks = range(stage * P, stage * P + P)
+        v_args = [[vals[r][a.id] if isinstance(a, Value) else a for a in s.args] for r in ranks]
+        e_args = [[errs[r][a.id] if isinstance(a, Value) else a for a in s.args] for r in ranks]
+        try:
+            outs, bounds = _compute(s, v_args, e_args, g)
+        except DSLError as e:
+            raise type(e)(f"{format_stmt(s)}: {e}") from None
+        dst = s.attr("dst") if s.op == "p2p" else stage
+        for i, (out, err) in enumerate(zip(outs, bounds)):
+            vals[dst * P + i][s.out.id] = np.broadcast_to(out, shape)
+            errs[dst * P + i][s.out.id] = np.broadcast_to(err, shape)
+
+
+def within(got: np.ndarray, ref: np.ndarray, error: np.ndarray) -> tuple[float, int]:
+    """(max |got - ref|, number of elements where |got - ref| > error).
+
+    NaN equals NaN, infinities must match exactly unless the error is infinite; integers and
+    bools compare in integer units (their error is 0 unless a cast may have moved them)."""
+    g, r = np.asarray(got), np.asarray(ref)
+    if g.dtype.kind in "biu" and r.dtype.kind in "biu":
+        diff = np.abs(g.astype(np.int64) - r.astype(np.int64)).astype(np.float64)
+    else:
+        g64, r64 = g.astype(np.float64), r.astype(np.float64)
+        same = (g64 == r64) | (np.isnan(g64) & np.isnan(r64))
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(g64 - r64))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+    err = np.broadcast_to(np.asarray(error, dtype=np.float64), diff.shape)
+    bad = (diff > err) & ~np.isinf(err)
+    return float(diff.max(initial=0.0)), int(np.count_nonzero(bad))
+
+
+
+
+def runs_agree(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
+               bounds: Mapping[str, Bound]) -> bool:
+    """Two computed runs of one program (or of equivalent schedules) agree on one rank: the same
+    output names, and every element within twice its error bound from `error_bounds` on the
+    same inputs (each run is within the bound of the exact value)."""
+    return set(got) == set(ref) <= set(bounds) and all(
+        within(got[k], ref[k], 2 * bounds[k].error)[1] == 0 for k in ref)
+
+
+__all__ = ["Bound", "ERROR", "LAMBDA", "error_bounds", "gamma", "runs_agree", "within"]

@@ -1,0 +1,111 @@
+"""The measured checks' rule (`dsl.runs_agree`: each element within twice its `dsl.error_bounds`
+bound) over many seeds, on the reference numerics of each experiment's check without ranks:
+
+- model_parallel: the baseline (one torch matmul per rank, summed, + bias, dropout, + residual)
+  against the overlapped schedule's arithmetic (row chunks, each accumulated over blocks of the
+  inner dimension: another summation order), at every measured shape;
+- pipeline_parallel: the same tail on partial sums summed in the other order;
+- adam_fusion, lamb_fusion: three steps of the torch baseline (`_dp_measure.Baseline`, the
+  gradient summed in f32) against three steps of each schedule in `dsl.interpret` (f32), the
+  bound chained through the steps (`error_bounds(..., errors=)`).
+
+CI runs every smoke shape over 20 seeds and every default shape over 1 seed (about a minute);
+`COCONET_STRESS=1` runs the default shapes over 20 seeds too (dp sizes up to 2^22: the bound
+of 3 chained steps at 2^25 elements needs about 10 GB).
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import dsl
+from dsl.equivalence import distribute, to_global
+from experiments import _optim, model_parallel, pipeline_parallel
+from experiments._dp_measure import Baseline
+
+from test_bounds import layer_runs
+
+LONG = os.environ.get("COCONET_STRESS") == "1"
+SEEDS = {"smoke": 20, "default": 20 if LONG else 1}
+DP_MAX = 1 << 22
+
+
+def _layer_cases():
+    for scale in ("smoke", "default"):
+        for mod in (model_parallel, pipeline_parallel):
+            for b in mod.points(scale, 1 << 40):
+                yield pytest.param(mod, b, SEEDS[scale], id=f"{mod.NAME}-{scale}-" +
+                                   ",".join(f"{k}={v}" for k, v in b.items()))
+
+
+@pytest.mark.parametrize("mod,bindings,seeds", list(_layer_cases()))
+def test_layer_checks_never_fail_falsely(mod, bindings, seeds):
+    program = mod.program()
+    failures = 0
+    for seed in range(seeds):
+        ins, base, sched = layer_runs(program, bindings, seed)
+        world = 2 * program.stages
+        bounds = dsl.error_bounds(program, ins, world, bindings)[world - 1]
+        failures += not dsl.runs_agree({"out": sched}, {"out": base}, bounds)
+    assert failures == 0, f"{failures} of {seeds} seeds failed"
+
+
+def _dp_cases():
+    for scale in ("smoke", "default"):
+        for opt in ("adam", "lamb"):
+            for n in _optim.optimizer_sizes(scale, DP_MAX):
+                if scale == "default" and not LONG and n > (1 << 20):
+                    continue
+                yield pytest.param(opt, n, SEEDS[scale], id=f"{opt}-{scale}-N={n}")
+
+
+def _torch_steps(opt, w, grads):
+    base = Baseline(opt, w, len(grads[0]))
+    for step_grads in grads:
+        base.g.copy_(torch.from_numpy(np.sum(step_grads, axis=0, dtype=np.float32)))
+        base.update()
+    return {k: v.detach().numpy().copy() for k, v in base.state().items()}
+
+
+def _interpret_steps(program, w, grads, n):
+    world = len(grads[0])
+    state = {"w": w, "m": np.zeros(n, np.float32), "v": np.zeros(n, np.float32)}
+    for t, step_grads in enumerate(grads, start=1):
+        g = {**state, "g": np.stack(step_grads)}
+        ins = distribute(program, g, world, {"N": n})
+        for r in ins:
+            r["step"] = np.float32(t)
+        outs = dsl.interpret(program, ins, world, {"N": n})
+        state = {k: v[0] for k, v in to_global(program, outs, world).items()}
+    return state
+
+
+def _bound_steps(program, w, grads, n):
+    world = len(grads[0])
+    z = np.zeros(n, np.float32)
+    vals, errs = {"w": w, "m": z, "v": z}, None
+    for t, step_grads in enumerate(grads, start=1):
+        ins = [{**vals, "g": g, "step": np.float32(t)} for g in step_grads]
+        bd = dsl.error_bounds(program, ins, world, {"N": n}, errors=errs)[0]
+        vals = {k: bd[k].value for k in ("w", "m", "v")}
+        errs = [{k: bd[k].error for k in ("w", "m", "v")}] * world
+    return bd
+
+
+@pytest.mark.parametrize("opt,n,seeds", list(_dp_cases()))
+def test_optimizer_checks_never_fail_falsely(opt, n, seeds):
+    program = {"adam": _optim.adam_program, "lamb": _optim.lamb_program}[opt]()
+    schedules = _optim.optimizer_schedules(program)
+    failures = checks = 0
+    for seed in range(seeds):
+        rng = np.random.default_rng([seed, n])
+        w = rng.standard_normal(n, dtype=np.float32)
+        grads = [[rng.standard_normal(n, dtype=np.float32) for _ in range(2)] for _ in range(3)]
+        base = _torch_steps(opt, w, grads)
+        bounds = _bound_steps(program, w, grads, n)
+        for sched in schedules.values():
+            got = _interpret_steps(sched, w, grads, n)
+            checks += 1
+            failures += not dsl.runs_agree(got, base, bounds)
+    assert failures == 0, f"{failures} of {checks} checks failed"
