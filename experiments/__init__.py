@@ -12,6 +12,8 @@ measured points and on the paper's setting; with backend=sim on the chosen topol
 module with its own predictions defines `predict(settings: PredictSettings) -> list[dict]`.
 `calibrate` and `collectives` have no DSL program (no `program`/`schedules`): they measure and
 predict microbenchmarks and collectives; `calibrate` sets `NEEDS_MEASUREMENT` (backend=cpu only).
+`validate` has neither program nor measurement: it predicts the published collective
+measurements (cost_model/data) on their systems' topologies.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from types import ModuleType
 from typing import Optional
 
 PROGRAMS: tuple[str, ...] = ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel")
-EXPERIMENTS: tuple[str, ...] = PROGRAMS + ("calibrate", "collectives")  # PROGRAMS: with a DSL program
+EXPERIMENTS: tuple[str, ...] = PROGRAMS + ("calibrate", "collectives", "validate")  # PROGRAMS: with a DSL program
 
 
 def load(name: str) -> ModuleType:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .figures import _save, colour, plt
 from .tables import _size
+from .validation import validation_section
 
 KEYS = ["schedule", "world_size", "size", "shape"]
 
@@ -127,6 +128,8 @@ def busbw_figure(df, path) -> Path:
 
 def predicted_section(df, experiment: str, out_dir: Path) -> str:
     """report.md's predicted part: speedup tables per topology, predicted vs measured."""
+    if experiment == "validate":
+        return validation_section(df, out_dir)
     rows = df[(df.experiment == experiment) & (df.source == "predicted")]
     if rows.empty:
         return ""

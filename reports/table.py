@@ -7,7 +7,12 @@ dtype, time_ms (median), time_ms_min, time_ms_max (spread over repeats, measured
 known, the time split into compute_ms (kernels and matmuls), comm_ms (communication the
 computation did not hide: time_ms - compute_ms) and overlapped_ms (communication hidden behind
 computation), all per step; for the collectives experiment, algbw_gbps and busbw_gbps (nccl-tests'
-algorithm and bus bandwidth, GB/s).
+algorithm and bus bandwidth, GB/s). Predicted rows on GPU topologies: `algo` and `proto`, the
+algorithm and protocol NCCL's tuner picks for each collective (`;`-joined, in step order, where a
+step has several). Rows of published or paper figures (source `published` / `paper`): their
+`reference` (URL, section), `note`, `caveat`, `nccl_version`, `date`, and for a paper's range
+`speedup_max`. experiment=validate adds `nodes`, `row_kind` (point | curve),
+`published_busbw_gbps` and `error_pct` (predicted / published busbw - 1, in %).
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -20,7 +25,9 @@ from typing import Mapping, Union
 
 COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_size", "size", "shape",
            "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified", "compute_ms",
-           "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps")
+           "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps", "algo", "proto", "nodes",
+           "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
+           "caveat", "nccl_version", "date")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

@@ -15,7 +15,7 @@
                 figures/predicted_vs_measured.png, tables/*.csv|tex (reports/); then a short
                 summary table (reports.summary) and the report's path are printed
 
-Experiments without a DSL program (calibrate, collectives) skip show and verify. Exit status: 0 when
+Experiments without a DSL program (calibrate, collectives, validate) skip show and verify. Exit status: 0 when
 every check verified, 1 when a schedule failed verification (the report is still written), 2 for
 bad input (`fail`: one line on stderr, `error: ...`).
 """
@@ -215,6 +215,9 @@ def prediction_summary(name: str, rows: list[dict], measured: list[dict] = ()) -
     if name == "collectives":
         from experiments.collectives import table
         return table(list(measured) + rows)
+    if name == "validate":
+        from experiments.validate import table
+        return table(rows)
     if "speedup" not in df or df.speedup.isna().all():
         return f"predict: {len(rows)} rows"
     out = []

@@ -23,7 +23,7 @@ from suite_fakes import toy
 
 TESTS = Path(__file__).resolve().parent
 KNOWN = ("known: adam_fusion, calibrate, collectives, lamb_fusion, model_parallel, paper, "
-         "pipeline_parallel")
+         "pipeline_parallel, validate")
 
 
 def suite_cmd(*args: str, toy_run: bool = False, wrong: bool = False,

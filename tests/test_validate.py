@@ -1,0 +1,107 @@
+"""Published measurements as data (cost_model/data) and experiment=validate: the data's sources,
+the one fitted constant per system reproducible from it, the predictions against it, and the
+report (pure: no ranks)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cost_model import validation
+from cost_model.topology import load_topology
+from experiments import validate
+from reports.table import read_table
+from reports.validation import validation_section
+
+
+def test_every_published_point_names_its_source_and_a_known_system():
+    points = validation.published()
+    assert len(points) >= 20
+    for p in points:
+        assert p.source.startswith("https://"), p
+        load_topology(p.system)  # a topology of the project
+    assert {p.system for p in points} >= {"dgx_a100", "dgx_h100"}
+
+
+def test_bad_data_names_the_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    lines = (validation.DATA_DIR / "published_collectives.csv").read_text().splitlines()
+    bad.write_text("\n".join([lines[0], lines[1].replace(",36.22,", ",oops,")]) + "\n")
+    with pytest.raises(ValueError, match="bad.csv line 2"):
+        validation.published(bad)
+
+
+@pytest.mark.parametrize("system", ["dgx_a100", "dgx_h100"])
+def test_the_fitted_constant_is_the_one_the_topology_states(system):
+    """Fitted per system, never per point: refitting from the data gives the file's value."""
+    assert validation.fit_fill(system) == load_topology(system).nccl.fill_us
+
+
+def test_predictions_against_the_published_points():
+    rows = validate.predict(None)
+    points = [r for r in rows if r["source"] == "predicted" and r["row_kind"] == "point"]
+    assert len(points) == len(validation.published())
+    by = {(r["topology"], r["schedule"], r["size"]): r for r in points}
+    nvls = by[("dgx_h100", "all_reduce (8 GPUs)", 8 << 30)]
+    assert nvls["algo"] == "nvls" and nvls["error_pct"] == pytest.approx(0, abs=2)
+    ring = by[("dgx_h100", "all_reduce (8 GPUs, ring forced)", 4 << 30)]
+    assert ring["algo"] == "ring" and abs(ring["error_pct"]) <= 5
+    for s in validate.summary(rows):
+        assert s["median_pct"] <= validate.LIMIT_MEDIAN, s  # the median holds on every system
+    plateau = [r for r in points if r["topology"] == "dgx_a100" and r["size"] >= 256 << 20]
+    assert all(abs(r["error_pct"]) <= 5 for r in plateau)
+    curves = [r for r in rows if r.get("row_kind") == "curve"]
+    assert {r["proto"] for r in curves if r["topology"] == "dgx_a100"} == {"LL", "LL128", "Simple"}
+
+
+def test_a_forced_algorithm_is_what_the_published_run_forced():
+    p = next(p for p in validation.published() if p.algo == "ring")
+    assert validation.predict_point(p).algo == "ring"
+    free = dataclasses.replace(p, algo="")
+    assert validation.predict_point(free).algo == "nvls"
+
+
+def test_the_report_section_tables_figures_and_misses(tmp_path):
+    from reports.table import append_row
+
+    for r in validate.predict(None):
+        append_row(tmp_path / "results.csv", r)
+    text = validation_section(read_table(tmp_path / "results.csv"), tmp_path)
+    assert "| dgx_h100 | 13 |" in text and "### Per point" in text
+    for system in ("dgx_a100", "dgx_h100", "dgx_b200"):
+        assert (tmp_path / "figures" / f"validate_{system}.png").stat().st_size > 0
+    # every point outside the thresholds is named, with the reason for its system
+    outside = [r for r in validate.predict(None) if r.get("error_pct") is not None and
+               abs(r["error_pct"]) > (10 if r["size"] >= 1 << 20 else 25)]
+    for r in outside:
+        assert f"{r['topology']}, {r['schedule']} at" in text
+    assert ("Why (dgx_a100)" in text) == any(r["topology"] == "dgx_a100" for r in outside)
+
+
+def test_the_paper_results_are_data_with_source_and_caveat():
+    rows = validation.paper_results()
+    assert {r["experiment"] for r in rows} >= {"model_parallel", "pipeline_parallel"}
+    for r in rows:
+        assert r["caveat"] and r["where"] and 1.0 <= r["speedup_min"] <= r["speedup_max"]
+
+
+def test_python_m_suite_experiment_validate(tmp_path):
+    """As users run it: a run directory with report.md (per-system errors), results.csv and one
+    figure per system."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    proc = subprocess.run([sys.executable, "-m", "suite", "experiment=validate",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=root, env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "dgx_h100" in proc.stdout and "median" in proc.stdout
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Validation against published measurements" in report
+    assert (tmp_path / "run" / "figures" / "validate_dgx_h100.png").exists()
+    df = read_table(tmp_path / "run" / "results.csv")
+    assert set(df.source) == {"published", "predicted"}
