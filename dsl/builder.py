@@ -11,18 +11,22 @@
 
 Handles support + - * / ** unary -, < <= > >= and methods for everything else. Each op is
 checked when it is written: a bad shape, layout or dtype raises at that line with the statement's
-printed form. There is no global "current program": every handle knows its builder.
+printed form. There is no global "current program": every handle knows its builder. Arguments are
+checked where they are given: a name that is not a non-empty string, a dtype or layout given as a
+string, a `Sliced(d)` beyond the tensor's rank, a dimension that is not a positive size, an unknown
+`init`, a hyper-parameter default that is not a number, a target or output that is not a tensor of
+this builder each raise a one-line `DSLError` subclass naming the argument.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-from .errors import DSLError, ShapeError
+from .errors import ArgumentError, DSLError, ShapeError
 from .ir import Const, Input, Program, Stmt, Value
 from .ops import Ctx, infer
 from .printer import _attr
 from .sizes import Size, SizeLike
-from .types import DType, Layout, Local, Replicated, TensorType, f32
+from .types import DType, Layout, Local, Replicated, TensorType, _is_int, f32
 from .verify import verify
 
 Operand = Union["Tensor", float, int, Size]
@@ -60,10 +64,20 @@ class Tensor:
         return f"Tensor(%{self.value.id} {self.value.name}: {self.type})"
 
 
+INITS = ("normal", "positive")
+
+
+def _name(what: str, name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise ArgumentError(f"{what} name must be a non-empty string, got {name!r}")
+    return name
+
+
 class Builder:
     def __init__(self, name: str, stages: int = 1):
-        if stages < 1:
-            raise ShapeError(f"a program needs at least one pipeline stage, got {stages}")
+        _name("program", name)
+        if not _is_int(stages) or stages < 1:
+            raise ShapeError(f"a program needs at least one pipeline stage, got {stages!r}")
         self.name, self.stages = name, stages
         self.inputs: list[Input] = []
         self.body: list[Stmt] = []
@@ -81,17 +95,33 @@ class Builder:
 
     def input(self, name: str, dtype: DType, shape: Sequence[SizeLike], layout: Layout,
               stage: Optional[int] = None, init: str = "normal") -> Tensor:
-        if name in self._names:
+        if _name("input", name) in self._names:
             raise ShapeError(f"input name {name!r} is already used")
-        if stage is not None and not 0 <= stage < self.stages:
-            raise ShapeError(f"input {name}: stage {stage} not in [0, {self.stages})")
-        v = self._value(name, TensorType(dtype, tuple(Size.of(s) for s in shape), layout, stage))
+        if stage is not None and (not _is_int(stage) or not 0 <= stage < self.stages):
+            raise ShapeError(f"input {name}: stage {stage!r} not in [0, {self.stages})")
+        if init not in INITS:
+            raise ArgumentError(f"input {name}: init must be one of {', '.join(INITS)}, got {init!r}")
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+            raise ShapeError(f"input {name}: shape must be a list of sizes, got {shape!r}")
+        try:
+            t = TensorType(dtype, tuple(Size.of(s) for s in shape), layout, stage)
+        except DSLError as e:
+            raise type(e)(f"input {name}: {e}") from None
+        v = self._value(name, t)
         self.inputs.append(Input(v, None, init))
         return Tensor(self, v)
 
     def param(self, name: str, default: float, dtype: DType = f32) -> Tensor:
         """A scalar hyper-parameter (replicated, on every stage) with a default value."""
-        v = self._value(name, TensorType(dtype, (), Replicated(), None))
+        if _name("parameter", name) in self._names:
+            raise ShapeError(f"parameter name {name!r} is already used")
+        if not isinstance(default, (int, float)) or isinstance(default, bool):
+            raise ArgumentError(f"parameter {name}: default must be a number, got {default!r}")
+        try:
+            t = TensorType(dtype, (), Replicated(), None)
+        except DSLError as e:
+            raise type(e)(f"parameter {name}: {e}") from None
+        v = self._value(name, t)
         self.inputs.append(Input(v, float(default)))
         return Tensor(self, v)
 
@@ -158,6 +188,8 @@ class Builder:
 
     def update(self, target: Tensor, value: Operand, **kw) -> Tensor:
         """Write `value` back into input `target`; the program outputs it under target's name."""
+        if not isinstance(target, Tensor):
+            raise ArgumentError(f"update target must be an input tensor, got {target!r}")
         if not any(i.value is target.value for i in self.inputs):
             raise ShapeError(f"update target {target.value.name} is not a program input")
         if any(n == target.value.name for n, _ in self.outputs):
@@ -167,6 +199,9 @@ class Builder:
         return t
 
     def output(self, name: str, x: Tensor) -> None:
+        _name("output", name)
+        if not isinstance(x, Tensor):
+            raise ArgumentError(f"output {_name('output', name)} must be a tensor, got {x!r}")
         if any(n == name for n, _ in self.outputs):
             raise ShapeError(f"output {name} is defined twice")
         self.outputs.append((name, self._arg(x)))

@@ -28,3 +28,8 @@ class TransformError(DSLError):
 
 class BindError(DSLError):
     """Bindings or inputs that do not fit the program (missing symbol, bad world size, ...)."""
+
+
+class ArgumentError(DSLError):
+    """An argument of the wrong kind: a name that is not a string, an unknown option, a tensor
+    expected and something else given (dtypes and layouts: `DTypeError`, `LayoutError`)."""

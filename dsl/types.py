@@ -17,6 +17,7 @@ from typing import Optional
 
 import numpy as np
 
+from .errors import DTypeError, LayoutError, ShapeError
 from .sizes import Size
 
 
@@ -71,6 +72,10 @@ class Replicated:
 class Sliced:
     dim: int = 0
 
+    def __post_init__(self):
+        if not _is_int(self.dim) or self.dim < 0:
+            raise LayoutError(f"Sliced needs a dimension index >= 0, got {self.dim!r}")
+
     def __str__(self) -> str:
         return f"sliced({self.dim})"
 
@@ -78,12 +83,36 @@ class Sliced:
 Layout = Local | Replicated | Sliced
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 @dataclass(frozen=True)
 class TensorType:
+    """Checked on construction: a DType, a tuple of positive Sizes, a layout instance whose
+    sliced dimension exists, a stage index >= 0 or None (one-line DSLErrors)."""
     dtype: DType
     shape: tuple[Size, ...]
     layout: Layout
     stage: Optional[int] = None
+
+    def __post_init__(self):
+        if not isinstance(self.dtype, DType):
+            raise DTypeError(f"dtype must be one of {', '.join(d.value for d in DType)} (dsl.f32, "
+                             f"...), got {self.dtype!r}")
+        if not isinstance(self.layout, (Local, Replicated, Sliced)):
+            raise LayoutError("layout must be Local(), Replicated() or Sliced(dim), got "
+                              f"{self.layout!r}")
+        if not isinstance(self.shape, tuple) or not all(isinstance(s, Size) for s in self.shape):
+            raise ShapeError(f"shape must be a tuple of Sizes, got {self.shape!r}")
+        for k, s in enumerate(self.shape):
+            if s.coeff <= 0:
+                raise ShapeError(f"dimension {k} has size {s}; sizes must be positive")
+        if isinstance(self.layout, Sliced) and self.layout.dim >= len(self.shape):
+            raise LayoutError(f"{self.layout} needs a dimension {self.layout.dim}, but the tensor "
+                              f"has rank {len(self.shape)}")
+        if self.stage is not None and (not _is_int(self.stage) or self.stage < 0):
+            raise ShapeError(f"stage must be a pipeline stage index >= 0 or None, got {self.stage!r}")
 
     @property
     def rank(self) -> int:

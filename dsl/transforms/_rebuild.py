@@ -41,7 +41,15 @@ def _scalar_sync(s: Stmt) -> bool:
     return s.op == "all_reduce" and s.out.type.rank == 0
 
 
+def need_program(p: object, transform: str) -> None:
+    """The first argument of every transform is a Program (not None, not a Builder)."""
+    if not isinstance(p, Program):
+        hint = "; call .build() first" if type(p).__name__ == "Builder" else ""
+        raise TransformError(f"{transform}: expected a Program, got {p!r}{hint}")
+
+
 def no_schedule(p: Program, transform: str) -> None:
+    need_program(p, transform)
     if p.fused or p.overlaps:
         raise TransformError(f"{transform}: program {p.name} is already fused or overlapped; "
                              "apply fuse and overlap last")

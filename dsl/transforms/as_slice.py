@@ -38,6 +38,8 @@ def _slice_dim(p: Program, x: Value, s: Stmt) -> int:
 
 def as_slice(p: Program, name: str) -> Program:
     no_schedule(p, "as_slice")
+    if not isinstance(name, str):
+        raise TransformError(f"as_slice: the input to keep as slices is named by a string, got {name!r}")
     try:
         inp = p.input(name)
     except KeyError:

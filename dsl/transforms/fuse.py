@@ -13,12 +13,14 @@ statement outside the group (a member depending on an outside statement that dep
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Optional, Sequence
 
 from ..errors import TransformError
 from ..ir import Fuse, Program, Ref, Stmt
 from ..ops import COMM
 from ..printer import format_stmt
+from ._rebuild import need_program
 from .naming import schedule_name
 
 
@@ -68,6 +70,9 @@ def _check_cycle(p: Program, members: list[Stmt]) -> None:
 
 def fuse(p: Program, first: Optional[Ref] = None, last: Optional[Ref] = None,
          stmts: Optional[Sequence[Ref]] = None) -> Program:
+    need_program(p, "fuse")
+    if stmts is not None and (isinstance(stmts, (str, bytes)) or not isinstance(stmts, Iterable)):
+        raise TransformError(f"fuse: stmts must be a list of statements, got {stmts!r}")
     if stmts is not None:
         try:
             ids = {p.value(getattr(r, "value", r)).id for r in stmts}

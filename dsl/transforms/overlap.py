@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 from ..errors import ShapeError, TransformError
 from ..ir import Overlap, Program, Ref
 from ..printer import format_stmt
+from ._rebuild import need_program
 from .naming import schedule_name
 
 PAIRS = {
@@ -26,6 +27,7 @@ PAIRS = {
 
 
 def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: int = 4) -> Program:
+    need_program(p, "overlap")
     try:
         prod = p.producer(p.value(getattr(producer, "value", producer)).id)
     except KeyError as e:
@@ -43,7 +45,7 @@ def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: i
     if len(users) != 1:
         raise TransformError(f"overlap: {format_stmt(prod)}: needs exactly one consumer of kind "
                              f"{'/'.join(PAIRS[prod.op])} reading it directly, found {len(users)}")
-    if not isinstance(chunks, int) or chunks < 1:
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
         raise TransformError(f"overlap: {format_stmt(prod)}: chunks must be an integer >= 1, got {chunks!r}")
     cons = users[0]
     taken = {i for o in p.overlaps for i in (o.producer, o.consumer)}

@@ -18,8 +18,8 @@ def split(p: Program, at: Optional[Ref] = None, dim: int = 0) -> Program:
     target = select(p, at, ("all_reduce",), "split")
     if target.out.type.rank == 0:
         raise TransformError(f"split: {format_stmt(target)}: a 0-d all_reduce has nothing to scatter")
-    if not 0 <= dim < target.out.type.rank:
-        raise TransformError(f"split: {format_stmt(target)}: dim {dim} is out of range")
+    if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < target.out.type.rank:
+        raise TransformError(f"split: {format_stmt(target)}: dim {dim!r} is out of range")
     r = Rebuild(p, "split")
     for s in p.body:
         if s is not target:
