@@ -141,6 +141,7 @@ def paper_results(path: Optional[Path] = None) -> list[dict]:
     for i, r in enumerate(rows, start=2):
         try:
             r["speedup_min"], r["speedup_max"] = float(r["speedup_min"]), float(r["speedup_max"])
+            r["world_size"] = int(r["world_size"])
         except (KeyError, ValueError) as e:
             raise ValueError(f"{path.name} line {i}: {e}") from None
     return rows

@@ -23,6 +23,8 @@ optimizer, split evenly over its chunks; a Collective's staging copy: 0 where a 
 in place). Every rank ends with the topology's `step_overhead_us` (a task `overhead` of the step
 `step`, on the comm stream), where it is not 0.
 `Result.trace` is the DataFrame of every task: rank, stream, step, task, start, end (us).
+`choices(plan, topo)` names the algorithm and protocol of each of the Plan's collectives, in
+step order (those inside fused and overlapped steps too, chosen per call as the DES runs them).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from codegen.plan import Collective, Compute, FusedCollective, P2P, Plan
+from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Plan
 
 from . import collectives, nccl
 from .closed_form import choose, collective_us, spec_of, staging_us, step_us
@@ -306,3 +308,27 @@ def simulate_collective(spec: CollSpec, topo: Topology, algorithm: Optional[str]
             ev.callbacks.append(lambda _e, r=r: ends.__setitem__(r, sim.env.now))
     total = sim.run()
     return Result(max(ends.values(), default=total), ends, sim.frame(), fold)
+
+
+def choices(plan: Plan, topo: Topology) -> list[tuple[str, str, str]]:
+    """(kind, algorithm, protocol) of every collective of the plan, in step order; the protocol
+    is "" where NCCL does not run the collective (the CPU runtime)."""
+    out: list[tuple[str, str, str]] = []
+
+    def visit(step, chunks: int) -> None:
+        if isinstance(step, Collective):
+            spec = spec_of(plan, step, topo, chunks)
+            algo = choose(spec, topo)
+            nccl_runs = collectives.uses_nccl(spec, topo) and spec.P > 1
+            out.append((step.kind, algo, collectives.nccl_call(spec, topo, algo).proto
+                        if nccl_runs else ""))
+        elif isinstance(step, FusedCollective):
+            for part in step.steps:
+                visit(part, step.chunks)
+        elif isinstance(step, Overlap):
+            visit(step.producer, step.chunks)
+            visit(step.consumer, step.chunks)
+
+    for s in plan.steps:
+        visit(s, 1)
+    return out

@@ -3,7 +3,11 @@
 `predict(exp, topo, points, world_size, dtype)` lowers each schedule (and the library baseline) at
 each point (size bindings) and simulates the Plan (`cost_model.workload.simulate`), returning rows
 of the results table with `source=predicted`, `backend=sim`, `topology=<its name>` and `speedup`
-over the predicted baseline at the same point. The baseline has no Plan of its own: it is
+over the predicted baseline at the same point, the time split of the slowest rank (`compute_ms`,
+`comm_ms`: communication exposed, `overlapped_ms`: communication hidden behind compute) and the
+algorithm and protocol of each collective (`algo`, `proto`: `;`-joined in step order,
+`cost_model.workload.choices`). `predictions` also returns the paper's published results for
+the experiment (`paper_result_rows`: source `paper`, from cost_model/data/paper_results.csv). The baseline has no Plan of its own: it is
 predicted as the library runs it, on the unscheduled program's Plan (AR-C, MM-AR-C, AR-C-P2P:
 the library's all-reduce with the topology's algorithm, then the computation). Where the
 experiment's baseline calls a library routine for its computation (`LIBRARY_STEP`: torch's fused
@@ -29,7 +33,8 @@ from typing import Optional
 
 from codegen.lower import lower
 from cost_model.topology import Topology, load_topology
-from cost_model.workload import simulate
+from cost_model.validation import paper_results
+from cost_model.workload import choices, simulate
 from dsl import f16, f32
 
 
@@ -124,15 +129,53 @@ def library_compute_us(exp: ModuleType, plan, topo: Topology, bindings: dict,
     return {**in_place, **{sid: (us if i == 0 else 0.0) for i, sid in enumerate(steps)}}
 
 
-def _split(result) -> tuple[float, float]:
-    """(compute ms, communication not hidden ms) of the slowest rank in a simulated trace."""
+def _union(intervals) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap_us(xs, ys) -> float:
+    """The time two sorted, disjoint interval lists have in common."""
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        total += max(0.0, min(xs[i][1], ys[j][1]) - max(xs[i][0], ys[j][0]))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _split(result) -> tuple[float, float, float]:
+    """(compute ms, communication not hidden ms, communication hidden behind compute ms) of the
+    slowest rank in a simulated trace."""
     df = result.trace
     if df.empty:
-        return 0.0, result.time_ms
+        return 0.0, result.time_ms, 0.0
     rank = max(result.finish_us, key=result.finish_us.get)
-    comp = df[(df["rank"] == rank) & (df.stream == "compute")]
+    mine = df[df["rank"] == rank]
+    comp = mine[mine.stream == "compute"]
     compute = float((comp.end - comp.start).sum()) / 1e3
-    return compute, max(0.0, result.time_ms - compute)
+    comm = mine[mine.stream == "comm"]
+    hidden = _overlap_us(_union(zip(comp.start, comp.end)), _union(zip(comm.start, comm.end)))
+    return compute, max(0.0, result.time_ms - compute), hidden / 1e3
+
+
+def paper_result_rows(name: str) -> list[dict]:
+    """The paper's published results for this experiment (cost_model/data/paper_results.csv) as
+    rows of the results table: source `paper`, `speedup` .. `speedup_max`, with where they come
+    from and the caveat."""
+    return [{"experiment": name, "schedule": r["schedule"], "source": "paper", "backend": "",
+             "topology": "dgx2", "world_size": int(r["world_size"]), "size": 0, "shape": "",
+             "dtype": "", "speedup": r["speedup_min"], "speedup_max": r["speedup_max"],
+             "note": f"{r['result']} (over {r['baseline']}; {r['setup']})",
+             "reference": f"{r['where']}: {r['source']}", "caveat": r["caveat"]}
+            for r in paper_results() if r["experiment"] == name]
 
 
 def predict(exp: ModuleType, topo: Topology, points: list[dict], world_size: int, dtype=None,
@@ -146,23 +189,28 @@ def predict(exp: ModuleType, topo: Topology, points: list[dict], world_size: int
         size, shape = size_and_shape(b)
         t0 = time.perf_counter()
         base_plan = lower(base, b, world_size)
-        results = {"baseline": simulate(base_plan, topo, compute_us=library_compute_us(
-            exp, base_plan, topo, b, dtype))}
+        results = {"baseline": (base_plan, simulate(base_plan, topo, compute_us=library_compute_us(
+            exp, base_plan, topo, b, dtype)))}
         for name, p in progs.items():
-            results[name] = simulate(lower(p, b, world_size), topo)
-        base_ms = results["baseline"].time_ms
-        for name, r in results.items():
-            compute, comm = _split(r)
+            plan = lower(p, b, world_size)
+            results[name] = (plan, simulate(plan, topo))
+        base_ms = results["baseline"][1].time_ms
+        for name, (plan, r) in results.items():
+            compute, comm, hidden = _split(r)
+            picked = choices(plan, topo)
             rows.append({"experiment": exp.NAME, "schedule": name, "source": "predicted",
                          "backend": "sim", "topology": topo.name, "world_size": world_size,
                          "size": size, "shape": shape, "dtype": dtype.name,
                          "time_ms": round(r.time_ms, 6), "speedup": round(base_ms / r.time_ms, 4),
-                         "compute_ms": round(compute, 6), "comm_ms": round(comm, 6)})
+                         "compute_ms": round(compute, 6), "comm_ms": round(comm, 6),
+                         "overlapped_ms": round(hidden, 6),
+                         "algo": ";".join(a for _, a, _ in picked),
+                         "proto": ";".join(p for _, _, p in picked)})
         if show:
             best = max((n for n in results if n != "baseline"),
-                       key=lambda n: base_ms / results[n].time_ms)
+                       key=lambda n: base_ms / results[n][1].time_ms)
             show(f"  predicted {topo.name} P={world_size} {shape:24s} baseline {base_ms:10.3f} ms"
-                 f"  best {best} x{base_ms / results[best].time_ms:.2f}"
+                 f"  best {best} x{base_ms / results[best][1].time_ms:.2f}"
                  f"  ({time.perf_counter() - t0:.1f} s)")
     return rows
 
@@ -214,9 +262,9 @@ def predictions(exp: ModuleType, settings, show=None) -> list[dict]:
                                         settings.max_elements)
         if settings.sizes:
             pts = [dict(b) for b in settings.sizes]
-        return predict(exp, topo, pts, world, dtype, show=show)
+        return predict(exp, topo, pts, world, dtype, show=show) + paper_result_rows(exp.NAME)
     local = topo if topo.name == "local" else load_topology("local")
     rows = []
     for world, b in local_points(settings.measured):
         rows += predict(exp, local, [b], world, show=show)
-    return rows + paper_rows(exp, settings.scale, show=show)
+    return rows + paper_rows(exp, settings.scale, show=show) + paper_result_rows(exp.NAME)

@@ -9,14 +9,19 @@
 - `accuracy_table(acc)` / `speedup_table(df, experiment, topology)`: Markdown.
 - `accuracy_figure(acc, path)`: predicted against measured time (log-log, y = x and +-25%).
 - `busbw_figure(df, path)`: the collectives experiment's bus bandwidth against size.
-- `predicted_section(df, experiment, out_dir)`: report.md's predicted part (tables, figures).
+- `breakdown_table(df, experiment, topology)`: per predicted point and schedule the time split
+  (compute, communication hidden and exposed) and the algorithm/protocol of each collective.
+- `paper_section(df, experiment)`: the paper's published results (source `paper`) beside the
+  predicted (the paper's cluster, dgx2) and measured speedups of the same schedule.
+- `predicted_section(df, experiment, out_dir)`: report.md's predicted part (tables, figures; on
+  GPU topologies the predicted breakdown figure, drawn as the measured one is).
 """
 from __future__ import annotations
 
 from itertools import combinations
 from pathlib import Path
 
-from .figures import _save, colour, plt
+from .figures import _save, breakdown_figure, colour, plt
 from .tables import _size
 from .validation import validation_section
 
@@ -126,6 +131,51 @@ def busbw_figure(df, path) -> Path:
     return _save(fig, path)
 
 
+def breakdown_table(df, experiment: str, topology: str) -> str:
+    rows = df[(df.experiment == experiment) & (df.source == "predicted") &
+              (df.topology == topology)]
+    if rows.empty or "algo" not in rows or rows.algo.isna().all():
+        return ""
+    lines = ["| ranks | point | schedule | speedup | compute ms | comm hidden ms | comm exposed ms "
+             "| collectives (algorithm/protocol) |", "|---:|---|---|---:|---:|---:|---:|---|"]
+    for r in rows.fillna({"overlapped_ms": 0.0, "algo": "", "proto": ""}).itertuples():
+        label = _size(r.size) if str(r.shape).startswith("[") else str(r.shape)
+        picks = ", ".join(f"{a}/{p}" if p else a for a, p in
+                          zip(str(r.algo).split(";"), str(r.proto).split(";")) if a)
+        lines.append(f"| {r.world_size} | {label} | {r.schedule} | x{r.speedup:.2f} | "
+                     f"{r.compute_ms:.3f} | {r.overlapped_ms:.3f} | {r.comm_ms:.3f} | {picks} |")
+    return "\n".join(lines) + "\n"
+
+
+def paper_section(df, experiment: str) -> str:
+    paper = df[(df.experiment == experiment) & (df.source == "paper")]
+    if paper.empty:
+        return ""
+    lines = ["## The paper's published results", "",
+             "From secondary sources (see each caveat): beside them, this run's predicted speedup "
+             "of the same schedule on the paper's cluster (dgx2) and its measured one, over "
+             "their points (min .. max).", "",
+             "| schedule | paper | predicted (dgx2) | measured | result | where | caveat |",
+             "|---|---:|---:|---:|---|---|---|"]
+
+    def span(source: str, schedule: str, **where) -> str:
+        rows = df[(df.experiment == experiment) & (df.source == source) &
+                  (df.schedule == schedule)]
+        for k, v in where.items():
+            rows = rows[rows[k] == v]
+        if rows.empty:
+            return "-"
+        return f"x{rows.speedup.min():.2f} .. x{rows.speedup.max():.2f}"
+
+    for r in paper.itertuples():
+        top = r.speedup_max if r.speedup_max == r.speedup_max else r.speedup
+        value = f"x{r.speedup:.2f}" + (f" .. x{top:.2f}" if top != r.speedup else "")
+        lines.append(f"| {r.schedule} | {value} | {span('predicted', r.schedule, topology='dgx2')}"
+                     f" | {span('measured', r.schedule)} | {r.note} | {r.reference} | "
+                     f"{r.caveat} |")
+    return "\n".join(lines) + "\n"
+
+
 def predicted_section(df, experiment: str, out_dir: Path) -> str:
     """report.md's predicted part: speedup tables per topology, predicted vs measured."""
     if experiment == "validate":
@@ -143,6 +193,17 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
     if "speedup" in rows and rows.speedup.notna().any():
         for topo in dict.fromkeys(rows.topology):
             text += [f"### {topo}", "", speedup_table(df, experiment, topo)]
+            if topo == "local":
+                continue
+            part = df[df.topology == topo]
+            fig = breakdown_figure(part, experiment,
+                                   out_dir / "figures" / f"{experiment}_{topo}_breakdown.png",
+                                   source="predicted")
+            text += [f"Where the time goes on {topo} (predicted; compute, communication hidden "
+                     "behind it, communication exposed; the algorithm and protocol NCCL's tuner "
+                     "picks for each collective):", "", breakdown_table(df, experiment, topo),
+                     f"![{topo} breakdown](figures/{fig.name})", ""]
+    text += [paper_section(df, experiment)]
     acc = accuracy(df, experiment)
     if not acc.empty:
         fig = accuracy_figure(acc, out_dir / "figures" / "predicted_vs_measured.png",

@@ -154,3 +154,34 @@ def test_des_and_closed_form_agree_where_nothing_contends(topo_name, nodes, kind
     assert r.time_us == pytest.approx(chunks * nccl.call(kind, (1 << 26) / chunks, spec.group,
                                                          topo, algo).time_us)
     assert r.trace.task.str.startswith(f"{algo}/").all()  # the trace names algorithm/protocol
+
+
+def test_choices_name_each_collective_of_a_plan_as_the_des_runs_it():
+    from codegen.lower import lower
+    from cost_model.workload import choices, simulate
+    from experiments import adam_fusion
+
+    topo = load_topology("dgx_h100")
+    plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 1 << 24}, 8)
+    picked = choices(plan, topo)
+    assert [k for k, _, _ in picked if k != "all_reduce"] == ["reduce_scatter", "all_gather"]
+    trace = simulate(plan, topo).trace
+    labels = set(trace[trace.stream == "comm"].task.str.split(" ").str[0])
+    assert {f"{a}/{p}" for _, a, p in picked} <= labels  # the calls the DES made
+    ar = lower(adam_fusion.schedules()["AR-C"], {"N": 1 << 28}, 8)
+    assert choices(ar, topo)[0] == ("all_reduce", "nvls", "Simple")
+
+
+def test_predicted_rows_split_time_into_compute_hidden_and_exposed():
+    from experiments._predict import _overlap_us, _union, predict
+    from experiments import adam_fusion
+
+    assert _union([(3, 4), (0, 2), (1, 2.5)]) == [(0, 2.5), (3, 4)]
+    assert _overlap_us([(0, 2.5), (3, 4)], [(2, 3.5)]) == pytest.approx(1.0)
+    rows = predict(adam_fusion, load_topology("dgx_h100"), [{"N": 1 << 24}], 8)
+    for r in rows:
+        assert r["overlapped_ms"] <= r["compute_ms"] + 1e-9
+        assert r["compute_ms"] + r["comm_ms"] == pytest.approx(r["time_ms"], rel=1e-3)
+        assert r["algo"].count(";") == r["proto"].count(";")
+    fused = next(r for r in rows if r["schedule"] == "fuse(RS-C-AG)+as_slice")
+    assert fused["overlapped_ms"] > 0  # its chunks' kernels run under the next chunks' calls

@@ -17,10 +17,17 @@ def test_adam_predicted_on_dgx2_nodes(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "predicted speedup over baseline: dgx2, 32 ranks" in proc.stdout
     got = rows(tmp_path)
-    assert {r["source"] for r in got} == {"predicted"} and {r["backend"] for r in got} == {"sim"}
-    assert {r["schedule"] for r in got} >= {"baseline", "AR-C", "fuse(RS-C-AG)"}
-    assert all(r["world_size"] == "32" and r["topology"] == "dgx2" for r in got)
-    assert "## Predicted" in (tmp_path / "report.md").read_text()
+    assert {r["source"] for r in got} == {"predicted", "paper"}  # the paper's result beside
+    pred = [r for r in got if r["source"] == "predicted"]
+    assert {r["backend"] for r in pred} == {"sim"}
+    assert {r["schedule"] for r in pred} >= {"baseline", "AR-C", "fuse(RS-C-AG)"}
+    assert all(r["world_size"] == "32" and r["topology"] == "dgx2" for r in pred)
+    # every predicted point names NCCL's pick for each collective and the hidden communication
+    fused = next(r for r in pred if r["schedule"] == "fuse(RS-C-AG)")
+    assert fused["algo"] and fused["proto"] and fused["overlapped_ms"]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Predicted" in report and "## The paper's published results" in report
+    assert (tmp_path / "figures" / "adam_fusion_dgx2_breakdown.png").exists()
 
 
 def test_collectives_on_a_dgx_a100(tmp_path):
