@@ -1,10 +1,11 @@
-"""Compile a plan's kernels to PTX/CUBIN with NVRTC, cache them, write them out, load them on a GPU.
+"""Compile a plan's kernels to PTX/CUBIN with NVRTC through CuPy, cache them, write them out, load
+and launch them on a GPU with CuPy.
 
     src = module_source(kernels)                       # one CUDA translation unit (text)
     ptx = compile_module(src, "compute_90")            # bytes, cached under <repo>/.cache/cuda/
     paths = write_sources(kernels, "run/kernels", "adam_fusion_AR-C", archs=("sm_80", "sm_90"))
     fns = build(kernels, device=0)                     # needs a GPU: {name: CudaKernel}
-    fns[k.name](begin, end, rank, [tensor of buffer id for id in k.args()], stream=s, workspace=ws)
+    fns[k.name](begin, end, rank, [tensor of buffer id for id in k.args()], workspace)
 
 Contract
 - All kernels render (`CudaRenderer.render_module`) into ONE translation unit (identical kernels
@@ -19,11 +20,15 @@ Contract
 - `write_sources` writes `<name>.cu` and, for every `sm_XY` of `archs`, `<name>.sm_XY.ptx` (PTX for
   `compute_XY`: what the driver JIT-compiles for that GPU and any newer one); returns the paths.
 - `build` compiles a CUBIN for the GPU's own `sm_XY` (PTX for the newest arch NVRTC knows, if it
-  does not know that GPU's) and loads it (`codegen.cuda_driver`). Units: bytes, elements.
+  does not know that GPU's) and loads it with `cupy.RawModule`; a `CudaKernel` launches on CuPy's
+  current stream (the CUDA backend makes its compute stream current), with its pointers and
+  integers passed by value as CuPy passes Python ints (int64). Units: bytes, elements.
+- NVRTC is `cupy.cuda.nvrtc`, which compiles without a GPU or driver (libnvrtc from the
+  `nvidia-cuda-nvrtc-cu12` wheel or a CUDA toolkit); CI compiles every generated kernel this way.
 """
 from __future__ import annotations
 
-import ctypes
+import functools
 import hashlib
 import os
 import re
@@ -32,7 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import nvrtc
+import cupy
+from cupy.cuda import nvrtc
+
 from .build import BuildError
 from .plan import Kernel
 from .render import RenderError
@@ -53,14 +60,31 @@ def cache_dir() -> Path:
 
 def check_archs(archs: Sequence[str]) -> tuple[str, ...]:
     """The archs, checked: each `sm_XY` and known to this NVRTC; BuildError naming a bad one."""
-    lib = _nvrtc()
+    known = nvrtc_archs()
     for arch in archs:
         if not _ARCH.match(str(arch)):
             raise BuildError(f"arch {arch!r} is not of the form sm_XY (e.g. sm_80, sm_90)")
-        if arch not in lib.archs:
-            raise BuildError(f"{nvrtc.version_string(lib)} cannot build {arch}; it builds "
-                             f"{', '.join(lib.archs)}")
+        if arch not in known:
+            raise BuildError(f"{nvrtc_version()} cannot build {arch}; it builds {', '.join(known)}")
     return tuple(archs)
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> str:
+    """"NVRTC 12.9" (BuildError when CuPy finds no libnvrtc)."""
+    try:
+        major, minor = nvrtc.getVersion()
+    except Exception as e:  # noqa: BLE001 - CuPy raises several types for a missing library
+        raise BuildError(f"NVRTC not found ({type(e).__name__}: {e}): install the gpu extra "
+                         "(pip install -e '.[gpu]', which brings nvidia-cuda-nvrtc-cu12)") from None
+    return f"NVRTC {major}.{minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_archs() -> tuple[str, ...]:
+    """The `sm_XY` this NVRTC can target (NVRTC 13 dropped sm_70, the V100 of the paper)."""
+    nvrtc_version()
+    return tuple(f"sm_{a}" for a in nvrtc.getSupportedArchs())
 
 
 def module_source(kernels: Sequence[Kernel]) -> str:
@@ -79,7 +103,7 @@ def launches(kernels: Sequence[Kernel]) -> dict[str, Launch]:
 
 def source_hash(source: str) -> str:
     """What the compiled module depends on: the source, the options, the NVRTC version."""
-    key = "\n".join([source, " ".join(OPTIONS), f"nvrtc {_nvrtc().version}"])
+    key = "\n".join([source, " ".join(OPTIONS), nvrtc_version()])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -99,12 +123,24 @@ def compile_module(source: str, arch: str, name: Optional[str] = None) -> bytes:
     if path.exists():
         return path.read_bytes()
     mname = module_name(source, name)
+    kind, _, number = arch.partition("_")
+    if kind not in ("compute", "sm") or f"sm_{number}" not in nvrtc_archs():
+        raise BuildError(f"{nvrtc_version()} cannot target {arch}; it supports "
+                         f"{', '.join(nvrtc_archs())} (as sm_XY or compute_XY)")
+    prog = nvrtc.createProgram(source, f"{mname}.cu", [], [])
     try:
-        image = _nvrtc().compile(source, arch, OPTIONS, name=f"{mname}.cu")
-    except nvrtc.NvrtcError as e:
-        log_path = cache_dir() / f"{mname}.{arch}.log"
-        log_path.write_text(e.log)
-        raise BuildError(f"{e} (log: {log_path})", e.log, log_path) from None
+        try:
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *OPTIONS])
+        except nvrtc.NVRTCError:
+            log = nvrtc.getProgramLog(prog)
+            log_path = cache_dir() / f"{mname}.{arch}.log"
+            log_path.write_text(log)
+            first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:300])
+            raise BuildError(f"NVRTC could not compile {mname}.cu for {arch}: {first.strip()} "
+                             f"(log: {log_path})", log, log_path) from None
+        image = nvrtc.getCUBIN(prog) if kind == "sm" else nvrtc.getPTX(prog).rstrip(b"\0")
+    finally:
+        nvrtc.destroyProgram(prog)
     _write_atomic(path, image)
     return image
 
@@ -131,68 +167,55 @@ def write_sources(kernels: Sequence[Kernel], directory, name: str,
 # -- on a GPU ------------------------------------------------------------------------------------
 @dataclass
 class CudaKernel:
-    """One loaded kernel: call it like the CPU backend's functions, plus a stream and workspace."""
+    """One loaded kernel, called as the Kernel interface says (`codegen.runtime.backend`)."""
     launch: Launch
-    function: object  # the driver's CUfunction
-    module: object
+    function: object  # cupy.RawKernel
     sms: int
 
-    def __call__(self, begin: int, end: int, rank: int, bufs: Sequence, *, stream,
-                 workspace=None) -> None:
-        from .cuda_driver import launch
+    @property
+    def workspace_bytes(self) -> int:
+        return self.launch.workspace_bytes
 
+    def __call__(self, begin: int, end: int, rank: int, bufs: Sequence, workspace=None) -> None:
         if end <= begin:
             return
-        args: list = [ctypes.c_int64(begin), ctypes.c_int64(end), ctypes.c_int64(rank)]
-        args += [ctypes.c_void_p(t.data_ptr()) for t in bufs]
+        args = [begin, end, rank] + [t.data_ptr() for t in bufs]
         if self.launch.sums:
             if workspace is None or workspace.numel() < self.launch.workspace_bytes:
                 raise ValueError(f"{self.launch.name} needs a zeroed workspace of "
                                  f"{self.launch.workspace_bytes} bytes")
-            args.append(ctypes.c_void_p(workspace.data_ptr()))
+            args.append(workspace.data_ptr())
         grid = self.launch.grid(end - begin, self.sms)
-        launch(self.function, grid, self.launch.threads, args, stream)
+        self.function((grid,), (self.launch.threads,), tuple(args))
 
 
 def device_arch(device: int) -> str:
     """What to build for the GPU `device`: its sm_XY (CUBIN), else the newest compute_XY NVRTC
     knows below it (PTX, compiled by the driver)."""
-    import torch
-
-    major, minor = torch.cuda.get_device_capability(device)
-    arch = f"sm_{major}{minor}"
-    lib = _nvrtc()
-    if arch in lib.archs:
+    cc = int(cupy.cuda.Device(device).compute_capability)
+    arch = f"sm_{cc}"
+    if arch in nvrtc_archs():
         return arch
-    older = [a for a in lib.archs if int(a[3:]) <= major * 10 + minor]
+    older = [a for a in nvrtc_archs() if int(a[3:]) <= cc]
     if not older:
-        raise BuildError(f"{nvrtc.version_string(lib)} cannot build for {arch}")
+        raise BuildError(f"{nvrtc_version()} cannot build for {arch}")
     return ptx_arch(max(older, key=lambda a: int(a[3:])))
 
 
 def build(kernels: Sequence[Kernel], name: Optional[str] = None,
           device: int = 0) -> dict[str, CudaKernel]:
     """Compile (or take from the cache) and load all `kernels` on GPU `device`."""
-    import torch
-
-    from .cuda_driver import CudaDriverError, Module
-
     source = module_source(kernels)
-    image = compile_module(source, device_arch(device), name)
+    arch = device_arch(device)
+    compile_module(source, arch, name)
     try:
-        module = Module(image, device)
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return {n: CudaKernel(info, module.function(n), module, sms)
-                for n, info in launches(kernels).items()}
-    except CudaDriverError as e:
+        with cupy.cuda.Device(device):
+            module = cupy.RawModule(path=str(cache_path(source, arch)))
+            sms = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+            return {n: CudaKernel(info, module.get_function(n), sms)
+                    for n, info in launches(kernels).items()}
+    except cupy.cuda.driver.CUDADriverError as e:
         raise BuildError(f"loading {module_name(source, name)} on cuda:{device} failed: {e}") from None
-
-
-def _nvrtc() -> nvrtc.Nvrtc:
-    try:
-        return nvrtc.load()
-    except nvrtc.NvrtcError as e:
-        raise BuildError(str(e)) from None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

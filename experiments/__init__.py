@@ -44,6 +44,7 @@ class MeasureSettings:
     kernels_dir: Path  # where the generated sources are written
     seed: int = 0
     timeout_s: float = 1800.0  # the whole measurement; a hung rank ends the run after this
+    backend: str = "cpu"  # codegen.runtime.backend.get(backend): where the ranks run (rows say it)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,8 @@
 
 For each size N (the gradient's element count) every rank runs, side by side in one process
 group: the library baseline (`dist.all_reduce` + the library optimizer step), then each schedule's
-Plan through `codegen.runtime.execute`. Per point:
+Plan through `codegen.runtime.execute`, both on the run's backend (`codegen.runtime.backend`: its
+device, process groups and clock). Per point:
 - verified: after `steps` optimizer steps from the same start (w random, m = v = 0, a new random
   gradient per rank and step) the schedule's w, m, v equal the baseline's within
   |x - ref| <= RTOL * (1 + |ref|) on every rank; the baseline itself is checked against
@@ -22,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 import dsl
-from codegen.build import build, write_sources
 from codegen.lower import lower
 from codegen.plan import Plan
-from codegen.runtime.execute import PlanRunner, tp_groups
+from codegen.runtime import backend as backends
+from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
 
 from ._points import agree, progress, publish, time_point
@@ -46,6 +47,7 @@ class Spec:
     csv_path: str
     seed: int
     baseline_ok: bool
+    backend: str = "cpu"
     steps: int = 3
 
 
@@ -58,9 +60,9 @@ def plans_for(schedules: dict[str, dsl.Program], sizes, world_size: int, chunks:
 class Baseline:
     """all_reduce of the gradient, averaged, then the library optimizer on w (in place)."""
 
-    def __init__(self, optimizer: str, w: np.ndarray, world: int):
-        self.optimizer, self.world = optimizer, world
-        self.w = torch.from_numpy(w.copy())
+    def __init__(self, optimizer: str, w: np.ndarray, world: int, device="cpu", group=None):
+        self.optimizer, self.world, self.group = optimizer, world, group
+        self.w = torch.from_numpy(w.copy()).to(device)
         self.g = torch.zeros_like(self.w)
         self.m, self.v = torch.zeros_like(self.w), torch.zeros_like(self.w)
         self.t = 0
@@ -70,7 +72,7 @@ class Baseline:
                                         eps=HP["eps"], fused=True)
 
     def step(self) -> None:
-        dist.all_reduce(self.g)
+        dist.all_reduce(self.g, group=self.group)
         self.update()
 
     def update(self) -> None:
@@ -101,7 +103,7 @@ def lamb_step(w, m, v, g, t: int) -> None:
     # the reduction-order difference the check allows (apex's GPU LAMB reduces in blocks)
     r_w = torch.linalg.vector_norm(w, dtype=torch.float64).to(w.dtype)
     r_u = torch.linalg.vector_norm(u, dtype=torch.float64).to(w.dtype)
-    one = torch.ones((), dtype=w.dtype)
+    one = torch.ones((), dtype=w.dtype, device=w.device)
     trust = torch.where(r_w > 0, torch.where(r_u > 0, r_w / r_u, one), one)
     w.sub_(HP["lr"] * trust * u)
 
@@ -129,8 +131,9 @@ def _close(got: np.ndarray, ref: np.ndarray) -> bool:
     return bool(np.all(np.abs(got - ref) <= RTOL * (1 + np.abs(ref))))
 
 
-def _run_schedule(spec, plan, rank, kernels, groups, n, reference) -> tuple[bool, Callable]:
-    runner = PlanRunner(plan, rank, kernels, groups)
+def _run_schedule(spec, plan, rank, backend, kernels, groups, n, reference
+                  ) -> tuple[bool, Callable]:
+    runner = PlanRunner(plan, rank, kernels, groups, backend)
     w = _weights(spec, n)
     zeros = np.zeros(n, dtype=np.float32)
     runner.load({"w": _local(runner, "w", w), "m": _local(runner, "m", zeros),
@@ -145,40 +148,43 @@ def _run_schedule(spec, plan, rank, kernels, groups, n, reference) -> tuple[bool
     return agree(ok), runner.run
 
 
-def _baseline(spec, rank, n) -> tuple[dict, Callable]:
-    base = Baseline(spec.optimizer, _weights(spec, n), spec.world_size)
+def _baseline(spec, rank, n, backend, groups) -> tuple[dict, Callable]:
+    base = Baseline(spec.optimizer, _weights(spec, n), spec.world_size, backend.device,
+                    groups.world.pg)
     for t in range(1, spec.steps + 1):
         base.g.copy_(torch.from_numpy(_gradient(spec, n, rank, t)))
         base.step()
-    ref = {k: v.detach().numpy().copy() for k, v in base.state().items()}
+    ref = {k: v.detach().cpu().numpy().copy() for k, v in base.state().items()}
     return ref, base.step
 
 
 def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict]:
-    kernels = build(kernel_list)  # built by the parent: loads from the cache
-    groups = tp_groups(spec.plans[0][2])
+    backend = backends.get(spec.backend)
+    kernels = backend.build(kernel_list)  # compiled by the parent: loads from the cache
+    groups = backend.groups(spec.plans[0][2])
+    clock = backend.clock()
     rows: list[dict] = []
     per_size = {n: 1 + sum(size == n for _, size, _ in spec.plans) for n in spec.sizes}
     weights = [n for n in spec.sizes for _ in range(per_size[n])]  # work ~ elements
     bar = progress(weights, spec.experiment)
     for n in spec.sizes:
-        reference, base_step = _baseline(spec, rank, n)
+        reference, base_step = _baseline(spec, rank, n, backend, groups)
         base_ok = spec.baseline_ok
-        timing = time_point(base_step, spec.warmup, spec.repeats)
+        timing = time_point(base_step, spec.warmup, spec.repeats, clock)
         base_ms = timing.median_ms
         rows.append(_row(spec, "baseline", n, timing, base_ms, base_ok, rank, bar))
         for name, size, plan in spec.plans:
             if size != n:
                 continue
-            ok, fn = _run_schedule(spec, plan, rank, kernels, groups, n, reference)
-            timing = time_point(fn, spec.warmup, spec.repeats)
+            ok, fn = _run_schedule(spec, plan, rank, backend, kernels, groups, n, reference)
+            timing = time_point(fn, spec.warmup, spec.repeats, clock)
             rows.append(_row(spec, name, n, timing, base_ms, ok, rank, bar))
     return rows
 
 
 def _row(spec, schedule, n, timing, base_ms, ok, rank, bar) -> dict:
     row = {"experiment": spec.experiment, "schedule": schedule, "source": "measured",
-           "backend": "cpu", "topology": "local", "world_size": spec.world_size, "size": n,
+           "backend": spec.backend, "topology": "local", "world_size": spec.world_size, "size": n,
            "shape": f"[{n}]", "dtype": "f32", "time_ms": round(timing.median_ms, 4),
            "time_ms_min": round(timing.min_ms, 4), "time_ms_max": round(timing.max_ms, 4),
            "speedup": round(base_ms / timing.median_ms, 4), "verified": ok}
@@ -204,15 +210,16 @@ def baseline_matches_program(optimizer: str, program: dsl.Program, world: int, n
 
 def measure(experiment: str, optimizer: str, program: dsl.Program, schedules: dict, sizes,
             world_size: int, warmup: int, repeats: int, csv_path: str, kernels_dir, seed: int = 0,
-            timeout_s: float = 1800.0) -> list[dict]:
-    """Measure every schedule and the baseline at every size on `world_size` local ranks."""
+            timeout_s: float = 1800.0, backend: str = "cpu") -> list[dict]:
+    """Measure every schedule and the baseline at every size on `world_size` ranks of `backend`."""
     plans = plans_for(schedules, sizes, world_size)
     kernels = list({k.name: k for _, _, p in plans for k in p.kernels()}.values())
     print(f"building {len(kernels)} kernels ...", flush=True)
-    build(kernels)
-    write_sources(kernels, kernels_dir)
+    target = backends.get(backend)
+    target.precompile(kernels)
+    target.write_sources(kernels, kernels_dir, experiment)
     ok = baseline_matches_program(optimizer, program, world_size, seed=seed)
     spec = Spec(experiment, optimizer, world_size, tuple(sizes), plans, warmup, repeats,
-                str(csv_path), seed, ok)
+                str(csv_path), seed, ok, backend)
     # local ranks, or, when this process was started by torchrun, this rank of torchrun's group
     return run_ranks(rank_main, world_size, args=(spec, kernels), timeout_s=timeout_s)[0]

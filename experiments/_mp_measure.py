@@ -1,4 +1,5 @@
-"""Measuring the Megatron layer's model- and pipeline-parallel experiments on local gloo ranks.
+"""Measuring the Megatron layer's model- and pipeline-parallel experiments on local ranks of the
+run's backend (`codegen.runtime.backend`: device, process groups, communicator, clock).
 
 Per point (size bindings) every rank runs, side by side in one process group: the baseline as
 Megatron-LM writes it (torch matmul, library all-reduce, bias + dropout + residual in torch ops,
@@ -27,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 import dsl
-from codegen.build import build, write_sources
 from codegen.lower import lower
-from codegen.runtime import comm
-from codegen.runtime.execute import PlanRunner, tp_groups
+from codegen.runtime import backend as backends
+from codegen.runtime.backend import NO_STREAMS
+from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
 
 from ._layer import DROPOUT_P, DROPOUT_SEED, torch_bias_dropout_add, torch_dropout_
@@ -55,21 +56,25 @@ class Spec:
     seed: int
     baseline_ok: bool
     split_schedule: str  # whose comm_ms an overlapped schedule is compared with
+    backend: str = "cpu"
 
 
 # -- the baseline -----------------------------------------------------------------------------------
 class Baseline:
     """The layer's tail as Megatron-LM writes it; for a program with 2 stages, the pipeline
-    boundary (stage 0 computes and sends, stage 1 receives)."""
+    boundary (stage 0 computes and sends, stage 1 receives). Library calls through the backend's
+    communicator on the caller's stream (gloo's on the CPU, NCCL's on GPUs)."""
 
-    def __init__(self, program: dsl.Program, inputs: dict, rank: int, P: int, group):
-        self.t = {k: torch.from_numpy(np.array(v)) for k, v in inputs.items()}
-        self.stages, self.rank, self.P, self.group = program.stages, rank, P, group
+    def __init__(self, program: dsl.Program, inputs: dict, rank: int, P: int, backend, groups):
+        self.t = {k: torch.from_numpy(np.array(v)).to(backend.device) for k, v in inputs.items()}
+        self.stages, self.rank, self.P = program.stages, rank, P
+        self.comm = backend.communicator(groups.stages[rank // P], NO_STREAMS)
+        self.world = backend.communicator(groups.world, NO_STREAMS)
         self.stage = rank // P
         self.compute_ms = 0.0
         self.check = True  # False while timed: see _tail
         shape = self.t["residual"].shape
-        self.out = torch.empty(shape, dtype=self.t["residual"].dtype)
+        self.out = torch.empty_like(self.t["residual"])
         self.y = self.t["y"].clone() if "y" in self.t else torch.empty_like(self.out)
 
     def _timed(self, fn):
@@ -80,16 +85,16 @@ class Baseline:
     def step(self) -> None:
         peer = (self.rank + self.P) % (self.stages * self.P)
         if self.stages > 1 and self.stage == 1:
-            dist.recv(self.out, src=peer)
+            self.world.p2p(None, self.out.view(-1), peer, self.rank, 1).start().wait()
             return
         if "x" in self.t:
             self._timed(lambda: torch.matmul(self.t["x"], self.t["weight"], out=self.y))
         else:
             self.y.copy_(self.t["y"])
-        comm.all_reduce(self.y.view(-1), group=self.group)
+        self.comm.all_reduce(self.y.view(-1), "sum")
         self._timed(self._tail)
         if self.stages > 1:
-            dist.send(self.out, dst=peer)
+            self.world.p2p(self.out.view(-1), None, self.rank, peer, 1).start().wait()
 
     def _tail(self) -> None:
         if not self.check:  # what Megatron-LM runs: torch's own dropout
@@ -101,14 +106,14 @@ class Baseline:
 
     def outputs(self) -> dict:
         holds = self.stages == 1 or self.stage == 1
-        return {"out": self.out.numpy().copy()} if holds else {}
+        return {"out": self.out.cpu().numpy().copy()} if holds else {}
 
 
 # -- one rank -------------------------------------------------------------------------------------
-def _measure(obj, spec: Spec, group) -> tuple:
+def _measure(obj, spec: Spec, clock) -> tuple:
     obj.compute_ms = 0.0
     fn = obj.step if isinstance(obj, Baseline) else obj.run
-    timing = time_point(fn, spec.warmup, spec.repeats)
+    timing = time_point(fn, spec.warmup, spec.repeats, clock)
     calls = spec.warmup + len(timing.times_ms)
     t = torch.tensor([obj.compute_ms / calls], dtype=torch.float64)
     dist.all_reduce(t)
@@ -116,8 +121,10 @@ def _measure(obj, spec: Spec, group) -> tuple:
 
 
 def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict]:
-    kernels = build(kernel_list)
-    groups = tp_groups(spec.points[0].plans[0][1])
+    backend = backends.get(spec.backend)
+    kernels = backend.build(kernel_list)
+    groups = backend.groups(spec.points[0].plans[0][1])
+    clock = backend.clock()
     P = world // spec.program.stages
     rows = []
     bar = progress([math.prod(dict(pt.bindings).values()) for pt in spec.points
@@ -126,20 +133,20 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
         b = dict(pt.bindings)
         every = dsl.random_inputs(spec.program, world, b, np.random.default_rng(spec.seed))
         inputs, bounds = every[rank], dsl.error_bounds(spec.program, every, world, b)[rank]
-        base = Baseline(spec.program, inputs, rank, P, groups[rank // P])
+        base = Baseline(spec.program, inputs, rank, P, backend, groups)
         base.step()
         reference = base.outputs()
         base.check = False
-        timing, compute = _measure(base, spec, groups[rank // P])
+        timing, compute = _measure(base, spec, clock)
         base_ms, comm_split = timing.median_ms, None
         rows.append(_row(spec, "baseline", b, world, timing, base_ms, spec.baseline_ok, compute,
                          None, rank, bar))
         for name, plan in pt.plans:
-            runner = PlanRunner(plan, rank, kernels, groups)
+            runner = PlanRunner(plan, rank, kernels, groups, backend)
             runner.load(inputs)
             runner.run()
             ok = agree(dsl.runs_agree(runner.outputs(), reference, bounds))
-            timing, compute = _measure(runner, spec, groups[rank // P])
+            timing, compute = _measure(runner, spec, clock)
             comm_ms = max(0.0, timing.median_ms - compute)
             if name == spec.split_schedule:
                 comm_split = comm_ms
@@ -154,7 +161,7 @@ def _row(spec, schedule, b, world, timing, base_ms, ok, compute, hidden, rank, b
     S, B, H = b["S"], b["B"], b["H"]
     shape = f"S={S},B={B},H={H}" + (f",K={b['K']}" if "K" in b else "")
     row = {"experiment": spec.experiment, "schedule": schedule, "source": "measured",
-           "backend": "cpu", "topology": "local", "world_size": world, "size": S * B * H,
+           "backend": spec.backend, "topology": "local", "world_size": world, "size": S * B * H,
            "shape": shape, "dtype": "f32", "time_ms": round(timing.median_ms, 4),
            "time_ms_min": round(timing.min_ms, 4), "time_ms_max": round(timing.max_ms, 4),
            "speedup": round(base_ms / timing.median_ms, 4), "verified": ok,
@@ -175,25 +182,27 @@ def _check_rank(rank: int, world: int, program: dsl.Program, bindings: dict) -> 
     P = world // program.stages
     inputs = dsl.random_inputs(program, world, bindings, np.random.default_rng(0))
     expect = dsl.interpret(program, inputs, world, bindings)[rank]
-    groups = [comm.Group.world()] if program.stages == 1 else [
-        comm.Group.new(range(s * P, (s + 1) * P)) for s in range(program.stages)]
-    base = Baseline(program, inputs[rank], rank, P, groups[rank // P])
+    backend = backends.get("cpu")
+    base = Baseline(program, inputs[rank], rank, P, backend, backend.groups(program))
     base.step()
     return dsl.runs_agree(base.outputs(), expect, dsl.error_bounds(program, inputs, world, bindings)[rank])
 
 
 def measure(experiment: str, program: dsl.Program, schedules: dict, points, world_size: int,
             warmup: int, repeats: int, csv_path, kernels_dir, split_schedule: str,
-            seed: int = 0, timeout_s: float = 1800.0, check_bindings=None) -> list[dict]:
-    """Measure the baseline and every schedule at every point on `world_size` local ranks."""
+            seed: int = 0, timeout_s: float = 1800.0, check_bindings=None,
+            backend: str = "cpu") -> list[dict]:
+    """Measure the baseline and every schedule at every point on `world_size` ranks of `backend`
+    (the baseline is checked against `dsl.interpret` on the CPU)."""
     pts = tuple(Point(tuple(sorted(b.items())),
                       tuple((n, lower(p, b, world_size)) for n, p in schedules.items()))
                 for b in points)
     kernels = list({k.name: k for pt in pts for _, pl in pt.plans for k in pl.kernels()}.values())
     print(f"building {len(kernels)} kernels ...", flush=True)
-    build(kernels)
-    write_sources(kernels, kernels_dir)
+    target = backends.get(backend)
+    target.precompile(kernels)
+    target.write_sources(kernels, kernels_dir, experiment)
     ok = baseline_matches_program(program, world_size, check_bindings or points[0])
     spec = Spec(experiment, program, world_size, pts, warmup, repeats, str(csv_path), seed, ok,
-                split_schedule)
+                split_schedule, backend)
     return run_ranks(rank_main, world_size, args=(spec, kernels), timeout_s=timeout_s)[0]

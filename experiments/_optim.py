@@ -87,4 +87,4 @@ def optimizer_measure(name: str, optimizer: str, program, settings) -> list[dict
     return measure(name, optimizer, program, optimizer_schedules(program),
                    optimizer_sizes(settings.scale, settings.max_elements), settings.world_size,
                    settings.warmup, settings.repeats, settings.csv_path, settings.kernels_dir,
-                   settings.seed, settings.timeout_s)
+                   settings.seed, settings.timeout_s, settings.backend)

@@ -17,11 +17,12 @@ from reports.table import append_row
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 
 
-def time_point(fn, warmup: int, repeats: int) -> Timing:
-    """A measured point's timing: `time_ranks`, a short step repeated until its repeats take
-    MIN_TIMED_MS (at most MORE_REPEATS x repeats), so that its median rests on more samples."""
+def time_point(fn, warmup: int, repeats: int, clock=None) -> Timing:
+    """A measured point's timing: `time_ranks` with the backend's `clock`, a short step repeated
+    until its repeats take MIN_TIMED_MS (at most MORE_REPEATS x repeats), so that its median rests
+    on more samples."""
     return time_ranks(fn, warmup, repeats, min_total_ms=MIN_TIMED_MS,
-                      max_repeats=MORE_REPEATS * repeats)
+                      max_repeats=MORE_REPEATS * repeats, clock=clock)
 
 
 def agree(ok: bool) -> bool:

@@ -117,7 +117,8 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     machine reach every benchmark alike); per benchmark the median over all passes' repeats."""
     from codegen.build import build
     from codegen.runtime import comm
-    from codegen.runtime.execute import PlanRunner, tp_groups
+    from codegen.runtime.backend import CpuBackend, CpuKernel
+    from codegen.runtime.execute import PlanRunner
     from codegen.runtime.measure import time_ranks
 
     times: dict[tuple, list[float]] = {}
@@ -135,7 +136,7 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
 
     plan, step = spec["plan"], spec["step"]
     fn = build([step.kernel])[step.kernel.name]
-    runner = PlanRunner(plan, rank, {step.kernel.name: fn}, tp_groups(plan))
+    runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)}, CpuBackend().groups(plan))
     overlap: dict[str, list[float]] = {}
     bar = Progress([1] * spec["rounds"], label="calibrate")
     for k in range(spec["rounds"]):

@@ -56,4 +56,4 @@ def measure(settings):
     return run(NAME, program(), schedules(), points(settings.scale, settings.max_elements),
                settings.world_size, settings.warmup, settings.repeats, settings.csv_path,
                settings.kernels_dir, "MM-RS-C-AG", settings.seed, settings.timeout_s,
-               check_bindings=verify_bindings("smoke")[0])
+               check_bindings=verify_bindings("smoke")[0], backend=settings.backend)

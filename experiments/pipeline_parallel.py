@@ -61,5 +61,5 @@ def measure(settings):
         rows += run(NAME, program(), schedules(), points(settings.scale, settings.max_elements),
                     world, settings.warmup, settings.repeats, settings.csv_path,
                     settings.kernels_dir, "RS-P2P-C-AG", settings.seed, settings.timeout_s,
-                    check_bindings=verify_bindings("smoke")[0])
+                    check_bindings=verify_bindings("smoke")[0], backend=settings.backend)
     return rows

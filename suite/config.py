@@ -51,7 +51,9 @@ class ScaleConf:
 @dataclass(kw_only=True)
 class BackendConf:
     name: str = MISSING  # cpu | sim | cuda
-    dist: str = "gloo"  # torch.distributed backend of the ranks: gloo | nccl | none (sim)
+    # the ranks' transport (codegen.runtime.backend): cpu: ring (chunked rings over gloo) |
+    # library (gloo's own calls, chunk by chunk); cuda: nccl; sim: none
+    comm: str = "ring"
     # cuda: the GPU architectures the generated kernels are compiled for (PTX per sm_XY, written
     # to kernels/) when no GPU is present; with one, its own architecture is built as well.
     archs: List[str] = field(default_factory=lambda: ["sm_80", "sm_90"])

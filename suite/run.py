@@ -6,8 +6,12 @@
       check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
       show      print each schedule's program
       verify    every schedule against the unscheduled program (suite.verification)
-      measure   backend=cpu: generate the kernels into out_dir/kernels/, run every schedule and
-                the library baseline on local gloo ranks, append each point to results.csv
+      generate  every schedule's kernels, written (and for cuda compiled) by the run's backend
+                into out_dir/kernels/ (suite.generate)
+      measure   on the run's backend (codegen.runtime.backend: cpu, cuda): run every schedule and
+                the library baseline on local ranks, append each point to results.csv (rows say
+                the backend); where the backend cannot run here (cuda without a GPU), one line
+                says why and nothing is measured
       predict   the cost model (experiments._predict): backend=cpu, the measured points on the
                 local topology (`topology=local topology.path=FILE` for a calibrated one) and the
                 paper's setting; backend=sim, the chosen topology alone; rows to results.csv
@@ -30,6 +34,7 @@ from typing import NoReturn, Union
 import dsl
 
 from codegen.build import BuildError
+from codegen.runtime import backend as backends
 from codegen.runtime.launch import RankError
 from experiments import MeasureSettings
 from reports.predicted import predicted_section
@@ -40,6 +45,7 @@ from reports.table import append_row, read_table
 
 from .config import Config, extra_topologies, topology_of, validate
 from .errors import SuiteError, one_line
+from .generate import generate
 from .report import render_report, write_report
 from .verification import Check, verify_schedules
 
@@ -66,17 +72,17 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         exp = load_experiment(cfg.experiment.name)
         reference, schedules = load_programs(exp, cfg)
         checks = []
+        backend = runtime_backend(cfg)
         if reference is not None:
             check_settings(cfg, reference, schedules)
             show_programs(schedules)
             checks = verify(cfg, exp, reference, schedules)
-            if cfg.backend.name == "cuda":  # render, compile (and on a GPU run) the CUDA kernels
-                from .cuda import cuda_step
-                checks += cuda_step(cfg, exp, schedules, Path(out_dir))
+            if backend is not None:
+                generate(cfg, exp, schedules, backend, Path(out_dir))
         elif cfg.backend.name != "cpu" and getattr(exp, "NEEDS_MEASUREMENT", False):
             raise SuiteError(f"experiment {exp.NAME} measures this machine: it needs backend=cpu")
         set_aside_old_results(Path(out_dir))
-        rows = measure(cfg, exp, Path(out_dir))
+        rows = measure(cfg, exp, backend, Path(out_dir))
         predict(cfg, exp, Path(out_dir), rows)
     except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
         fail(e)
@@ -152,19 +158,35 @@ def set_aside_old_results(out_dir: Path) -> None:
               flush=True)
 
 
-def measure(cfg: Config, exp: ModuleType, out_dir: Path) -> list[dict]:
-    """Measured rows (backend=cpu, for experiments that can run on local ranks)."""
-    if cfg.backend.name != "cpu" or not hasattr(exp, "measure"):
+def runtime_backend(cfg: Config):
+    """The backend the run's ranks use (codegen.runtime.backend), None for backend=sim."""
+    if cfg.backend.name == "sim":
+        return None
+    try:
+        return backends.get(cfg.backend.name, comm=cfg.backend.comm, archs=list(cfg.backend.archs))
+    except ValueError as e:
+        raise SuiteError(f"backend: {e}") from None
+
+
+def measure(cfg: Config, exp: ModuleType, backend, out_dir: Path) -> list[dict]:
+    """Measured rows on the run's backend, for experiments that run on local ranks."""
+    if backend is None or not hasattr(exp, "measure"):
         print(f"measure: skipped ({exp.NAME} on backend {cfg.backend.name} has no local "
               "measurement)", flush=True)
+        return []
+    why = backend.cannot_run()
+    if why:
+        print(f"measure: skipped: backend {backend.name} cannot measure on this machine ({why})",
+              flush=True)
         return []
     settings = MeasureSettings(scale=cfg.scale.name, max_elements=cfg.scale.max_elements,
                                world_size=cfg.world_size, warmup=cfg.scale.warmup,
                                repeats=cfg.scale.repeats, csv_path=out_dir / "results.csv",
-                               kernels_dir=out_dir / "kernels", seed=cfg.seed)
+                               kernels_dir=out_dir / "kernels", seed=cfg.seed,
+                               backend=backend.name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"measuring {exp.NAME} on {cfg.world_size} gloo ranks ({cfg.scale.name} scale)",
-          flush=True)
+    print(f"measuring {exp.NAME} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
+          "scale)", flush=True)
     return exp.measure(settings)
 
 

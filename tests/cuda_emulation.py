@@ -10,8 +10,8 @@ memory-model subtleties of real hardware (blocks here never run at once), CUDA's
 
     lib = EmulatedModule(kernels, workdir)
     lib.run(kernel, begin, end, rank, [tensor per kernel.args()], workspace)  # CPU torch tensors
-    fns = lib.functions()  # {name: fn}, called as build_cuda.CudaKernel: fn(b, e, r, bufs, stream=,
-                           # workspace=), with fn.launch: what CudaPlanRunner takes
+    fns = lib.functions()  # {name: fn}, Kernels as codegen.runtime.backend says: fn(b, e, r, bufs,
+                           # workspace), fn.workspace_bytes: what PlanRunner takes
 """
 from __future__ import annotations
 
@@ -97,8 +97,9 @@ static void cc_emulate(void (*f)(int64_t, int64_t, int64_t, Ps...), int grid, in
 class EmulatedKernel:
     def __init__(self, module: "EmulatedModule", kernel):
         self.module, self.kernel, self.launch = module, kernel, module.launches[kernel.name]
+        self.workspace_bytes = self.launch.workspace_bytes
 
-    def __call__(self, begin, end, rank, bufs, *, stream=None, workspace=None) -> None:
+    def __call__(self, begin, end, rank, bufs, workspace=None) -> None:
         self.module.run(self.kernel, begin, end, rank, bufs, workspace)
 
 

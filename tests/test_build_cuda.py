@@ -1,14 +1,16 @@
 """The CUDA backend without a GPU: every kernel compiles with NVRTC, and runs correctly.
 
 - Compiles: every op x dtype of the CPU build's table (tests/test_build.py) renders and compiles with
-  NVRTC (PTX for compute_80, each case alone; all of them as one CUBIN for sm_90), and so does every
-  schedule of every experiment (`suite.cuda.cuda_step`, which writes the .cu and the PTX for
-  sm_80 and sm_90); the PTX has 16-byte vector loads, no local memory, no contracted FMA.
-  Skipped, with the reason, where NVRTC is missing (the `gpu` or `dev` extra brings it).
+  NVRTC through CuPy (PTX for compute_80, each case alone; all of them as one CUBIN for sm_90), and
+  so does every schedule of every experiment (`suite.generate` with the CUDA backend, which writes
+  the .cu and the PTX for sm_80 and sm_90); the PTX has 16-byte vector loads, no local memory, no
+  contracted FMA. Skipped, with the reason, where NVRTC is missing (the `gpu` or `dev` extra
+  brings it).
 - Runs: the same kernels, compiled for the host by `tests/cuda_emulation.py` (threads as CUDA
   threads, real grid-stride, vector, tail and grid-wide-sum code), equal `dsl.interpret` with the
   CPU build's tolerances, chunked (an odd chunk start takes the unaligned path) and on rank 1 of 2.
-- On a GPU (skipped without one): every schedule at world size 1 through NCCL and the CUDA executor.
+- On a GPU (skipped without one): `python -m suite experiment=adam_fusion backend=cuda` measures
+  every schedule through the one PlanRunner on the CUDA backend, each point verified.
 """
 import shutil
 import subprocess
@@ -21,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from codegen import build_cuda, nvrtc
+from codegen import build_cuda
 from codegen.build import BuildError
 from codegen.lower import lower
 from codegen.plan import Collective, Compute, Copy
@@ -36,7 +38,17 @@ from test_build import (CASES, TORCH, ULPS, ULPS_HALF, assert_close, extra_progr
 REPO = Path(__file__).resolve().parent.parent
 SIZE = 4099  # odd: vector loops end in a tail; a second chunk starts unaligned
 IDS = [f"{op}-{dt}" for op, dt in CASES]
-needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC not found: install the gpu "
+
+
+def _nvrtc_found() -> bool:
+    try:
+        build_cuda.nvrtc_version()
+    except BuildError:
+        return False
+    return True
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_found(), reason="NVRTC not found: install the gpu "
                                  "extra (pip install -e '.[gpu]', nvidia-cuda-nvrtc-cu12)")
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to emulate kernels with")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU (CUDA) on this machine")
@@ -54,9 +66,8 @@ def plans():
 # -- NVRTC -------------------------------------------------------------------------------------------
 @needs_nvrtc
 def test_nvrtc_is_found_and_builds_the_default_archs():
-    lib = nvrtc.load()
-    assert lib.path.exists() and lib.version >= (12, 0)
-    assert set(build_cuda.DEFAULT_ARCHS) <= set(lib.archs)
+    assert build_cuda.nvrtc_version().startswith(("NVRTC 12.", "NVRTC 13."))
+    assert set(build_cuda.DEFAULT_ARCHS) <= set(build_cuda.nvrtc_archs())
 
 
 @needs_nvrtc
@@ -124,15 +135,16 @@ def test_bad_archs_are_named(archs, match):
 
 
 def test_missing_nvrtc_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr(nvrtc, "candidates", lambda: [])
-    nvrtc.load.cache_clear()
+    def missing():
+        raise OSError("libnvrtc.so.12: cannot open shared object file")
+
+    monkeypatch.setattr(build_cuda.nvrtc, "getVersion", missing)
+    build_cuda.nvrtc_version.cache_clear()
     try:
-        with pytest.raises(nvrtc.NvrtcError, match=r"install the gpu extra"):
-            nvrtc.load()
-        with pytest.raises(BuildError, match="NVRTC not found"):
+        with pytest.raises(BuildError, match=r"NVRTC not found .* install the gpu extra"):
             build_cuda.module_name("x")
     finally:
-        nvrtc.load.cache_clear()
+        build_cuda.nvrtc_version.cache_clear()
 
 
 # -- every experiment, as `python -m suite experiment=NAME backend=cuda` does ------------------------
@@ -143,20 +155,17 @@ def _cfg(experiment: str):
 
 @needs_nvrtc
 @pytest.mark.parametrize("experiment", ["adam_fusion", "lamb_fusion", "model_parallel",
-                                        "pipeline_parallel", "collectives"])
-def test_cuda_step_writes_every_schedules_source_and_ptx(experiment, tmp_path, capsys):
+                                        "pipeline_parallel"])
+def test_generate_writes_every_schedules_source_and_ptx(experiment, tmp_path, capsys):
     import experiments
-    from suite.cuda import cuda_step, file_name
+    from codegen.runtime.cuda_backend import CudaBackend
+    from suite.generate import file_name, generate
 
     exp = experiments.load(experiment)
-    schedules = exp.schedules() if hasattr(exp, "schedules") else {}
-    checks = cuda_step(_cfg(experiment), exp, schedules, tmp_path)
-    out = capsys.readouterr().out
-    if not schedules:
-        assert checks == [] and "no DSL program" in out and not (tmp_path / "kernels").exists()
-        return
-    if not torch.cuda.is_available():
-        assert checks == [] and out.count("no GPU") == 1
+    schedules = exp.schedules()
+    paths = generate(_cfg(experiment), exp, schedules, CudaBackend(), tmp_path)
+    assert capsys.readouterr().out.count(" kernels -> ") == len(schedules)
+    assert len(paths) == 3 * len(schedules)
     for name in schedules:
         stem = tmp_path / "kernels" / f"{experiment}_{file_name(name)}"
         assert stem.with_suffix(".cu").read_text().count('extern "C" __global__') >= 1
@@ -164,20 +173,25 @@ def test_cuda_step_writes_every_schedules_source_and_ptx(experiment, tmp_path, c
             assert f".target {arch}" in Path(f"{stem}.{arch}.ptx").read_text()
 
 
+def _suite(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "suite", "experiment=adam_fusion", "scale=smoke",
+                           "backend=cuda", f"hydra.run.dir={tmp_path}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
 @needs_nvrtc
-def test_python_m_suite_cuda(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "suite.cuda", "experiment=adam_fusion", "scale=smoke",
-                          "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the run measures")
+def test_python_m_suite_backend_cuda_without_a_gpu(tmp_path):
+    out = _suite(tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(list((tmp_path / "kernels").glob("*.cu"))) == 5
     assert len(list((tmp_path / "kernels").glob("*.ptx"))) == 10
+    said = [ln for ln in out.stdout.splitlines() if "cannot measure" in ln]
+    assert len(said) == 1 and "backend cuda" in said[0]
 
 
 def test_an_unknown_arch_is_a_one_line_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "suite.cuda", "experiment=adam_fusion",
-                          "backend.archs=[sm80]", "--out", str(tmp_path)], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    out = _suite(tmp_path, "backend.archs=[sm80]")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sm80" in out.stderr
 
 
@@ -274,15 +288,11 @@ def test_emulated_optimizers_at_world_size_1(plans, emulated, key, rtol):
 # -- on a GPU ----------------------------------------------------------------------------------------
 @needs_gpu
 @needs_nvrtc
-def test_every_schedule_on_the_gpu_at_world_size_1():
-    import experiments
-    from suite.cuda import make_cases, program_experiments, run_cases
+def test_python_m_suite_backend_cuda_measures_on_the_gpu(tmp_path):
+    import pandas as pd
 
-    for name in program_experiments():
-        exp = experiments.load(name)
-        for sched, program in exp.schedules().items():
-            if program.stages > 1:
-                continue
-            cases = make_cases(program, exp.verify_bindings("smoke"), 1, seed=0)
-            for bindings, err, msg in run_cases(cases, 1):
-                assert err is not None, f"{name}:{sched} at {bindings}: {msg}"
+    out = _suite(tmp_path, "world_size=1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    df = pd.read_csv(tmp_path / "results.csv")
+    measured = df[df.source == "measured"]
+    assert len(measured) and set(measured.backend) == {"cuda"} and measured.verified.all()

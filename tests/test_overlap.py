@@ -8,7 +8,8 @@ import dsl
 import experiments
 from codegen.build import build
 from codegen.lower import lower
-from codegen.runtime.execute import PlanRunner, tp_groups
+from codegen.runtime.backend import CpuBackend
+from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
 
 MP = {"S": 16, "B": 2, "H": 8, "K": 16}  # 32 rows, 16 per rank at P=2
@@ -31,10 +32,11 @@ def _plans(world):
 
 
 def _rank(rank, world, cases, inputs, kernels):
-    fns = build(kernels)
+    backend = CpuBackend()
+    fns = backend.build(kernels)
     out = {}
     for (name, plan, _), inp in zip(cases, inputs):
-        r = PlanRunner(plan, rank, fns, tp_groups(plan))
+        r = PlanRunner(plan, rank, fns, backend.groups(plan), backend)
         r.load(inp[rank])
         r.run()
         out[name] = r.outputs()

@@ -1,10 +1,22 @@
-"""Every schedule of every experiment, lowered to a Plan, run on gloo ranks with compiled kernels,
+"""Every schedule of every experiment, lowered to a Plan, run by the one PlanRunner on gloo ranks,
 equals `dsl.interpret` of the same schedule on the same inputs (2 ranks; the model-parallel layer
-also on 4, the pipeline also on 4 = 2 stages x 2).
+also on 4, the pipeline also on 4 = 2 stages x 2), through both communicator paths:
 
+- `ring`: the CPU backend as it measures (C++/OpenMP kernels, chunked rings over gloo P2P);
+- `library`: the CUDA backend's path without a GPU: the generated CUDA kernels emulated on the CPU
+  (tests/cuda_emulation.py) and torch.distributed's own collectives issued chunk by chunk
+  (`LibraryComm`, NCCL on GPUs, gloo here). This covers the CUDA kernels, the chunking of the fused
+  all-reduce (packing, per-chunk reduce-scatter and all-gather placement), the overlapped matmul
+  and send as the NCCL path issues them; not the concurrency of CuPy streams and events, nor NCCL.
+
+Also: a bf16 program (split, reorder, fuse: a fused reduce-scatter, bf16 kernels, all-gather) runs
+on the CPU runner, its bf16 outputs read back as float32.
 Agreement: `dsl.runs_agree`, each element within twice its `dsl.error_bounds` bound (reduction
 order differs between the ring and numpy).
 """
+import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +24,21 @@ import pytest
 import dsl
 import experiments
 from codegen.lower import lower
-from codegen.runtime.execute import PlanRunner, tp_groups
+from codegen.runtime.backend import CpuBackend
+from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
+from dsl import Builder, Local, Replicated, bf16, sym
+from dsl.transforms import fuse, reorder, split
 
-build = pytest.importorskip("codegen.build").build
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_emulation import EmulatedModule  # noqa: E402
+
+
+def _case(label, prog, world, b):
+    plan = lower(prog, b, world, fused_chunks=2)
+    inputs = dsl.random_inputs(prog, world, b, np.random.default_rng(7))
+    expect = dsl.interpret(prog, inputs, world, b)
+    return (label, plan, inputs, expect, dsl.error_bounds(prog, inputs, world, b))
 
 
 def _cases(world: int):
@@ -25,41 +48,74 @@ def _cases(world: int):
         for sched_name, prog in mod.schedules().items():
             if world % prog.stages:
                 continue
-            P = world // prog.stages
             b = dict(mod.verify_bindings("smoke")[0])
             if "N" in b:
-                b["N"] = 64 * P
-            plan = lower(prog, b, world, fused_chunks=2)
-            rng = np.random.default_rng(7)
-            inputs = dsl.random_inputs(prog, world, b, rng)
-            expect = dsl.interpret(prog, inputs, world, b)
-            cases.append((f"{name}:{sched_name}", plan, inputs, expect,
-                          dsl.error_bounds(prog, inputs, world, b)))
+                b["N"] = 64 * (world // prog.stages)
+            cases.append(_case(f"{name}:{sched_name}", prog, world, b))
     return cases
 
 
-def _rank(rank, world, plans, inputs, kernel_list):
-    kernels = build(kernel_list)
+def _kernels(comm: str, kernel_list, workdir):
+    if comm == "library":
+        return EmulatedModule(kernel_list, Path(workdir)).functions()
+    return CpuBackend().build(kernel_list)
+
+
+def _rank(rank, world, comm, plans, inputs, kernel_list, workdir):
+    backend = CpuBackend(comm=comm)
+    kernels = _kernels(comm, kernel_list, workdir)
     outs = []
     for plan, inp in zip(plans, inputs):
-        runner = PlanRunner(plan, rank, kernels, tp_groups(plan))
+        runner = PlanRunner(plan, rank, kernels, backend.groups(plan), backend)
         runner.load(inp[rank])
         runner.run()
         outs.append(runner.outputs())
     return outs
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_plans_match_interpreter(world):
-    cases = _cases(world)
-    if world == 4:  # 4 ranks on 2 cores: the layer experiments (the optimizers are 2-rank)
-        cases = [c for c in cases if c[0].startswith(("pipeline", "model"))]
-    kernel_list = [k for _, plan, _, _, _ in cases for k in plan.kernels()]
-    build(kernel_list)  # compile once in the parent; ranks load from the cache
-    results = launch(_rank, world, args=([c[1] for c in cases], [c[2] for c in cases],
-                                         kernel_list), timeout_s=240)
+def _check(cases, comm, world, workdir):
+    kernel_list = list({k.name: k for c in cases for k in c[1].kernels()}.values())
+    _kernels(comm, kernel_list, workdir)  # compile once in the parent; ranks load from the cache
+    results = launch(_rank, world, args=(comm, [c[1] for c in cases], [c[2] for c in cases],
+                                         kernel_list, str(workdir)), timeout_s=240)
     for k, (label, _, _, expect, bounds) in enumerate(cases):
         for rank in range(world):
             got = results[rank][k]
             assert set(got) == set(expect[rank]), label
-            assert dsl.runs_agree(got, expect[rank], bounds[rank]), (label, rank)
+            assert dsl.runs_agree(got, expect[rank], bounds[rank]), (label, comm, rank)
+
+
+@pytest.mark.parametrize("comm", ["ring", "library"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_plans_match_interpreter(world, comm, tmp_path):
+    if comm == "library" and shutil.which("g++") is None:
+        pytest.skip("no g++ to emulate the CUDA kernels with")
+    cases = _cases(world)
+    if world == 4:  # 4 ranks on 2 cores: the layer experiments (the optimizers are 2-rank)
+        cases = [c for c in cases if c[0].startswith(("pipeline", "model"))]
+        if comm == "library":  # the pipeline's stages: the CUDA path's P2P between them
+            cases = [c for c in cases if c[1].stages > 1]
+    _check(cases, comm, world, tmp_path)
+
+
+def bf16_program() -> dsl.Program:
+    """A bf16 gradient all-reduced and scaled into bf16 weights (momentum SGD)."""
+    b = Builder("sgd_bf16")
+    N = sym("N")
+    g = b.input("g", bf16, [N], Local())
+    w = b.input("w", bf16, [N], Replicated())
+    m = b.input("m", bf16, [N], Replicated())
+    g = b.all_reduce(g)
+    m2 = m * 0.9 + g
+    b.update(m, m2)
+    b.update(w, w - 0.01 * m2)
+    return b.build()
+
+
+def test_bf16_program_runs_on_the_cpu_runner(tmp_path):
+    prog = bf16_program()
+    fused = fuse(reorder(split(prog)))
+    cases = [_case(f"bf16:{name}", p, 2, {"N": 256}) for name, p in
+             (("AR-C", prog), ("fuse(RS-C-AG)", fused))]
+    assert {b.dtype for b in cases[1][1].buffers} == {bf16}
+    _check(cases, "ring", 2, tmp_path)

@@ -1,15 +1,24 @@
-"""Execute a Plan on this rank: buffers as torch tensors, kernels compiled from the Plan, the
-communication of `codegen.runtime.comm` over gloo.
+"""Execute a Plan on this rank, on any Backend: one runner, a rule per Plan step type.
 
-Contract: `PlanRunner(plan, rank, kernels, groups)` allocates this rank's buffers (those of its
-pipeline stage and those on every stage), `load(inputs)` copies this rank's local input arrays in
-(the same per-rank inputs `dsl.interpret` takes), `run()` executes the steps in order, and
-`outputs()` returns this rank's outputs. The result equals `dsl.interpret` on the same inputs
-(within floating-point reduction order; tested).
+Contract: `PlanRunner(plan, rank, kernels, groups, backend=CPU)` allocates this rank's buffers (those
+of its pipeline stage and those on every stage) with `backend.buffer`, `load(inputs)` copies this
+rank's local input arrays in (the same per-rank inputs `dsl.interpret` takes), `run()` issues the
+steps in order, and `outputs()` returns this rank's outputs as numpy arrays (bf16 as float32, as
+the interpreter stores it). `kernels` comes from `backend.build(plan.kernels())`, `groups` from
+`backend.groups(plan)` (a collective call). The result equals `dsl.interpret` on the same inputs
+(within floating-point reduction order; tested on every schedule of every experiment).
 
-Fused collectives and overlaps run chunk by chunk (`codegen.runtime.pipelined`): the fused
-all-reduce, the matmul overlapped with it, and the reduce-scatter overlapped with a fused send.
-Other composites run their parts one after the other: the same result, without the overlap.
+`RULES` maps each Plan step type to its rule; a step without one raises "rule for X not
+implemented". Compute, MatMul and Copy run on the backend's compute stream, Collective and P2P on
+its comm stream, each after the work issued so far on the other stream (on the CPU there are no
+streams and every step has completed when it returns). `run()` starts after the work already on
+the caller's current stream and leaves that stream waiting for all of the step's work, so
+`outputs()` or a clock stopped afterwards sees the whole step.
+
+Fused collectives and overlaps run chunk by chunk (`codegen.runtime.pipelined`) where the
+composite allows it; other composites run their parts one after the other: the same result,
+without the overlap. `compute_ms` is the host time spent in kernel and matmul calls since
+construction (on a backend with streams: the time to issue them).
 """
 from __future__ import annotations
 
@@ -19,38 +28,34 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 import torch
 
-from dsl.types import DType
+from . import pipelined
+from .backend import TORCH, Backend, CpuBackend, Groups
+from ..plan import Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan, walk
 
-from . import comm, pipelined
-from ..plan import (Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan)
-
-TORCH = {DType.f16: torch.float16, DType.bf16: torch.bfloat16, DType.f32: torch.float32,
-         DType.f64: torch.float64, DType.i32: torch.int32, DType.i64: torch.int64,
-         DType.bool: torch.bool}
-
-
-def tp_groups(plan: Plan) -> list[comm.Group]:
-    """One tensor-parallel group per pipeline stage (every rank must call this, in the same
-    order); the whole world when there is one stage."""
-    if plan.stages == 1:
-        return [comm.Group.world()]
-    return [comm.Group.new(range(s * plan.P, (s + 1) * plan.P)) for s in range(plan.stages)]
+CPU = CpuBackend()
 
 
 class PlanRunner:
-    def __init__(self, plan: Plan, rank: int, kernels: Mapping[str, Callable], groups: list,
-                 fused: bool = True):
+    def __init__(self, plan: Plan, rank: int, kernels: Mapping[str, Callable], groups: Groups,
+                 backend: Backend = CPU, fused: bool = True):
         self.plan, self.rank, self.kernels, self.fused = plan, rank, kernels, fused
+        self.backend = backend
         self.stage, self.tp = divmod(rank, plan.P)
-        self.group = groups[self.stage]
-        self.bufs: dict[int, torch.Tensor] = {}
-        for b in plan.buffers:
-            if b.stage is None or b.stage == self.stage:
-                self.bufs[b.id] = torch.zeros(b.shape, dtype=TORCH[b.dtype])
-        self.compute_ms = 0.0  # time in kernels and matmuls since construction (see `timed`)
+        self.streams = backend.streams()
+        self.comm = backend.communicator(groups.stages[self.stage], self.streams)
+        self.world = backend.communicator(groups.world, self.streams)
+        self.bufs: dict[int, torch.Tensor] = {
+            b.id: backend.buffer(b.shape, TORCH[b.dtype]) for b in plan.buffers
+            if b.stage is None or b.stage == self.stage}
         ids = dict(plan.inputs)
         for name, value in plan.defaults:
-            self.bufs[ids[name]].fill_(value)
+            if ids[name] in self.bufs:
+                self.bufs[ids[name]].fill_(value)
+        self.workspaces: dict[int, torch.Tensor] = {  # Compute step id -> its sums' scratch
+            s.id: backend.buffer((kernels[s.kernel.name].workspace_bytes,), torch.uint8)
+            for s in walk(plan.steps) if isinstance(s, Compute) and s.kernel.name in kernels
+            and kernels[s.kernel.name].workspace_bytes}
+        self.compute_ms = 0.0
 
     # -- data in and out ------------------------------------------------------------------------
     def load(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -62,118 +67,164 @@ class PlanRunner:
                 buf.copy_(torch.from_numpy(arr).reshape(buf.shape))
 
     def outputs(self) -> dict[str, np.ndarray]:
-        return {name: self.bufs[bid].numpy().copy() for name, bid in self.plan.outputs
-                if bid in self.bufs}
+        out = {}
+        for name, bid in self.plan.outputs:
+            if bid in self.bufs:
+                t = self.bufs[bid]
+                t = t.float() if t.dtype is torch.bfloat16 else t  # numpy has no bf16
+                out[name] = t.cpu().numpy().copy()
+        return out
 
     def input(self, name: str) -> torch.Tensor:
         """The buffer of input `name` on this rank (e.g. to set the step, or a new gradient)."""
         return self.bufs[dict(self.plan.inputs)[name]]
 
     # -- steps ----------------------------------------------------------------------------------
-    def run(self) -> None:
-        for s in self.plan.steps:
+    def run(self, steps=None) -> None:
+        """Issue the plan's steps (or `steps`, some of them) after the caller's stream's work."""
+        self.streams.fork()
+        for s in self.plan.steps if steps is None else steps:
             self.step(s)
+        self.streams.join()
 
     def mine(self, stage: Optional[int]) -> bool:
         return stage is None or stage == self.stage
 
     def step(self, s) -> None:
-        if isinstance(s, Compute):
-            if self.mine(s.stage):
-                self.compute(s, 0, s.kernel.numel)
-        elif isinstance(s, MatMul):
-            if self.mine(s.stage):
-                self.timed(lambda: torch.matmul(self.bufs[s.a], self.bufs[s.b],
-                                                out=self.bufs[s.out]))
-        elif isinstance(s, Collective):
-            if self.mine(s.stage):
-                self.collective(s)
-        elif isinstance(s, P2P):
-            if self.stage in (s.src_stage, s.dst_stage):
-                self.p2p(s)
-        elif isinstance(s, Copy):
-            if self.mine(s.stage):
-                self.bufs[s.dst].copy_(self.bufs[s.src])
-        elif isinstance(s, FusedCollective) and self.fused and pipelined.fusable(self.plan, s):
-            if self.mine(s.steps[0].stage):
-                pipelined.fused_all_reduce(self, s)
-        elif isinstance(s, Overlap) and self.fused and pipelined.overlappable(self.plan, s):
-            if isinstance(s.producer, MatMul):
-                if self.mine(s.producer.stage):
-                    pipelined.fused_all_reduce(self, s.consumer, producer=s.producer)
-            else:
-                pipelined.overlapped_send(self, s)
-        elif isinstance(s, FusedCollective):  # sequential: same result, no overlap
-            for part in s.steps:
-                self.step(part)
-        elif isinstance(s, Overlap):
-            self.step(s.producer)
-            self.step(s.consumer)
-        else:
-            raise TypeError(f"unknown plan step {s!r}")
+        rule = RULES.get(type(s))
+        if rule is None:
+            raise NotImplementedError(f"rule for {type(s).__name__} not implemented")
+        rule(self, s)
 
     def compute(self, s: Compute, begin: int, end: int, zero: bool = True) -> None:
+        """Kernel s on elements [begin, end) of its loop, on the current stream."""
         k = s.kernel
         if zero:
             for _, b in k.reduces:
                 self.bufs[b].zero_()
         args = [self.bufs[b] for b in k.args()]
-        self.timed(lambda: self.kernels[k.name](begin, end, self.tp, args))
+        ws = self.workspaces.get(s.id)
+        self.timed(lambda: self.kernels[k.name](begin, end, self.tp, args, ws))
 
     def timed(self, fn: Callable[[], object]) -> None:
-        """Run a computation, adding its wall time to `compute_ms` (the rest of a step's time
-        is communication that the computation did not hide)."""
         t0 = time.perf_counter()
         fn()
         self.compute_ms += (time.perf_counter() - t0) * 1e3
 
     def collective(self, s: Collective) -> None:
-        src, dst = self.bufs[s.src], self.bufs[s.dst]
-        g = self.group
-        if s.kind == "all_reduce":
-            if dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)
-            comm.all_reduce(dst.view(-1), op=s.op, group=g)
-        elif s.kind == "reduce_scatter":
-            flat = src.movedim(s.dim, 0).contiguous().view(-1)
-            out = _moved_buffer(dst, s.dim) if s.dim else dst
-            comm.reduce_scatter(flat, out.view(-1), op=s.op, group=g)
-            if s.dim:
-                dst.movedim(s.dim, 0).copy_(out)
-        elif s.kind == "all_gather":
-            d = src.dim() and _sliced_dim(self.plan, s.src)
-            flat = src.movedim(d, 0).contiguous().view(-1)
-            out = _moved_buffer(dst, d) if d else dst
-            comm.all_gather(flat, out.view(-1), group=g)
-            if d:
-                dst.movedim(d, 0).copy_(out)
-        elif s.kind == "broadcast":
-            dst.copy_(src)
-            comm.broadcast(dst.view(-1), src=g.ranks[s.root], group=g)
-        elif s.kind == "reduce":
-            comm.reduce(src.reshape(-1), dst.view(-1), root=g.ranks[s.root], op=s.op, group=g)
-        elif s.kind == "all_to_all":
-            x = src.movedim(s.split_dim, 0).contiguous()
-            out = torch.empty_like(x)
-            comm.all_to_all(x.view(-1), out.view(-1), group=g)
-            pieces = out.chunk(self.plan.P, dim=0)  # piece i came from rank i
-            moved = [p.movedim(0, s.split_dim) for p in pieces]
-            dst.copy_(torch.cat(moved, dim=s.concat_dim))
-        else:
-            raise ValueError(f"unknown collective {s.kind}")
+        """One collective of this rank's tensor-parallel group (on the current stream)."""
+        COLLECTIVES[s.kind](self, s, self.bufs[s.src], self.bufs[s.dst])
 
     def p2p(self, s: P2P) -> None:
-        peer_src = s.src_stage * self.plan.P + self.tp
-        peer_dst = s.dst_stage * self.plan.P + self.tp
-        src = self.bufs.get(s.src)
-        dst = self.bufs.get(s.dst)
-        comm.p2p(src.view(-1) if src is not None else None, dst.view(-1) if dst is not None else None,
-                 src=peer_src, dst=peer_dst)
+        P = self.plan.P
+        src, dst = self.bufs.get(s.src), self.bufs.get(s.dst)
+        self.world.p2p(src.view(-1) if src is not None else None,
+                       dst.view(-1) if dst is not None else None,
+                       src=s.src_stage * P + self.tp, dst=s.dst_stage * P + self.tp,
+                       chunks=1).start().wait()
+
+
+# -- the rules --------------------------------------------------------------------------------------
+def _on_compute(r: PlanRunner, stage, fn) -> None:
+    if r.mine(stage):
+        with r.streams.on(r.streams.compute):
+            fn()
+
+
+def _on_comm(r: PlanRunner, stage, fn) -> None:
+    if r.mine(stage):
+        with r.streams.on(r.streams.comm):
+            fn()
+
+
+def _matmul(r: PlanRunner, s: MatMul) -> None:
+    _on_compute(r, s.stage, lambda: r.timed(
+        lambda: torch.matmul(r.bufs[s.a], r.bufs[s.b], out=r.bufs[s.out])))
+
+
+def _p2p(r: PlanRunner, s: P2P) -> None:
+    if r.stage in (s.src_stage, s.dst_stage):
+        with r.streams.on(r.streams.comm):
+            r.p2p(s)
+
+
+def _fused(r: PlanRunner, s: FusedCollective) -> None:
+    if r.fused and pipelined.fusable(r.plan, s):
+        if r.mine(s.steps[0].stage):
+            pipelined.fused_all_reduce(r, s)
+        return
+    for part in s.steps:  # in order: the same result, no overlap
+        r.step(part)
+
+
+def _overlap(r: PlanRunner, s: Overlap) -> None:
+    if not (r.fused and pipelined.overlappable(r.plan, s)):
+        r.step(s.producer)
+        r.step(s.consumer)
+    elif isinstance(s.producer, MatMul):
+        if r.mine(s.producer.stage):
+            pipelined.fused_all_reduce(r, s.consumer, producer=s.producer)
+    else:
+        pipelined.overlapped_send(r, s)
+
+
+RULES = {
+    Compute: lambda r, s: _on_compute(r, s.stage, lambda: r.compute(s, 0, s.kernel.numel)),
+    MatMul: _matmul,
+    Copy: lambda r, s: _on_compute(r, s.stage, lambda: r.bufs[s.dst].copy_(r.bufs[s.src])),
+    Collective: lambda r, s: _on_comm(r, s.stage, lambda: r.collective(s)),
+    P2P: _p2p,
+    FusedCollective: _fused,
+    Overlap: _overlap,
+}
+
+
+# -- collectives, by kind ---------------------------------------------------------------------------
+def _all_reduce(r, s, src, dst) -> None:
+    if dst.data_ptr() != src.data_ptr():
+        dst.copy_(src)
+    r.comm.all_reduce(dst.view(-1), s.op)
+
+
+def _reduce_scatter(r, s, src, dst) -> None:
+    flat = src.movedim(s.dim, 0).contiguous().view(-1)
+    out = _moved_buffer(dst, s.dim) if s.dim else dst
+    r.comm.reduce_scatter(flat, out.view(-1), s.op)
+    if s.dim:
+        dst.movedim(s.dim, 0).copy_(out)
+
+
+def _all_gather(r, s, src, dst) -> None:
+    d = src.dim() and r.plan.buffer(s.src).layout.dim
+    flat = src.movedim(d, 0).contiguous().view(-1)
+    out = _moved_buffer(dst, d) if d else dst
+    r.comm.all_gather(flat, out.view(-1))
+    if d:
+        dst.movedim(d, 0).copy_(out)
+
+
+def _broadcast(r, s, src, dst) -> None:
+    dst.copy_(src)
+    r.comm.broadcast(dst.view(-1), s.root)
+
+
+def _reduce(r, s, src, dst) -> None:
+    r.comm.reduce(src.reshape(-1), dst.view(-1), s.root, s.op)
+
+
+def _all_to_all(r, s, src, dst) -> None:
+    x = src.movedim(s.split_dim, 0).contiguous()
+    out = torch.empty_like(x)
+    r.comm.all_to_all(x.view(-1), out.view(-1))
+    pieces = out.chunk(r.plan.P, dim=0)  # piece i came from member i
+    dst.copy_(torch.cat([p.movedim(0, s.split_dim) for p in pieces], dim=s.concat_dim))
+
+
+COLLECTIVES = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
+               "all_gather": _all_gather, "broadcast": _broadcast, "reduce": _reduce,
+               "all_to_all": _all_to_all}
+
 
 def _moved_buffer(like: torch.Tensor, dim: int) -> torch.Tensor:
     """A contiguous buffer shaped like `like` with dimension `dim` moved to the front."""
-    return torch.empty(like.movedim(dim, 0).shape, dtype=like.dtype)
-
-
-def _sliced_dim(plan: Plan, bid: int) -> int:
-    return plan.buffer(bid).layout.dim
+    return torch.empty(like.movedim(dim, 0).shape, dtype=like.dtype, device=like.device)

@@ -1,21 +1,25 @@
-"""Timing on ranks: warm-up, repeats, a barrier before each timed region, the maximum over ranks.
+"""Timing on ranks, on every backend: warm-up, repeats, a barrier before each timed region, the
+maximum over ranks.
 
-`time_ranks(fn, warmup, repeats, group=None) -> Timing` calls `fn()` `warmup` times untimed, then
-`repeats` times (more for a short fn with `min_total_ms`), each preceded by a barrier; a repeat's
-time is the maximum over the ranks of the group of their elapsed wall-clock time (all_reduce
-MAX), so a repeat costs what the slowest rank paid. Every rank gets the same Timing (the same
-number of repeats too). Units: milliseconds.
+`time_ranks(fn, warmup, repeats, group=None, clock=WallClock()) -> Timing` calls `fn()` `warmup`
+times untimed, then `repeats` times (more for a short fn with `min_total_ms`), each preceded by
+`clock.settle()` (a GPU finishes its queued work) and a barrier of `group` (a gloo group: the
+default one `launch` makes); a repeat's time is what `clock` measured between `start()` and
+`stop()` (the backend's clock: host wall time on the CPU, CUDA events on a GPU), the maximum over
+the ranks of the group (all_reduce MAX), so a repeat costs what the slowest rank paid. Every rank
+gets the same Timing (the same number of repeats too). Units: milliseconds.
 """
 from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
+
+from .backend import WallClock
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,14 @@ class Timing:
 
 def time_ranks(fn: Callable[[], None], warmup: int, repeats: int, group: Optional[object] = None,
                before: Optional[Callable[[], None]] = None, min_total_ms: float = 0.0,
-               max_repeats: int = 0) -> Timing:
+               max_repeats: int = 0, clock=None) -> Timing:
     """Time fn on every rank of `group`; `before()` (untimed) runs ahead of each call, e.g. to
     reset state that fn updates in place. With `min_total_ms`, a short fn is repeated until the
     repeats add up to that much (as the first repeat's time, the same on every rank, says), at
     most `max_repeats` times: a median of more samples where each costs little."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
+    clock = clock or WallClock()
     for _ in range(warmup):
         if before:
             before()
@@ -54,10 +59,11 @@ def time_ranks(fn: Callable[[], None], warmup: int, repeats: int, group: Optiona
     while len(out) < count:
         if before:
             before()
+        clock.settle()
         dist.barrier(group=group)
-        start = time.perf_counter()
+        clock.start()
         fn()
-        t[0] = (time.perf_counter() - start) * 1e3
+        t[0] = clock.stop()
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         out.append(float(t[0]))
         if len(out) == 1 and min_total_ms > 0:

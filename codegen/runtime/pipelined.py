@@ -1,8 +1,11 @@
-"""The composite steps of a Plan, run chunk by chunk on this rank (CPU, gloo).
+"""The composite steps of a Plan, run chunk by chunk on this rank, on any Backend.
 
 Chunk c of a rank's slice is elements [c*n/C, (c+1)*n/C) of it (n its element count), as in
-`codegen.runtime.comm`; kernels run on exactly that element range of their loop, so a fused
-stage computes chunk c as soon as chunk c has arrived.
+`codegen.runtime.communicator`; kernels run on exactly that element range of their loop, so a fused
+stage computes chunk c as soon as chunk c has arrived. Written once over the runner's communicator
+(`r.comm`, `r.world`: chunked transfers with per-chunk completion) and streams (`r.streams`:
+kernels and matmuls on the compute stream; on the CPU there are none and every call blocks until
+it is done), so the CPU and the GPU run the same composites in the same order of work.
 
 - `fused_all_reduce(r, f, producer=None)`: `RS, kernels, AG..`: the reduce-scatter of every chunk
   is issued at once, the kernels run on each chunk as soon as it is reduced, each chunk's
@@ -22,7 +25,6 @@ from typing import Optional
 
 import torch
 
-from . import comm
 from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, P2P, Plan
 
 
@@ -86,31 +88,35 @@ def chunk_order(C: int, overlapped: bool) -> list[tuple[str, int]]:
 
 
 def _chunk(r, kernels, c: int, C: int) -> None:
-    for s in kernels:
-        n = s.kernel.numel
-        r.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0))
+    """Chunk c of every kernel, on the compute stream (after the chunk's inputs have arrived)."""
+    with r.streams.use(r.streams.compute):
+        for s in kernels:
+            n = s.kernel.numel
+            r.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0))
 
 
 def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
-    """Rows of chunk c of every rank's block of the matmul's output."""
+    """Rows of chunk c of every rank's block of the matmul's output, on the compute stream."""
     a, out = r.bufs[mm.a], r.bufs[mm.out]
     a2, out2 = a.reshape(mm.m, mm.k), out.view(mm.m, mm.n)
     rows = mm.m // r.plan.P  # rows of one rank's block
     k = rows // C
-    for j in range(r.plan.P):
-        lo = j * rows + c * k
-        r.timed(lambda: torch.matmul(a2[lo:lo + k], r.bufs[mm.b], out=out2[lo:lo + k]))
+    with r.streams.use(r.streams.compute):
+        for j in range(r.plan.P):
+            lo = j * rows + c * k
+            r.timed(lambda: torch.matmul(a2[lo:lo + k], r.bufs[mm.b], out=out2[lo:lo + k]))
 
 
 def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -> None:
-    rs, C = f.steps[0], f.chunks
-    ring = comm.RingReduceScatter(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), op=rs.op,
-                                  chunks=C, group=r.group).start(send=producer is None)
+    rs, C, streams = f.steps[0], f.chunks, r.streams
+    if producer is not None:
+        streams.after_other(streams.compute)  # the matmul's inputs are ready
+    ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op,
+                                        C).start(send=producer is None)
     gathers = []
-    phases = _phases(r.plan, f.steps[1:])
-    for k, (kernels, barrier, ags) in enumerate(phases):
-        mine = [comm.RingAllGather(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), chunks=C,
-                                   group=r.group) for ag in ags]
+    for k, (kernels, barrier, ags) in enumerate(_phases(r.plan, f.steps[1:])):
+        mine = [r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C)
+                for ag in ags]
         gathers += mine
 
         def finish(c: int) -> None:
@@ -126,8 +132,10 @@ def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -
                 ring.send_chunk(c)
             else:
                 finish(c)
-        if barrier is not None:
-            r.collective(barrier)
+        if barrier is not None:  # a 0-d all_reduce: every chunk's kernels first
+            with streams.on(streams.comm):
+                r.collective(barrier)
+            streams.after_other(streams.compute)
     ring.wait()  # the reduce-scatter's sends
     for g in gathers:
         g.wait()
@@ -139,19 +147,18 @@ def overlapped_send(r, o: Overlap) -> None:
     P = r.plan.P
     src, dst = send.src_stage * P + r.tp, send.dst_stage * P + r.tp
     if r.stage == send.src_stage:
-        ring = comm.RingReduceScatter(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), op=rs.op,
-                                      chunks=C, group=r.group).start()
-        p2p = comm.P2P(r.bufs[send.src].view(-1), None, src=src, dst=dst, chunks=C)
+        ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1),
+                                            rs.op, C).start()
+        p2p = r.world.p2p(r.bufs[send.src].view(-1), None, src, dst, C)
         for c in range(C):
             ring.wait_chunk(c)
             p2p.start_chunk(c)
         ring.wait()
         p2p.wait()
     elif r.stage == send.dst_stage:
-        p2p = comm.P2P(None, r.bufs[send.dst].view(-1), src=src, dst=dst, chunks=C).start()
+        p2p = r.world.p2p(None, r.bufs[send.dst].view(-1), src, dst, C).start()
         kernels = [s for s in f.steps[1:] if isinstance(s, Compute)]
-        gathers = [comm.RingAllGather(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), chunks=C,
-                                      group=r.group)
+        gathers = [r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C)
                    for ag in f.steps[1:] if isinstance(ag, Collective)]
         for c in range(C):
             p2p.wait_chunk(c)
