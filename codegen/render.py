@@ -38,6 +38,38 @@ from .plan import Access, Kernel
 _GOLDEN = 0x9E3779B9  # as dsl.interpret.dropout_keep
 
 
+# The C helpers every target's module starts with (after its own includes or typedefs), as
+# `helpers(qualifier)`: CC_FN is the target's function qualifier ("static inline" in C++,
+# "__device__ __forceinline__" in CUDA). Target-specific helpers (dropout's select, f16 and bf16
+# conversions, vector words) stay in each target's HEADER.
+HELPERS = r"""// numpy's maximum/minimum: NaN wins; on ties the second operand.
+template <class T> CC_FN T cc_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <class T> CC_FN T cc_min(T a, T b) { return (a < b || a != a) ? a : b; }
+// integer division truncates toward zero; x / 0 = 0 (as dsl.interpret)
+template <class T> CC_FN T cc_idiv(T a, T b) { return b == 0 ? T(0) : T(a / (b == 0 ? T(1) : b)); }
+template <class T> CC_FN T cc_ipow(T a, T b) {
+  if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
+  typedef unsigned long long U;  // the product mod 2^64, truncated: T's wrap-around
+  U r = 1, x = static_cast<U>(a);
+  for (; b; b >>= 1) { if (b & 1) r *= x; x *= x; }
+  return static_cast<T>(r);
+}
+// dropout: dsl.interpret.dropout_keep; `seed` is mix32(seed ^ 0x9E3779B9), threshold ceil(p * 2^24)
+CC_FN uint32_t cc_mix32(uint32_t x) {
+  x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+  return x;
+}
+CC_FN bool cc_keep(uint64_t index, uint32_t seed, uint32_t threshold) {
+  const uint32_t h = cc_mix32(static_cast<uint32_t>(index) ^ cc_mix32(static_cast<uint32_t>(index >> 32) ^ seed));
+  return (h >> 8) >= threshold;
+}
+"""
+
+
+def helpers(qualifier: str) -> str:
+    return HELPERS.replace("CC_FN", qualifier)
+
+
 class RenderError(Exception):
     """A kernel the renderer cannot express (names the kernel and the statement at fault)."""
 
