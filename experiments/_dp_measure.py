@@ -161,7 +161,7 @@ def _baseline(spec, rank, n, backend, groups) -> tuple[dict, Callable]:
 def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict]:
     backend = backends.get(spec.backend)
     kernels = backend.build(kernel_list)  # compiled by the parent: loads from the cache
-    groups = backend.groups(spec.plans[0][2])
+    groups = backend.groups(spec.plans[0][2].stages)
     clock = backend.clock()
     rows: list[dict] = []
     per_size = {n: 1 + sum(size == n for _, size, _ in spec.plans) for n in spec.sizes}

@@ -123,7 +123,7 @@ def _measure(obj, spec: Spec, clock) -> tuple:
 def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict]:
     backend = backends.get(spec.backend)
     kernels = backend.build(kernel_list)
-    groups = backend.groups(spec.points[0].plans[0][1])
+    groups = backend.groups(spec.program.stages)
     clock = backend.clock()
     P = world // spec.program.stages
     rows = []
@@ -183,7 +183,7 @@ def _check_rank(rank: int, world: int, program: dsl.Program, bindings: dict) -> 
     inputs = dsl.random_inputs(program, world, bindings, np.random.default_rng(0))
     expect = dsl.interpret(program, inputs, world, bindings)[rank]
     backend = backends.get("cpu")
-    base = Baseline(program, inputs[rank], rank, P, backend, backend.groups(program))
+    base = Baseline(program, inputs[rank], rank, P, backend, backend.groups(program.stages))
     base.step()
     return dsl.runs_agree(base.outputs(), expect, dsl.error_bounds(program, inputs, world, bindings)[rank])
 

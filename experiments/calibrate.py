@@ -136,7 +136,7 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
 
     plan, step = spec["plan"], spec["step"]
     fn = build([step.kernel])[step.kernel.name]
-    runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)}, CpuBackend().groups(plan))
+    runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)}, CpuBackend().groups(plan.stages))
     overlap: dict[str, list[float]] = {}
     bar = Progress([1] * spec["rounds"], label="calibrate")
     for k in range(spec["rounds"]):

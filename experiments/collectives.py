@@ -10,8 +10,9 @@ rank; all_gather: the output), f32, powers of two from 1 KiB to 1 GiB (measured:
 scale's max_elements x 4 bytes; smoke: every fourth power). Rows: `schedule` = the collective,
 `size` = bytes, `time_ms`, `algbw_gbps` = bytes / time, `busbw_gbps` = algbw x the nccl-tests
 factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e9 bytes/s).
-Measured: the runtime's own calls (`comm.all_reduce`: gloo; `comm.reduce_scatter` and
-`comm.all_gather`: its rings over send/recv), timed by `_points.time_point`, each result
+Measured: the run's backend's communicator (cpu: `comm.all_reduce`, gloo's, and the rings over
+send/recv for reduce_scatter and all_gather; cuda: NCCL's), timed by `_points.time_point` with the
+backend's clock, each result
 checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
 collective alone in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm;
 the library's for the kinds the runtime leaves to it), on all the topology's devices (local:
@@ -75,22 +76,28 @@ def table(rows: list[dict]) -> str:
 
 
 # -- measured on local ranks --------------------------------------------------------------------
-def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int) -> list[dict]:
+def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
+              backend_name: str = "cpu") -> list[dict]:
+    """Every collective at every size through the backend's communicator (cpu: the rings over
+    gloo; cuda: NCCL), timed with the backend's clock."""
     import torch
 
-    from codegen.runtime import comm
+    from codegen.runtime import backend as backends
 
     from ._points import time_point
 
+    backend = backends.get(backend_name)
+    c = backend.communicator(backend.groups().world, backends.NO_STREAMS)
     out = []
     for b in szs:
         n = b // 4
         if n % world:
             continue
-        full, part = torch.empty(n), torch.empty(n // world)
-        ops = {"all_reduce": lambda: comm.all_reduce(full),
-               "reduce_scatter": lambda: comm.reduce_scatter(full, part),
-               "all_gather": lambda: comm.all_gather(part, full)}
+        full = backend.buffer((n,), torch.float32)
+        part = backend.buffer((n // world,), torch.float32)
+        ops = {"all_reduce": lambda: c.all_reduce(full, "sum"),
+               "reduce_scatter": lambda: c.reduce_scatter(full, part, "sum"),
+               "all_gather": lambda: c.all_gather(part, full)}
         for kind in KINDS:
             full.fill_(rank + 1)
             part.fill_(rank + 1)
@@ -99,9 +106,10 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int) 
                       "reduce_scatter": world * (world + 1) / 2}.get(kind)
             got = full if kind != "reduce_scatter" else part
             ok = bool((got == expect).all()) if expect is not None else bool(
-                (full.view(world, -1) == torch.arange(1, world + 1).view(-1, 1)).all())
-            t = time_point(ops[kind], warmup, repeats)
-            out.append(row(kind, b, t.median_ms, world, "measured", "cpu", "local",
+                (full.view(world, -1) == torch.arange(1, world + 1, device=full.device)
+                 .view(-1, 1)).all())
+            t = time_point(ops[kind], warmup, repeats, backend.clock())
+            out.append(row(kind, b, t.median_ms, world, "measured", backend.name, "local",
                            time_ms_min=round(t.min_ms, 6), time_ms_max=round(t.max_ms, 6),
                            verified=ok))
     return out
@@ -114,7 +122,7 @@ def measure(settings) -> list[dict]:
     szs = sizes(settings.scale, settings.max_elements * 4)
     start = time.perf_counter()
     rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
-                                                           settings.repeats),
+                                                           settings.repeats, settings.backend),
                      timeout_s=settings.timeout_s)[0]
     for r in rows:
         append_row(settings.csv_path, r)

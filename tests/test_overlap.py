@@ -36,7 +36,7 @@ def _rank(rank, world, cases, inputs, kernels):
     fns = backend.build(kernels)
     out = {}
     for (name, plan, _), inp in zip(cases, inputs):
-        r = PlanRunner(plan, rank, fns, backend.groups(plan), backend)
+        r = PlanRunner(plan, rank, fns, backend.groups(plan.stages), backend)
         r.load(inp[rank])
         r.run()
         out[name] = r.outputs()

@@ -10,7 +10,8 @@ also on 4, the pipeline also on 4 = 2 stages x 2), through both communicator pat
   and send as the NCCL path issues them; not the concurrency of CuPy streams and events, nor NCCL.
 
 Also: a bf16 program (split, reorder, fuse: a fused reduce-scatter, bf16 kernels, all-gather) runs
-on the CPU runner, its bf16 outputs read back as float32.
+on the CPU runner, its bf16 outputs read back as float32; the runner has a rule for every Plan step
+type and every collective kind, and names a step it has none for.
 Agreement: `dsl.runs_agree`, each element within twice its `dsl.error_bounds` bound (reduction
 order differs between the ring and numpy).
 """
@@ -66,7 +67,7 @@ def _rank(rank, world, comm, plans, inputs, kernel_list, workdir):
     kernels = _kernels(comm, kernel_list, workdir)
     outs = []
     for plan, inp in zip(plans, inputs):
-        runner = PlanRunner(plan, rank, kernels, backend.groups(plan), backend)
+        runner = PlanRunner(plan, rank, kernels, backend.groups(plan.stages), backend)
         runner.load(inp[rank])
         runner.run()
         outs.append(runner.outputs())
@@ -119,3 +120,25 @@ def test_bf16_program_runs_on_the_cpu_runner(tmp_path):
              (("AR-C", prog), ("fuse(RS-C-AG)", fused))]
     assert {b.dtype for b in cases[1][1].buffers} == {bf16}
     _check(cases, "ring", 2, tmp_path)
+
+
+def test_every_plan_step_and_collective_has_a_runner_rule():
+    import typing
+
+    from codegen.plan import Step
+    from codegen.runtime.execute import COLLECTIVES, RULES
+    from dsl.ops import COLLECTIVE
+
+    steps = {t if isinstance(t, type) else t.__forward_arg__ for t in typing.get_args(Step)}
+    assert {t.__name__ if isinstance(t, type) else t for t in steps} == \
+        {t.__name__ for t in RULES}
+    assert set(COLLECTIVE) == set(COLLECTIVES)
+
+
+def test_a_step_without_a_rule_is_named():
+    class Unknown:
+        pass
+
+    runner = PlanRunner.__new__(PlanRunner)
+    with pytest.raises(NotImplementedError, match="rule for Unknown not implemented"):
+        runner.step(Unknown())

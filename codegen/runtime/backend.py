@@ -2,7 +2,7 @@
 
     backend = backends.get("cpu")              # or "cuda"; in a rank, after torch.distributed is up
     kernels = backend.build(plan.kernels())    # {name: Kernel}
-    groups = backend.groups(plan)              # collective: every rank, in the same order
+    groups = backend.groups(plan.stages)              # collective: every rank, in the same order
     runner = PlanRunner(plan, rank, kernels, groups, backend)   (codegen.runtime.execute)
 
 A Backend offers, and the one `PlanRunner` uses nothing else that differs between targets:
@@ -11,8 +11,8 @@ A Backend offers, and the one `PlanRunner` uses nothing else that differs betwee
   (CUDA: PTX per `archs`), written to a run's `kernels/` folder; `precompile(kernels)`: what the
   launching process compiles once so that the ranks load it from the cache (CPU: the module).
 - `buffer(shape, torch_dtype) -> torch.Tensor`: a zeroed buffer on the backend's device.
-- `groups(plan) -> Groups`: the process groups of the layout of a Plan (or of anything with its
-  `stages`: a Program), made by every rank in the same order; `communicator(group,
+- `groups(stages=1) -> Groups`: the process groups of a layout of `stages` pipeline stages (a
+  Plan's or a Program's `stages`), made by every rank in the same order; `communicator(group,
   streams) -> Communicator` (`codegen.runtime.communicator`): collectives and point-to-point
   transfers, whole or chunk by chunk with per-chunk completion.
 - `streams() -> Streams`: where compute and communication are issued (`NO_STREAMS` on the CPU,
@@ -46,7 +46,7 @@ import torch.distributed as dist
 from dsl.types import DType
 
 from .. import build as cpu_build
-from ..plan import Kernel, Plan
+from ..plan import Kernel
 from ..render_cpp import CppRenderer
 from . import comm
 from .communicator import LibraryComm, RingComm
@@ -152,7 +152,7 @@ class Backend:
     def buffer(self, shape, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
-    def groups(self, plan: Plan) -> Groups:
+    def groups(self, stages: int = 1) -> Groups:
         raise NotImplementedError
 
     def communicator(self, group: comm.Group, streams: Streams):
@@ -201,11 +201,11 @@ class CpuBackend(Backend):
     def precompile(self, kernels) -> None:
         cpu_build.build(kernels)
 
-    def groups(self, plan: Plan) -> Groups:
+    def groups(self, stages: int = 1) -> Groups:
         world = comm.Group.world()
-        if plan.stages == 1:
+        if stages == 1:
             return Groups(world, (world,))
-        return Groups(world, tuple(comm.Group.new(ranks) for ranks in stage_ranks(plan.stages)))
+        return Groups(world, tuple(comm.Group.new(ranks) for ranks in stage_ranks(stages)))
 
     def communicator(self, group: comm.Group, streams: Streams):
         return self.COMMS[self.comm_kind](group, streams)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .. import build_cuda
-from ..plan import Kernel, Plan
+from ..plan import Kernel
 from . import comm
 from .backend import Backend, Groups, Streams, stage_ranks
 from .communicator import LibraryComm
@@ -136,18 +136,18 @@ class CudaBackend(Backend):
             raw = torch.from_dlpack(cupy.zeros(max(nbytes, 1), dtype=cupy.uint8))
         return raw[:nbytes].view(dtype).view(shape)
 
-    def groups(self, plan: Plan) -> Groups:
-        """NCCL groups of the plan's layout, made once per process and layout (collective)."""
+    def groups(self, stages: int = 1) -> Groups:
+        """NCCL groups of the layout, made once per process and layout (collective)."""
         world = dist.get_world_size()
-        key = (world, plan.stages)
+        key = (world, stages)
         if key not in self._groups:
             self.device  # noqa: B018 - NCCL needs the rank's device set first
             ranks = tuple(range(world))
             every = comm.Group.of(dist.new_group(list(ranks), backend="nccl"), ranks)
-            stages = (every,) if plan.stages == 1 else tuple(
+            tp = (every,) if stages == 1 else tuple(
                 comm.Group.of(dist.new_group(list(r), backend="nccl"), r)
-                for r in stage_ranks(plan.stages))
-            self._groups[key] = Groups(every, stages)
+                for r in stage_ranks(stages))
+            self._groups[key] = Groups(every, tp)
         return self._groups[key]
 
     def communicator(self, group: comm.Group, streams: Streams) -> LibraryComm:

@@ -5,7 +5,7 @@ of its pipeline stage and those on every stage) with `backend.buffer`, `load(inp
 rank's local input arrays in (the same per-rank inputs `dsl.interpret` takes), `run()` issues the
 steps in order, and `outputs()` returns this rank's outputs as numpy arrays (bf16 as float32, as
 the interpreter stores it). `kernels` comes from `backend.build(plan.kernels())`, `groups` from
-`backend.groups(plan)` (a collective call). The result equals `dsl.interpret` on the same inputs
+`backend.groups(plan.stages)` (a collective call). The result equals `dsl.interpret` on the same inputs
 (within floating-point reduction order; tested on every schedule of every experiment).
 
 `RULES` maps each Plan step type to its rule; a step without one raises "rule for X not
