@@ -16,7 +16,8 @@ backend's clock, each result
 checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
 collective alone in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm;
 the library's for the kinds the runtime leaves to it), on all the topology's devices (local:
-world_size ranks).
+world_size ranks), with the algorithm and protocol in `algo` and `proto` (protocol: NCCL's, on
+GPU topologies).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def row(kind: str, nbytes: int, time_ms: float, P: int, source: str, backend: st
 def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) -> list[dict]:
     """Every collective at every size, simulated alone on `world_size` ranks of `topo`."""
     from cost_model.closed_form import choose
-    from cost_model.collectives import CollSpec
+    from cost_model.collectives import CollSpec, nccl_call, uses_nccl
     from cost_model.workload import simulate_collective
 
     rows = []
@@ -56,8 +57,9 @@ def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) ->
             spec = CollSpec(kind, b, group, 1, kind in topo.library_kinds)
             algo = choose(spec, topo)
             r = simulate_collective(spec, topo, algo)
+            proto = nccl_call(spec, topo, algo).proto if uses_nccl(spec, topo) else ""
             rows.append(row(kind, b, r.time_ms, world_size, "predicted", "sim", topo.name,
-                            verified=algo))
+                            algo=algo, proto=proto))
     return rows
 
 

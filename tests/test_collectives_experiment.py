@@ -20,6 +20,9 @@ def test_predicted_rows_follow_nccl_tests_conventions():
         assert r["busbw_gbps"] == pytest.approx(algbw * factor, rel=1e-3)
     big = [r for r in rows if r["size"] == 1 << 30]
     assert all(150 < r["busbw_gbps"] < 300 for r in big)  # NVSwitch: 300 GB/s per direction
+    assert {(r["algo"], r["proto"]) for r in big} == {("ring", "Simple")}  # NCCL's pick
+    small = [r for r in rows if r["size"] == 1 << 10]
+    assert {r["proto"] for r in small} == {"LL"}
     assert "busbw" in collectives.table(rows)
 
 
