@@ -58,18 +58,20 @@ message and kernel sizes in bytes.
 
 `efficiency` maps are {size in bytes: fraction}, interpolated linearly in log2(size) and clamped
 at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
-types, ranges) and raises `TopologyError` naming the field (`topology.intra.link.bandwidth_gbps=
--1: must be > 0`); `load_topology(name, nodes, path)` reads `conf/topology/<name>.yaml` or a file;
-`hydra_schema(cls)` mirrors a schema class as the mutable dataclass Hydra composes against.
+types, ranges: `cost_model.schema`) and raises `TopologyError` naming the field
+(`topology.intra.link.bandwidth_gbps=-1: must be > 0`); `load_topology(name, nodes, path)` reads
+`conf/topology/<name>.yaml` or a file; `hydra_schema(cls)` (from `cost_model.schema`) mirrors a
+schema class as the mutable dataclass Hydra composes against.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
+
+from .schema import TopologyError, build, hydra_schema  # noqa: F401  (hydra_schema re-exported)
 
 CONF_TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "conf" / "topology"
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
@@ -78,10 +80,6 @@ NCCL_ALGOS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_ch
 PROTOCOLS = ("LL", "LL128", "Simple")
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
 RATE_BY = ("message", "transfer")
-
-
-class TopologyError(ValueError):
-    """A topology value that is missing, of the wrong type or out of range (names the field)."""
 
 
 def _positive(strict: bool = True) -> dict:
@@ -238,7 +236,7 @@ class Topology:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], where: str = "topology") -> "Topology":
-        topo = _build(cls, data, where)
+        topo = build(cls, data, where)
         _check_consistency(topo, where)
         return topo
 
@@ -269,110 +267,6 @@ def interpolate(points: Dict[int, float], x: float) -> float:
 
 
 # -- validation ---------------------------------------------------------------------------------
-def _build(cls, data, where: str):
-    if not isinstance(data, dict):
-        raise TopologyError(f"{where}={data!r}: must be a mapping with keys "
-                            f"{', '.join(f.name for f in dataclasses.fields(cls))}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in names:
-            raise TopologyError(f"{where}.{key}: unknown key (known: {', '.join(sorted(names))})")
-    values = {}
-    for f in dataclasses.fields(cls):
-        path = f"{where}.{f.name}"
-        if f.name not in data or data[f.name] is None and not _optional(hints[f.name]):
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise TopologyError(f"{path}: missing (required)")
-            continue
-        values[f.name] = _value(hints[f.name], data[f.name], path)
-        _check_range(f, values[f.name], path)
-    return cls(**values)
-
-
-def _optional(tp) -> bool:
-    return typing.get_origin(tp) is Union and type(None) in typing.get_args(tp)
-
-
-def _value(tp, value, path: str):
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Union:
-        if value is None:
-            return None
-        return _value(next(a for a in args if a is not type(None)), value, path)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path)
-    if origin in (dict, Dict):
-        if not isinstance(value, dict):
-            raise TopologyError(f"{path}={value!r}: must be a mapping")
-        return {_value(args[0], k, f"{path}[{k!r}]"): _value(args[1], v, f"{path}[{k!r}]")
-                for k, v in value.items()}
-    if origin in (list, List):
-        if not isinstance(value, (list, tuple)):
-            raise TopologyError(f"{path}={value!r}: must be a list")
-        return [_value(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
-    return _scalar(tp, value, path)
-
-
-def _scalar(tp, value, path: str):
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise TopologyError(f"{path}={value!r}: must be true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int) and not (
-                isinstance(value, str) and value.isdigit()):
-            raise TopologyError(f"{path}={value!r}: must be an integer")
-        return int(value)
-    if tp is float:
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            out = float(value)
-        except (TypeError, ValueError):
-            raise TopologyError(f"{path}={value!r}: must be a number") from None
-        if not math.isfinite(out):
-            raise TopologyError(f"{path}={value!r}: must be finite")
-        return out
-    if tp is str:
-        if not isinstance(value, str):
-            raise TopologyError(f"{path}={value!r}: must be a string")
-        return value
-    raise TypeError(f"unsupported schema type {tp} at {path}")  # pragma: no cover
-
-
-def _check_range(f, value, path: str) -> None:
-    meta = f.metadata
-    if value is None:
-        return
-    if "min" in meta and isinstance(value, (int, float)):
-        if value < meta["min"] or meta.get("strict") and value == meta["min"]:
-            op = ">" if meta.get("strict") else ">="
-            raise TopologyError(f"{path}={value!r}: must be {op} {meta['min']:g}")
-    if "max" in meta and value > meta["max"]:
-        raise TopologyError(f"{path}={value!r}: must be <= {meta['max']:g}")
-    if "choices" in meta and value not in meta["choices"]:
-        raise TopologyError(f"{path}={value!r}: must be one of {', '.join(meta['choices'])}")
-    if "items" in meta:
-        for v in value:
-            if v not in meta["items"]:
-                raise TopologyError(f"{path}: {v!r} must be one of {', '.join(meta['items'])}")
-    if meta.get("fraction"):
-        for k, v in value.items():
-            if k <= 0 or not 0 < v <= 1:
-                raise TopologyError(f"{path}[{k}]={v!r}: sizes must be > 0 and fractions in (0, 1]")
-    if meta.get("curves"):
-        for name, curve in value.items():
-            for k, v in curve.items():
-                if k <= 0 or v <= 0:
-                    raise TopologyError(f"{path}[{name!r}][{k!r}]={v!r}: sizes and times must "
-                                        "be > 0")
-    if meta.get("positive_values"):
-        for k, v in value.items():
-            if v <= 0:
-                raise TopologyError(f"{path}[{k!r}]={v!r}: must be > 0")
-
-
 def _check_consistency(t: Topology, where: str) -> None:
     n = t.devices_per_node
     if t.intra.kind == "mesh":
@@ -413,34 +307,3 @@ def dump_topology(topo: Topology, path: Union[str, Path], header: str = "") -> P
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     path.write_text(comment + yaml.safe_dump(topo.to_dict(), sort_keys=False))
     return path
-
-
-def hydra_schema(cls, name: Optional[str] = None, extra: tuple = ()):
-    """A mutable, OmegaConf-compatible mirror of a frozen schema class (every field optional,
-    defaulting to None/empty, so ranges and required fields are checked by `from_dict`)."""
-    hints = typing.get_type_hints(cls)
-    made = []
-    for f in dataclasses.fields(cls):
-        tp = _mirror(hints[f.name])
-        if dataclasses.is_dataclass(_inner(hints[f.name])):
-            made.append((f.name, Optional[tp], field(default=None)))
-        elif f.default_factory is not dataclasses.MISSING:
-            made.append((f.name, tp, field(default_factory=f.default_factory)))
-        else:
-            default = None if f.default is dataclasses.MISSING else f.default
-            made.append((f.name, Optional[tp], field(default=default)))
-    return dataclasses.make_dataclass(name or f"{cls.__name__}Conf", made + list(extra),
-                                      kw_only=True)
-
-
-def _inner(tp):
-    if typing.get_origin(tp) is Union:
-        return next(a for a in typing.get_args(tp) if a is not type(None))
-    return tp
-
-
-def _mirror(tp):
-    tp = _inner(tp)
-    if dataclasses.is_dataclass(tp):
-        return hydra_schema(tp)
-    return tp
