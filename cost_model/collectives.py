@@ -312,7 +312,7 @@ def nccl_call(spec: CollSpec, topo: Topology, algorithm: Optional[str] = None) -
 def _nccl_calls(b: _Build, spec: CollSpec, algorithm: str, ready):
     """One NCCL call per chunk: once every member has chunk c, it holds their ports."""
     call = nccl_call(spec, b.topo, algorithm)
-    keys = nccl.ports(b.topo, spec.group)
+    keys = b.sim.keys_of(_ports(b.topo.devices_per_node, tuple(spec.group)))
     done = {r: [None] * spec.chunks for r in b.sims}
     for c in range(spec.chunks):
         ev = b.sim.hold(keys, b.sims, call.time_us, b.step, f"{call.label} c{c}",
@@ -321,6 +321,12 @@ def _nccl_calls(b: _Build, spec: CollSpec, algorithm: str, ready):
         for r in b.sims:
             done[r][c] = ev
     return done
+
+
+@lru_cache(maxsize=64)
+def _ports(per_node: int, group: tuple) -> tuple:
+    """`nccl.ports` of a group, computed once per group (a fused step calls it per chunk)."""
+    return tuple(nccl.ports(per_node, group))
 
 
 def _hierarchical(b: _Build, spec: CollSpec, ready):

@@ -22,7 +22,7 @@ least time among those NCCL enables for the collective on that communicator, res
 forced algorithm / protocol where it is available (NCCL_ALGO / NCCL_PROTO; NCCL falls back to
 its own choice where a forced one does not apply). `p2p_us` is a send/recv (NCCL's Simple
 protocol over the GPU's NVLink channels inside a node, over its NIC rail across nodes).
-`ports(topo, group)` are the DES resources a collective call holds: every member's switch ports
+`ports(per_node, group)` are the DES resources a collective call holds: every member's switch ports
 and, across nodes, each node's NIC rails. Units: us, bytes, GB/s (1e9 B/s).
 """
 from __future__ import annotations
@@ -253,10 +253,10 @@ def p2p_ports(topo: Topology, src: int, dst: int) -> list[tuple]:
             ("nic_in", topo.node_of(dst), topo.rail_of(dst))]
 
 
-def ports(topo: Topology, group) -> list[tuple]:
-    """The DES resources one collective call over `group` holds."""
+def ports(per_node: int, group) -> list[tuple]:
+    """The DES resources one collective call over `group` holds (`per_node` devices a node)."""
     keys = [k for r in group for k in (("out", r), ("in", r))]
-    nodes = sorted({r // topo.devices_per_node for r in group})
+    nodes = sorted({r // per_node for r in group})
     if len(nodes) > 1:
         keys += [k for n in nodes for k in (("rails_out", n), ("rails_in", n))]
     return keys

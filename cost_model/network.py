@@ -23,9 +23,13 @@
 - `trace`: every task appends (rank, stream, step, task, start, end) (microseconds); `frame()`
   returns it as a pandas DataFrame.
 
-Folding (rank symmetry, exact only where every node does the same thing at the same time): with
-`fold=True` only the ranks of node 0 are simulated; a resource or a mailbox of node n is node 0's
-(`rep(rank)`), which is exact when the workload is invariant under moving every rank by a node.
+Folding (the symmetric DES; rank symmetry, exact only where every node does the same thing at the
+same time): ranks fall into classes by their position in the hierarchy (their local index in a
+node), and with `fold=True` one representative per class is simulated (node 0's ranks); a resource
+or a mailbox of node n is node 0's (`rep(rank)`), so a representative's traffic stands for its
+whole class (every node's NIC rails carry what node 0's carry). This is exact when the workload is
+invariant under moving every rank by a node. `keys_of(keys)` folds the resources of a call over a
+whole group once (cached): the simulation's cost then grows with the number of classes, not ranks.
 """
 from __future__ import annotations
 
@@ -182,6 +186,11 @@ def _fold_key(key: tuple, per_node: int) -> tuple:
     return (kind, 0) + key[2:]
 
 
+@lru_cache(maxsize=256)
+def _folded_keys(keys: tuple, per_node: int) -> tuple:
+    return tuple(dict.fromkeys(_fold_key(k, per_node) for k in keys))
+
+
 class Sim:
     def __init__(self, topo: Topology, world_size: int, fold: bool = False):
         if world_size > topo.devices:
@@ -209,6 +218,11 @@ class Sim:
         if key not in self._res:
             self._res[key] = (len(self._res), Port(self.env))
         return self._res[key][1]
+
+    def keys_of(self, keys) -> tuple:
+        """The resources `keys` as this simulation holds them (folded onto node 0's, once each)."""
+        keys = tuple(keys)
+        return _folded_keys(keys, self.topo.devices_per_node) if self.fold else keys
 
     def route(self, src: int, dst: int, link: Optional[LinkClass] = None,
               channels: bool = False) -> tuple[list[tuple], LinkClass, float]:
@@ -317,10 +331,8 @@ class Sim:
              latency_us: float = 0.0):
         """A process: wait for deps, hold the resources `keys` for `us` (work of the ranks
         `ends`, slowed as a transfer is), arrive `latency_us` later; traced on every end."""
-        if self.fold:
-            keys = [_fold_key(k, self.topo.devices_per_node) for k in keys]
         ends = tuple(dict.fromkeys(self.rep(r) for r in ends))
-        return self.env.process(self._occupy(list(dict.fromkeys(keys)), ends, us, latency_us,
+        return self.env.process(self._occupy(list(self.keys_of(keys)), ends, us, latency_us,
                                              step, task, [d for d in deps if d is not None],
                                              prio, ends))
 

@@ -107,7 +107,8 @@ def _collective(run: Run, s: Collective, ready, C):
 
 def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first: int = 0):
     algo = algo or choose(spec, run.topo)
-    mine = [r for r in run.sim.ranks if r in set(spec.group)]
+    group = set(spec.group)
+    mine = [r for r in run.sim.ranks if r in group]
     sub = {r: ready[r] for r in mine}
     if run.sim.fold and algo not in FOLDABLE and not collectives.uses_nccl(spec, run.topo):
         # closed form inside a folded run
