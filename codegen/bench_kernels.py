@@ -3,7 +3,7 @@
     python -m codegen.bench_kernels --n 16777216 [--repeats 20] [--warmup 3] [--threads T]
 
 The Adam step is written in the DSL exactly as `torch.optim.Adam` computes it (bias correction,
-sqrt, eps; the same rule as `experiments/_optim.py`, without the all-reduce, which is the identity
+sqrt, eps; the same rule as `experiments/optimizers.py`, without the all-reduce, which is the identity
 at world size 1), lowered at world size 1, rendered, built and run over all n elements. Both sides
 read g, w, m, v and write w, m, v (28 bytes per f32 element). Prints the median time of each over
 `repeats` timed steps (after `warmup` untimed ones), the memory bandwidth each reaches, the ratio

@@ -1,20 +1,19 @@
 """Data-parallel Adam step: all-reduce of gradients fused with the optimizer (paper Fig. 10a).
 
-Baseline: `dist.all_reduce` of the gradient, then `torch.optim.Adam(fused=True)`.
+Baseline: `dist.all_reduce` of the gradient, then `torch.optim.Adam(fused=True)`
+(`experiments.optimizers.AdamBaseline`).
 """
-from ._optim import (adam_program, optimizer_bindings, optimizer_measure, optimizer_schedules,
-                     optimizer_sizes)
-
-NAME = "adam_fusion"
-FIGURE = "Fig. 10a"
-program = adam_program
-verify_bindings = optimizer_bindings
-sizes = optimizer_sizes
+from .api import Experiment
+from .optimizers import (PAPER, RTOL, AdamBaseline, adam_program, optimizer_bindings,
+                         optimizer_schedules, optimizer_points)
+from .registry import register
 
 
-def schedules():
-    return optimizer_schedules(program())
+def schedules(dtype=None):
+    return optimizer_schedules(adam_program())
 
 
-def measure(settings):
-    return optimizer_measure(NAME, "adam", program(), settings)
+EXPERIMENT = register(Experiment(
+    name="adam_fusion", figure="Fig. 10a", program=adam_program, schedules=schedules,
+    verify_bindings=optimizer_bindings, points=optimizer_points, baseline=AdamBaseline,
+    principal=("N",), paper=PAPER, rtol=RTOL))

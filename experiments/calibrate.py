@@ -20,13 +20,11 @@ bytes (f32 buffers), powers of two up to the scale's largest:
 - `sequence`: a step's two operations back to back, no barrier between (gloo's all-reduce of b
   bytes, then the generated Adam kernel on b / 4 elements), interleaved repeat by repeat with
   `sequence_comm` and `sequence_compute` (each alone): what a step costs beyond its parts;
-- `library_adam`, `library_lamb`: the library optimizer steps the data-parallel baselines call
-  (`experiments._dp_measure.Baseline.update`: torch's fused Adam, the torch LAMB), b = the
-  gradient's bytes, on every rank at once as in a step; `library_bias_dropout_add`: the
-  model- and pipeline-parallel baselines' tail in torch ops (`_layer.torch_bias_dropout_add`),
-  b = the output's bytes;
 - `overlap_compute`: the kernel while a large exchange is in flight (compute slowdown);
   `overlap_comm`: an exchange while kernels run on every rank (communication slowdown).
+
+The baselines' library computation (torch's fused Adam, ...) is not benchmarked here: every run
+times its own baseline and the cost model takes that time (`experiments.predict`).
 
 Everything runs in `ROUNDS` passes over the whole list (3 at default scale, about a minute),
 each benchmark's times pooled over the passes, so that a shared machine's drifts reach every
@@ -45,16 +43,27 @@ from pathlib import Path
 
 import torch
 
+import torch.distributed as dist
+
+from codegen.build import build
+from codegen.lower import lower
+from codegen.plan import Compute
+from codegen.runtime import comm
+from codegen.runtime.backend import CpuBackend, CpuKernel
+from codegen.runtime.execute import PlanRunner
+from codegen.runtime.launch import run_ranks
+from codegen.runtime.measure import time_ranks
 from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.table import append_row
 
-from ._points import MIN_TIMED_MS, MORE_REPEATS
+from .api import Experiment
+from .harness import MIN_TIMED_MS, MORE_REPEATS
+from .optimizers import adam_program
+from .registry import register
 
 NAME = "calibrate"
-FIGURE = "none (fits the cost model's local topology)"
-NEEDS_MEASUREMENT = True
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
 SCALES = {"smoke": (12, 20, 2), "default": (12, 27, 1), "paper": (12, 27, 1)}
 KERNEL_SCALES = {"smoke": (7, 16, 3), "default": (7, 25, 1), "paper": (7, 25, 1)}  # elements
@@ -62,9 +71,6 @@ ROUNDS = {"smoke": 1, "default": 3, "paper": 3}
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "default": (19, 23, 1), "paper": (19, 23, 1)}  # elements
-LIBRARY_SCALES = {"smoke": (10, 16, 3), "default": (14, 23, 1), "paper": (14, 23, 1)}  # elements
-LIBRARY_ROUTINES = ("adam", "lamb", "bias_dropout_add")  # what the baselines call
-TAIL_HIDDEN = 1024  # bias_dropout_add: rows of this many elements (the layer's H)
 
 
 def sizes(scale: str, table=SCALES) -> list[int]:
@@ -74,11 +80,6 @@ def sizes(scale: str, table=SCALES) -> list[int]:
 
 def _adam_kernel(n_max: int, world: int):
     """The AR-C Compute step of the Adam program lowered at n_max elements, and its plan."""
-    from codegen.lower import lower
-    from codegen.plan import Compute
-
-    from ._optim import adam_program
-
     plan = lower(adam_program(), {"N": n_max}, world)
     step = next(s for s in plan.steps if isinstance(s, Compute))
     return plan, step
@@ -96,15 +97,11 @@ def _kernel_args(plan, step, n: int, runner) -> list:
 
 
 def _timed(fn, warmup, repeats, before=None):
-    from codegen.runtime.measure import time_ranks
-
     t = time_ranks(fn, warmup, repeats, before=before)
     return t.median_ms, t.min_ms, t.max_ms
 
 
 def _exchange(comm, x, out, tag=0, chunks=1):
-    import torch.distributed as dist
-
     me, world = dist.get_rank(), dist.get_world_size()
     right, left = (me + 1) % world, (me - 1) % world
     send = comm.P2P(x, None, me, right, chunks=chunks, tag=tag).start()
@@ -115,12 +112,6 @@ def _exchange(comm, x, out, tag=0, chunks=1):
 def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     """Every benchmark, in `rounds` passes over the whole list (so that drifts of a shared
     machine reach every benchmark alike); per benchmark the median over all passes' repeats."""
-    from codegen.build import build
-    from codegen.runtime import comm
-    from codegen.runtime.backend import CpuBackend, CpuKernel
-    from codegen.runtime.execute import PlanRunner
-    from codegen.runtime.measure import time_ranks
-
     times: dict[tuple, list[float]] = {}
     extras: dict[tuple, dict] = {}
 
@@ -136,7 +127,8 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
 
     plan, step = spec["plan"], spec["step"]
     fn = build([step.kernel])[step.kernel.name]
-    runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)}, CpuBackend().groups(plan.stages))
+    runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)},
+                        CpuBackend().groups(plan.stages))
     overlap: dict[str, list[float]] = {}
     bar = Progress([1] * spec["rounds"], label="calibrate")
     for k in range(spec["rounds"]):
@@ -151,11 +143,6 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
             record("matmul", 3 * m * m * 4, lambda: torch.matmul(a, w), flops=2 * m ** 3)
         for n in spec["sequence_elements"]:
             _sequence(plan, step, fn, runner, comm, n, spec, times, extras)
-        for routine in LIBRARY_ROUTINES:
-            for n in spec["library_elements"]:
-                update = _library_step(routine, n, world)
-                record(f"library_{routine}", 4 * n, update)
-                del update
         for key, v in _overlap(spec, runner, step, comm).items():
             overlap.setdefault(key, []).extend(v)
         line = bar.step(f"pass {k + 1} of {spec['rounds']} over every benchmark")
@@ -173,8 +160,6 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
 
 def _sequence(plan, step, fn, runner, comm, n, spec, times, extras) -> None:
     """all_reduce(4n bytes) then the kernel on n elements, and each alone, in turns per repeat."""
-    from codegen.runtime.measure import time_ranks
-
     x, args = torch.randn(n), _kernel_args(plan, step, n, runner)
     kernel = lambda: fn(0, n, 0, args)  # noqa: E731
     comm_only = lambda: comm.all_reduce(x)  # noqa: E731
@@ -188,27 +173,6 @@ def _sequence(plan, step, fn, runner, comm, n, spec, times, extras) -> None:
             if i >= spec["warmup"]:
                 times.setdefault((kind, 4 * n), []).extend(t.times_ms)
                 extras[(kind, 4 * n)] = extra
-
-
-def _library_step(routine: str, n: int, world: int):
-    """The baseline's library routine on n elements: an optimizer step (its gradient summed
-    already), or the Megatron layer's tail in torch ops on [n / H, H]."""
-    import numpy as np
-
-    from ._dp_measure import Baseline
-
-    if routine == "bias_dropout_add":
-        from ._layer import torch_bias_dropout_add
-
-        h = min(n, TAIL_HIDDEN)
-        y, residual = torch.randn(n // h, h), torch.randn(n // h, h)
-        bias, out = torch.randn(h), torch.empty(n // h, h)
-        return lambda: torch_bias_dropout_add(y, bias, residual, out)
-
-    base = Baseline(routine, np.random.default_rng(n).standard_normal(n, dtype=np.float32),
-                    world)
-    base.g.copy_(torch.randn(n))
-    return base.update
 
 
 def _communication(rank, world, spec, comm, record) -> None:
@@ -239,8 +203,6 @@ def _overlap(spec, runner, step, comm) -> dict[str, list[float]]:
     """Alone and together, in turns: a kernel of K elements, an exchange of E bytes, and both
     started at once (the kernel runs while the exchange is in flight): the kernel's time inside,
     and the time until both are done (ms, the slowest rank's, per repeat)."""
-    import torch.distributed as dist
-
     E, K = spec["overlap_exchange"], spec["overlap_kernel"]
     x, y = torch.randn(E // 4), torch.empty(E // 4)
     times = {"kernel": [], "exchange": [], "inside": [], "both": []}
@@ -274,9 +236,6 @@ def _overlap(spec, runner, step, comm) -> dict[str, list[float]]:
 def measure(settings) -> list[dict]:
     """Run the microbenchmarks, fit the local topology, write topology.yaml (and the raw
     measurements, calibration.json) into the run directory; return the measured rows."""
-    from codegen.build import build
-    from codegen.runtime.launch import run_ranks
-
     P, out_dir = settings.world_size, Path(settings.csv_path).parent
     szs, ksz = sizes(settings.scale), sizes(settings.scale, KERNEL_SCALES)
     plan, step = _adam_kernel(max(ksz) * P, P)
@@ -285,7 +244,6 @@ def measure(settings) -> list[dict]:
     small = settings.scale == "smoke"
     spec = {"sizes": szs, "kernel_elements": ksz, "rounds": ROUNDS[settings.scale],
             "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
-            "library_elements": sizes(settings.scale, LIBRARY_SCALES),
             "warmup": max(1, settings.warmup),
             "repeats": max(3, settings.repeats), "plan": plan, "step": step,
             "matmuls": [128, 256] if small else [256, 512, 1024],
@@ -339,5 +297,9 @@ def describe(topo) -> str:
             f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us\n"
             f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
             f" v = {topo.comm_slowdown:.2f}\n"
-            f"  a step beyond its operations: {topo.step_overhead_us / 1e3:.2f} ms; library steps"
-            f" measured: {', '.join(sorted(d.library_steps_us)) or 'none'}")
+            f"  a step beyond its operations: {topo.step_overhead_us / 1e3:.2f} ms")
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, figure="none (fits the cost model's local topology)", measure=measure,
+    predict=predict, fits_topology=True, needs_measurement=True))

@@ -11,7 +11,7 @@ scale's max_elements x 4 bytes; smoke: every fourth power). Rows: `schedule` = t
 `size` = bytes, `time_ms`, `algbw_gbps` = bytes / time, `busbw_gbps` = algbw x the nccl-tests
 factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e9 bytes/s).
 Measured: the run's backend's communicator (cpu: `comm.all_reduce`, gloo's, and the rings over
-send/recv for reduce_scatter and all_gather; cuda: NCCL's), timed by `_points.time_point` with the
+send/recv for reduce_scatter and all_gather; cuda: NCCL's), timed by `harness.time_point` with the
 backend's clock, each result
 checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
 collective alone in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm;
@@ -23,8 +23,21 @@ from __future__ import annotations
 
 import time
 
+import torch
+
+from codegen.runtime import backend as backends
+from codegen.runtime.launch import run_ranks
+from cost_model.closed_form import choose
+from cost_model.collectives import CollSpec, nccl_call, uses_nccl
+from cost_model.topology import load_topology
+from cost_model.workload import simulate_collective
+from reports.table import append_row
+
+from .api import Experiment
+from .harness import time_point
+from .registry import register
+
 NAME = "collectives"
-FIGURE = "nccl-tests bandwidth (no paper figure)"
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 FACTOR = {"all_reduce": lambda P: 2 * (P - 1) / P, "reduce_scatter": lambda P: (P - 1) / P,
           "all_gather": lambda P: (P - 1) / P}
@@ -46,10 +59,6 @@ def row(kind: str, nbytes: int, time_ms: float, P: int, source: str, backend: st
 
 def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) -> list[dict]:
     """Every collective at every size, simulated alone on `world_size` ranks of `topo`."""
-    from cost_model.closed_form import choose
-    from cost_model.collectives import CollSpec, nccl_call, uses_nccl
-    from cost_model.workload import simulate_collective
-
     rows = []
     group = tuple(range(world_size))
     for kind in KINDS:
@@ -63,8 +72,9 @@ def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) ->
     return rows
 
 
-def table(rows: list[dict]) -> str:
+def table(measured: list[dict], predicted: list[dict] = ()) -> str:
     """busbw per size, one column per (collective, source)."""
+    rows = list(measured) + list(predicted)
     cols = sorted({(r["schedule"], r["source"]) for r in rows},
                   key=lambda c: (KINDS.index(c[0]), c[1]))
     by = {(r["schedule"], r["source"], r["size"]): r for r in rows}
@@ -82,12 +92,6 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
               backend_name: str = "cpu") -> list[dict]:
     """Every collective at every size through the backend's communicator (cpu: the rings over
     gloo; cuda: NCCL), timed with the backend's clock."""
-    import torch
-
-    from codegen.runtime import backend as backends
-
-    from ._points import time_point
-
     backend = backends.get(backend_name)
     c = backend.communicator(backend.groups().world, backends.NO_STREAMS)
     out = []
@@ -118,9 +122,6 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
 
 
 def measure(settings) -> list[dict]:
-    from codegen.runtime.launch import run_ranks
-    from reports.table import append_row
-
     szs = sizes(settings.scale, settings.max_elements * 4)
     start = time.perf_counter()
     rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
@@ -137,11 +138,14 @@ def predict(settings) -> list[dict]:
     """backend=sim: the chosen topology, all its devices (local: world_size ranks), 1 KiB to 1 GiB;
     backend=cpu: the local topology at the measured world size and sizes, beside the measurements.
     """
-    from cost_model.topology import load_topology
-
     topo = settings.topology
     if settings.backend == "sim":
         world = settings.world_size if topo.name == "local" else topo.devices
         return predict_rows(topo, world, settings.scale)
     local = topo if topo.name == "local" else load_topology("local")
     return predict_rows(local, settings.world_size, settings.scale, settings.max_elements * 4)
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, figure="nccl-tests bandwidth (no paper figure)", measure=measure, predict=predict,
+    summary=table))

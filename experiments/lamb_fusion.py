@@ -1,22 +1,20 @@
 """Data-parallel LAMB step: all-reduce of gradients fused with the optimizer and its two norms
 (paper Fig. 10b).
 
-Baseline: `dist.all_reduce` of the gradient, then a vectorised torch LAMB (torch has none; see
-`experiments._dp_measure.lamb_step`).
+Baseline: `dist.all_reduce` of the gradient, then a vectorised torch LAMB (torch has none;
+`experiments.optimizers.LambBaseline`).
 """
-from ._optim import (lamb_program, optimizer_bindings, optimizer_measure, optimizer_schedules,
-                     optimizer_sizes)
-
-NAME = "lamb_fusion"
-FIGURE = "Fig. 10b"
-program = lamb_program
-verify_bindings = optimizer_bindings
-sizes = optimizer_sizes
+from .api import Experiment
+from .optimizers import (PAPER, RTOL, LambBaseline, lamb_program, optimizer_bindings,
+                         optimizer_schedules, optimizer_points)
+from .registry import register
 
 
-def schedules():
-    return optimizer_schedules(program())
+def schedules(dtype=None):
+    return optimizer_schedules(lamb_program())
 
 
-def measure(settings):
-    return optimizer_measure(NAME, "lamb", program(), settings)
+EXPERIMENT = register(Experiment(
+    name="lamb_fusion", figure="Fig. 10b", program=lamb_program, schedules=schedules,
+    verify_bindings=optimizer_bindings, points=optimizer_points, baseline=LambBaseline,
+    principal=("N",), paper=PAPER, rtol=RTOL))

@@ -7,16 +7,20 @@ output projection (K = H) and the MLP's second matmul (K = 4H); K is bound per p
 Schedules: `MM-AR-C` (the program), `MM-RS-C-AG` (split along S + reorder: bias, dropout and
 residual run on slices), `ol(MM,fuse(RS-C-AG))` (the matmul computed in row chunks, each chunk's
 fused reduce-scatter + computation + all-gather started as soon as it is produced).
+
+Baseline: Megatron-LM's torch matmul, all-reduce, bias + dropout + residual in torch ops
+(`experiments.megatron.MegatronBaseline`). The paper's setting: one DGX-2, 16-way, B in {8, 16},
+S=1024, H=3072, K in {H, 4H}, f16; on another topology, one node of it.
 """
 from __future__ import annotations
 
-from dsl import Builder, P, Program, Sliced, f32, sym
+from dsl import Builder, P, Program, Sliced, f16, f32, sym
 from dsl.transforms import fuse, overlap, reorder, split
 
-from ._layer import B, S, SCATTER_DIM, H, bias_dropout_residual, value_of
+from .api import Experiment, PaperSetting
+from .megatron import B, S, SCATTER_DIM, H, MegatronBaseline, bias_dropout_residual, value_of
+from .registry import register
 
-NAME = "model_parallel"
-FIGURE = "Fig. 11"
 K = sym("K")
 CHUNKS = 4
 
@@ -50,10 +54,13 @@ def points(scale: str, max_elements: int) -> list[dict[str, int]]:
             if S * B * H <= max_elements]
 
 
-def measure(settings):
-    from ._mp_measure import measure as run
+_MP = [{"S": 1024, "B": B, "H": 3072, "K": k * 3072} for B in (8, 16) for k in (1, 4)]
+PAPER = PaperSetting(topologies=(("dgx2", 1),), world_size=16, dtype=f16,
+                     points={"smoke": _MP[:1], "default": _MP, "paper": _MP},
+                     world_on=lambda topo: topo.devices_per_node)
 
-    return run(NAME, program(), schedules(), points(settings.scale, settings.max_elements),
-               settings.world_size, settings.warmup, settings.repeats, settings.csv_path,
-               settings.kernels_dir, "MM-RS-C-AG", settings.seed, settings.timeout_s,
-               check_bindings=verify_bindings("smoke")[0], backend=settings.backend)
+EXPERIMENT = register(Experiment(
+    name="model_parallel", figure="Fig. 11", program=program, schedules=schedules,
+    verify_bindings=verify_bindings, points=points, baseline=MegatronBaseline,
+    principal=("S", "B", "H"), paper=PAPER, split_schedule="MM-RS-C-AG",
+    check_bindings=verify_bindings("smoke")[0]))

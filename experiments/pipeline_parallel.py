@@ -8,16 +8,22 @@ Schedules: `AR-C-P2P` (the program, Megatron's order), `AR-P2P-C` (the computati
 receiving stage), `RS-P2P-C-AG` (each rank sends only its slice; stage 1 computes on slices and
 all-gathers), `ol(RS,fuse(P2P-C-AG))` (the reduce-scatter overlapped chunk by chunk with the fused
 send + computation + all-gather).
+
+Baseline: the layer's tail as Megatron-LM writes it, then a library send to the next stage
+(`experiments.megatron.MegatronBaseline`); measured at 2 stages x 1 rank and 2 stages x 2 ranks
+(4 processes). The paper's setting: GPT-3 175B (hidden 12288, seq 2048, micro-batch 1), tensor 8
+x pipeline 16, the boundary between two stages (16 GPUs), f16, on DGX-2, DGX A100 and DGX H100
+nodes; on another topology, two stages of min(8, devices per node).
 """
 from __future__ import annotations
 
-from dsl import Builder, Local, Program, f32
+from dsl import Builder, Local, Program, f16, f32
 from dsl.transforms import fuse, overlap, reorder, split
 
-from ._layer import B, S, SCATTER_DIM, H, bias_dropout_residual, value_of
+from .api import Experiment, PaperSetting
+from .megatron import B, S, SCATTER_DIM, H, MegatronBaseline, bias_dropout_residual, value_of
+from .registry import register
 
-NAME = "pipeline_parallel"
-FIGURE = "Fig. 12"
 CHUNKS = 4
 
 
@@ -52,14 +58,13 @@ def points(scale: str, max_elements: int) -> list[dict[str, int]]:
     return [{"S": S, "B": B, "H": H} for S, B, H in shapes if S * B * H <= max_elements]
 
 
-def measure(settings):
-    """Measured at 2 stages x 1 rank and 2 stages x 2 ranks (4 processes)."""
-    from ._mp_measure import measure as run
+_PP = [{"S": 2048, "B": 1, "H": 12288}]
+PAPER = PaperSetting(topologies=(("dgx2", 1), ("dgx_a100", 2), ("dgx_h100", 2)), world_size=16,
+                     dtype=f16, points={"smoke": _PP, "default": _PP, "paper": _PP},
+                     world_on=lambda topo: 2 * min(8, topo.devices_per_node))
 
-    rows = []
-    for world in (2, 4):
-        rows += run(NAME, program(), schedules(), points(settings.scale, settings.max_elements),
-                    world, settings.warmup, settings.repeats, settings.csv_path,
-                    settings.kernels_dir, "RS-P2P-C-AG", settings.seed, settings.timeout_s,
-                    check_bindings=verify_bindings("smoke")[0], backend=settings.backend)
-    return rows
+EXPERIMENT = register(Experiment(
+    name="pipeline_parallel", figure="Fig. 12", program=program, schedules=schedules,
+    verify_bindings=verify_bindings, points=points, baseline=MegatronBaseline,
+    principal=("S", "B", "H"), paper=PAPER, measure_worlds=(2, 4),
+    split_schedule="RS-P2P-C-AG", check_bindings=verify_bindings("smoke")[0]))

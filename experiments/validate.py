@@ -19,8 +19,10 @@ import statistics
 
 from cost_model import validation
 
+from .api import Experiment
+from .registry import register
+
 NAME = "validate"
-FIGURE = "published nccl-tests results (no paper figure): the cost model validated"
 CURVE_SIZES = [1 << k for k in range(10, 35)]  # 1 KiB .. 16 GiB
 LIMIT_LARGE, LIMIT_SMALL, LIMIT_MEDIAN = 10.0, 25.0, 5.0  # %
 MIB = 1 << 20
@@ -93,3 +95,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"{s['system']:10s} {s['points']:6d} {s['median_pct']:12.1f}% "
                      f"{s['max_pct']:9.1f}%  {'met' if s['ok'] else 'NOT met'}")
     return "\n".join(lines)
+
+
+EXPERIMENT = register(Experiment(
+    name=NAME, figure="published nccl-tests results (no paper figure): the cost model validated",
+    predict=predict, summary=lambda measured, predicted: table(predicted)))

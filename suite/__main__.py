@@ -1,9 +1,10 @@
 """`python -m suite experiment=NAME scale=smoke|default|paper hydra.run.dir=DIR [key=value ...]`.
 
-The command line is checked first (`suite.cli.prevalidate`: one line on stderr and exit 2 for bad
-input), then Hydra composes the configuration, makes the run directory and calls `suite.run.run`
-once per job (several with `-m`, on SLURM with `hydra/launcher=slurm`:
-hydra_plugins/coconet_suite/slurm_launcher.py); the exit
+A user's experiment (`experiment=NAME experiment.module=SPEC`) is named through `experiment.name`
+(`suite.cli.user_experiment_overrides`). The command line is checked first
+(`suite.cli.prevalidate`: one line on stderr and exit 2 for bad input), then Hydra composes the
+configuration, makes the run directory and calls `suite.run.run` once per job (several with `-m`,
+on SLURM with `hydra/launcher=slurm`: hydra_plugins/coconet_suite/slurm_launcher.py); the exit
 status is the worst job's (1: a schedule failed; 3: a job failed or was cancelled).
 """
 import sys
@@ -13,10 +14,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import CONF_DIR, PROJECT_ROOT
-from .cli import prevalidate
+from .cli import prevalidate, user_experiment_overrides
 from .config import register
-from .errors import SuiteError
-from .run import fail, run
+from .errors import SuiteError, fail
+from .run import run
 from .slurm import SWEPT
 
 statuses: list[int] = []
@@ -44,6 +45,7 @@ def plugins_on_path() -> None:
 def main() -> None:
     plugins_on_path()
     try:
+        sys.argv[1:] = user_experiment_overrides(sys.argv[1:])  # Hydra reads sys.argv too
         prevalidate(sys.argv[1:])
     except SuiteError as e:
         fail(e)

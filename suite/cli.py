@@ -8,6 +8,12 @@ override Hydra cannot parse, or a setting `suite.config.validate` rejects. Hydra
 output is several lines long (and a traceback without HYDRA_FULL_ERROR's help), hence this step.
 Commands that only ask Hydra for information (`--help`, `--info`, ...) or read configuration
 from elsewhere (`--config-dir`, `--config-path`) are left to Hydra.
+
+A user's experiment has no file in conf/experiment/: `user_experiment_overrides(argv)` turns
+`experiment=NAME` into `experiment.name=NAME` when `experiment.module=SPEC` is given (SPEC: a
+dotted module on the Python path or a .py file that registers NAME), and adds
+`experiment.name=NAME` when the module is given alone and registers exactly one experiment.
+The experiment option is checked against conf/experiment/ and the registry (after the module).
 """
 from __future__ import annotations
 
@@ -24,9 +30,12 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import experiments
+
 from . import CONF_DIR
 from .config import Config, register, validate
 from .errors import SuiteError, one_line
+from .load import load_experiment
 
 INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--info", "--shell-completion", "-sc",
               "--experimental-rerun")
@@ -49,6 +58,8 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="suite"):
         for overrides in itertools.islice(_jobs(args.overrides), MAX_CHECKED_JOBS):
             cfg = compose_config(overrides, args.config_name or "config", conf_dir)
+            if cfg.experiment.module:
+                load_experiment(cfg.experiment.name, cfg.experiment.module)
             for group in GROUPS:
                 _check_option(group, getattr(cfg, group).name, conf_dir)
             validate(cfg)
@@ -128,9 +139,35 @@ def _describe(e: Exception) -> str:
     return f"bad configuration: {one_line(head)}"
 
 
+def user_experiment_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> list[str]:
+    """argv with a user's experiment named through `experiment.name` (see the module doc)."""
+    argv = list(argv)
+    module = next((a.split("=", 1)[1] for a in argv if a.startswith("experiment.module=")), None)
+    if not module:
+        return argv
+    named = [i for i, a in enumerate(argv) if a.startswith("experiment=")]
+    for i in named:
+        value = argv[i].split("=", 1)[1]
+        if value and "," not in value and not (conf_dir / "experiment" / f"{value}.yaml").exists():
+            argv[i] = f"experiment.name={value}"
+    if not named and not any(a.startswith("experiment.name=") for a in argv):
+        try:
+            found = experiments.load_module(module)
+        except experiments.RegistryError as e:
+            raise SuiteError(one_line(e)) from None
+        if len(found) != 1:
+            raise SuiteError(f"module {module!r} registers {len(found)} experiments "
+                             f"({', '.join(e.name for e in found)}): name one with experiment=NAME")
+        argv.append(f"experiment.name={found[0].name}")
+    return argv
+
+
 def _check_option(group: str, name: str, conf_dir: Path) -> None:
-    """`<group>.name` must name an option of the group (`experiment.name=x` bypasses the files)."""
+    """`<group>.name` must name an option of the group (`experiment.name=x` bypasses the files;
+    an experiment may also be a registered one without a file)."""
     known = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    if group == "experiment":
+        known = sorted({*known, *experiments.names()})
     if name not in known:
         raise SuiteError(f"unknown {group} {name!r}; known: {', '.join(known)}")
 

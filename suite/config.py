@@ -5,8 +5,9 @@ it (the group files in `conf/<group>/`, command-line overrides) is checked again
 compose time: an unknown key or a value of the wrong type fails before anything runs.
 
 One config group per axis of variation:
-- `experiment`: which experiment (`experiment.name`, one of `experiments.EXPERIMENTS`), plus
-  per-experiment knobs; `conf/experiment/<name>.yaml` are deltas (`# @package _global_`).
+- `experiment`: which experiment (`experiment.name`, a registered one: `experiments.names()`,
+  or a user's, registered by `experiment.module`), plus per-experiment knobs;
+  `conf/experiment/<name>.yaml` are deltas (`# @package _global_`).
 - `scale`: smoke | default | paper, how much work (repeats, sizes, verification trials).
 - `backend`: cpu | sim | cuda, what measures (gloo ranks, the cost model only, NCCL on GPUs).
 - `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx_b200 | dgx1_v100, the hardware predicted on
@@ -31,12 +32,24 @@ from .errors import SuiteError, one_line
 
 
 @dataclass(kw_only=True)
+class PaperRun:
+    """One run of experiment=paper: an experiment and its typical seconds at default scale (ETA)."""
+    name: str = MISSING
+    share_s: float = 60.0
+
+
+@dataclass(kw_only=True)
 class ExperimentConf:
-    name: str = MISSING  # a module of experiments/, e.g. "adam_fusion"
+    name: str = MISSING  # a registered experiment (experiments.names())
+    # A user's module registering the experiment: a dotted module on the Python path or a .py
+    # file (`experiment.module=my_pkg.my_experiment`); null: a shipped experiment.
+    module: Optional[str] = None
     schedules: Optional[List[str]] = None  # the schedules to run (paper names); null: all
     # Size-symbol bindings (e.g. [{N: 1048576}]) to measure and predict at instead of the
-    # experiment's own sweep for the scale; null: the experiment's sweep. Used by later issues.
+    # experiment's own sweep for the scale; null: the experiment's sweep.
     sizes: Optional[List[Dict[str, int]]] = None
+    # experiment=paper: the experiments to run into one directory, in order (suite.paper)
+    runs: List[PaperRun] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -61,7 +74,7 @@ class BackendConf:
 
 # The topology group's schema mirrors cost_model.topology.Topology (devices, intra-node fabric,
 # NICs, efficiency curves, overlap slowdowns: see that module), plus `path`: a calibrated
-# topology file (experiment=calibrate writes one) to load instead of the group's figures. Types
+# topology file (an experiment that fits the local topology writes one) to load instead of the group's figures. Types
 # are checked at compose time; ranges and required fields when the run loads it (`topology_of`).
 TopologyConf = hydra_schema(Topology, "TopologyConf",
                             extra=(("path", Optional[str], field(default=None)),))
@@ -111,7 +124,7 @@ class Config:
     backend: BackendConf = field(default_factory=BackendConf)
     topology: TopologyConf = field(default_factory=TopologyConf)
     verify: VerifyConf = field(default_factory=VerifyConf)
-    world_size: int = 2  # ranks for measurement (later issues)
+    world_size: int = 2  # ranks for measurement
     seed: int = 0
     # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
     # a topology the experiment's paper setting already predicts on is not repeated.

@@ -4,8 +4,8 @@
     generate(cfg, exp, schedules, backend, out_dir)     # called by suite.run for every backend
 
 Every schedule is lowered at the experiment's verification bindings (`exp.verify_bindings(scale)`,
-at each `verify.world_sizes`) and measurement sizes (`experiment.sizes`, else `exp.sizes(scale,
-max_elements)` as {"N": n}, at `world_size`); its kernels are written by `backend.write_sources`
+at each `verify.world_sizes`) and measurement sizes (`experiment.sizes`, else `exp.points(scale,
+max_elements)` where N is the only size, at `world_size`); its kernels are written by `backend.write_sources`
 as one module `<experiment>_<schedule>` (cpu: the C++ source; cuda: the CUDA source and PTX
 compiled by NVRTC for every `backend.archs`, which needs no GPU), one progress line per schedule.
 A kernel that does not render or compile is a `codegen.build.BuildError` (exit status 2).
@@ -15,16 +15,16 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Optional
 
 import dsl
 from codegen.lower import lower
 from codegen.plan import Plan
 from dsl.equivalence import default_bindings
+from experiments import Experiment
 
 
-def generate(cfg, exp: ModuleType, schedules: dict[str, dsl.Program], backend,
+def generate(cfg, exp: Experiment, schedules: dict[str, dsl.Program], backend,
              out_dir: Path) -> list[Path]:
     """See the module doc; returns the paths written."""
     folder = Path(out_dir) / "kernels"
@@ -35,7 +35,7 @@ def generate(cfg, exp: ModuleType, schedules: dict[str, dsl.Program], backend,
         start = time.perf_counter()
         plans = lower_all(cfg, exp, program)
         kernels = list({k.name: k for _, _, plan in plans for k in plan.kernels()}.values())
-        paths = backend.write_sources(kernels, folder, f"{exp.NAME}_{file_name(name)}")
+        paths = backend.write_sources(kernels, folder, f"{exp.name}_{file_name(name)}")
         written += paths
         print(f"  {name}: {len(kernels)} kernels -> {', '.join(p.name for p in paths)} "
               f"({time.perf_counter() - start:.2f} s)", flush=True)
@@ -47,17 +47,17 @@ def file_name(schedule: str) -> str:
     return re.sub(r"_+", "_", re.sub(r"[^\w.-]", "_", schedule)).strip("_")
 
 
-def measure_bindings(cfg, exp: ModuleType, program: dsl.Program) -> list[dict[str, int]]:
-    """experiment.sizes, else the data-parallel sweep `exp.sizes` where N is the only size."""
+def measure_bindings(cfg, exp: Experiment, program: dsl.Program) -> list[dict[str, int]]:
+    """experiment.sizes, else the data-parallel sweep `exp.points` where N is the only size."""
     if cfg.experiment.sizes:
         return [dict(b) for b in cfg.experiment.sizes]
     symbols = set(default_bindings(program, 1)) - {"P"}
-    if hasattr(exp, "sizes") and symbols == {"N"}:
-        return [{"N": n} for n in exp.sizes(cfg.scale.name, cfg.scale.max_elements)]
+    if symbols == {"N"}:
+        return [dict(b) for b in exp.points(cfg.scale.name, cfg.scale.max_elements)]
     return []
 
 
-def lower_all(cfg, exp: ModuleType, program: dsl.Program) -> list[tuple[dict, int, Plan]]:
+def lower_all(cfg, exp: Experiment, program: dsl.Program) -> list[tuple[dict, int, Plan]]:
     """(bindings, world size, plan) at every verification and measurement point."""
     points = [(b, w) for w in cfg.verify.world_sizes for b in _verify_bindings(cfg, exp)]
     points += [(b, cfg.world_size) for b in measure_bindings(cfg, exp, program)]
@@ -71,5 +71,5 @@ def lower_all(cfg, exp: ModuleType, program: dsl.Program) -> list[tuple[dict, in
     return out
 
 
-def _verify_bindings(cfg, exp: ModuleType) -> list[Optional[dict]]:
+def _verify_bindings(cfg, exp: Experiment) -> list[Optional[dict]]:
     return [dict(b) for b in exp.verify_bindings(cfg.scale.name)] or [None]

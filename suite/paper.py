@@ -1,15 +1,17 @@
-"""experiment=paper: every experiment into one run directory, and one reproduction report.
+"""experiment=paper: several experiments into one run directory, and one reproduction report.
 
     python -m suite experiment=paper [scale=smoke|default|paper] [backend=cpu|sim]
 
-Runs, in this order, each as a complete run of its own (`suite.run.run_one`) into
-`out_dir/<name>/` (report.md, report.html, results.csv, figures/, tables/, kernels/):
+Runs the experiments `experiment.runs` lists (conf/experiment/paper.yaml: each a name and its
+typical share of the whole in seconds at default scale, for the ETA), in that order, each as a
+complete run of its own (`run_one`, suite.run's, passed in) into `out_dir/<name>/` (report.md,
+report.html, results.csv, figures/, tables/, kernels/), each also predicted on `predict_also`:
 
-- `calibrate` (backend=cpu only): fits the local topology from microbenchmarks; every later run
-  predicts this machine with the fitted `calibrate/topology.yaml` (unless `topology.path` is
-  given), so the predicted-vs-measured figures use a calibration made minutes before;
-- `adam_fusion`, `lamb_fusion`, `model_parallel`, `pipeline_parallel`, `collectives`, each also
-  predicted on `predict_also` (conf/experiment/paper.yaml: DGX A100 and DGX H100 clusters).
+- an experiment that fits the local topology (`Experiment.fits_topology`) runs first
+  in the list; every later run predicts this machine with the `topology.yaml` it wrote (unless
+  `topology.path` is given), so the predicted-vs-measured figures use a calibration made minutes
+  before; one that measures this machine only (`needs_measurement`) is left out unless
+  backend=cpu.
 
 Then writes into `out_dir`: `results.csv` (every run's rows), `environment.json`, `report.md` and
 a self-contained `report.html` (`reports.reproduction`), and `tables/` (CSV and LaTeX). After each
@@ -30,36 +32,48 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+import torch
+
+import experiments
+from reports.html import write_html
+from reports.latex import write_tables
 from reports.progress import Progress, clock_text
+from reports.reproduction import reproduction_report, summary_rows
+from reports.summary import text_table
+from reports.table import read_table
 
 from .config import Config
+from .errors import SuiteError
 
-ORDER = ("calibrate", "adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel",
-         "collectives")
-SHARE = {"calibrate": 50, "adam_fusion": 110, "lamb_fusion": 170, "model_parallel": 45,
-         "pipeline_parallel": 40, "collectives": 25}  # seconds at default scale, for the ETA
 ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGY = "topology.yaml"  # what an experiment that fits the local topology writes
 
 
-def run_paper(cfg: Config, out_dir: Path) -> int:
-    from .run import run_one
-
+def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
+    """Every run of `cfg.experiment.runs` (run_one(cfg, dir) -> suite.run.Outcome), merged."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = [n for n in ORDER if n != "calibrate" or cfg.backend.name == "cpu"]
-    env = environment(cfg, names)
+    try:
+        runs = [(experiments.get(r.name), r.share_s) for r in cfg.experiment.runs]
+    except KeyError as e:
+        raise SuiteError(e.args[0]) from None
+    runs = [(e, s) for e, s in runs if not e.needs_measurement or cfg.backend.name == "cpu"]
+    names = [e.name for e, _ in runs]
+    env = environment(cfg, [e for e, _ in runs])
     (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
-    bar = Progress([SHARE[n] for n in names], label="paper")
+    bar = Progress([s for _, s in runs], label="paper")
     topology_path = cfg.topology.path
     outcomes, started = {}, time.monotonic()
-    for name in names:
+    for exp, _ in runs:
+        name = exp.name
         print(f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
               flush=True)
         sub = replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
-                                              sizes=None),
+                                              sizes=None, runs=[]),
                       topology=replace(cfg.topology, path=topology_path))
         outcomes[name] = run_one(sub, out_dir / name)
-        fitted = out_dir / "calibrate" / "topology.yaml"
-        if name == "calibrate" and topology_path is None and fitted.exists():
+        fitted = out_dir / name / TOPOLOGY
+        if exp.fits_topology and topology_path is None and fitted.exists():
             topology_path = str(fitted)
             print(f"paper: the later runs predict this machine with {fitted}", flush=True)
         print(bar.step(name), flush=True)
@@ -70,14 +84,6 @@ def run_paper(cfg: Config, out_dir: Path) -> int:
 
 def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
     """Merge the runs' results, write the reproduction report, print the summary."""
-    import pandas as pd
-
-    from reports.html import write_html
-    from reports.latex import write_tables
-    from reports.reproduction import reproduction_report, summary_rows
-    from reports.summary import text_table
-    from reports.table import read_table
-
     frames = [read_table(out_dir / n / "results.csv") for n in outcomes
               if (out_dir / n / "results.csv").exists()]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -99,10 +105,10 @@ def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
     return status
 
 
-def environment(cfg: Config, names: list[str]) -> dict:
+def environment(cfg: Config, runs: list) -> dict:
     """Where and how the run was made (the report's environment section)."""
-    import torch
-
+    worlds = [f"{e.name} measures at {' and '.join(map(str, e.measure_worlds))} ranks"
+              for e in runs if e.measure_worlds]
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m suite " + " ".join(sys.argv[1:]),
@@ -117,9 +123,9 @@ def environment(cfg: Config, names: list[str]) -> dict:
         "scale": cfg.scale.name,
         "backend": cfg.backend.name,
         "world_size": cfg.world_size,
-        "world_sizes_note": "pipeline_parallel measures 2 stages x 1 and x 2 ranks (2 and 4)",
+        "world_sizes_note": "; ".join(worlds) or "every experiment at world_size",
         "verify_world_sizes": list(cfg.verify.world_sizes),
-        "experiments": names,
+        "experiments": [e.name for e in runs],
         "predict_also": [f"{t.name}" + (f" x{t.nodes} nodes" if t.nodes else "")
                          for t in cfg.predict_also],
     }

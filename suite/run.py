@@ -1,51 +1,59 @@
 """Orchestration: one run of one experiment, as a short sequence of named steps.
 
-    run(cfg, out_dir) -> exit status   (experiment=paper: suite.paper, every experiment)
+    run(cfg, out_dir) -> exit status   (experiment.runs set, experiment=paper: suite.paper)
     run_one(cfg, out_dir) -> Outcome   (one experiment)
-      load      experiments.load(cfg.experiment.name): program(), schedules(), verify_bindings()
+      load      the registered experiment (experiments.get; experiment.module loads a user's
+                module first): an experiments.Experiment
       check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
       show      print each schedule's program
       verify    every schedule against the unscheduled program (suite.verification)
       generate  every schedule's kernels, written (and for cuda compiled) by the run's backend
                 into out_dir/kernels/ (suite.generate)
-      measure   on the run's backend (codegen.runtime.backend: cpu, cuda): run every schedule and
-                the library baseline on local ranks, append each point to results.csv (rows say
-                the backend); where the backend cannot run here (cuda without a GPU), one line
-                says why and nothing is measured
-      predict   the cost model (experiments._predict): backend=cpu, the measured points on the
+      measure   on the run's backend (codegen.runtime.backend: cpu, cuda): the experiment's own
+                measure, else the harness (experiments.harness: every schedule and the library
+                baseline on local ranks), each point appended to results.csv (rows say the
+                backend); where the backend cannot run here (cuda without a GPU), one line says
+                why and nothing is measured
+      predict   the cost model (experiments.predict): backend=cpu, the measured points on the
                 local topology (`topology=local topology.path=FILE` for a calibrated one) and the
                 paper's setting; backend=sim, the chosen topology alone; rows to results.csv
       report    out_dir/report.md (suite.report) and report.html, figures/<experiment>.png,
                 figures/predicted_vs_measured.png, tables/*.csv|tex (reports/); then a short
                 summary table (reports.summary) and the report's path are printed
 
-Experiments without a DSL program (calibrate, collectives, validate) skip show and verify. Exit status: 0 when
-every check verified, 1 when a schedule failed verification (the report is still written), 2 for
-bad input (`fail`: one line on stderr, `error: ...`).
+Experiments without a DSL program (`Experiment.program` None) skip show and verify and give their
+own measure and predict. Exit status: 0 when every check verified, 1 when a schedule failed
+verification (the report is still written), 2 for bad input (`fail`: one line on stderr,
+`error: ...`).
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import ModuleType
-from typing import NoReturn, Union
+from typing import Union
+
+import pandas as pd
 
 import dsl
-
 from codegen.build import BuildError
 from codegen.runtime import backend as backends
 from codegen.runtime.launch import RankError
-from experiments import MeasureSettings
-from reports.predicted import predicted_section
+from experiments import Experiment, MeasureSettings, PredictSettings, harness
+from experiments import registry as experiments_registry
+from experiments.predict import predictions
 from reports.html import write_html
 from reports.latex import write_tables
+from reports.predicted import accuracy, predicted_section, summary, summary_line
 from reports.sections import measured_section
+from reports.summary import schedule_summary, text_table
 from reports.table import append_row, read_table
 
 from .config import Config, extra_topologies, topology_of, validate
-from .errors import SuiteError, one_line
+from .errors import SuiteError, fail
 from .generate import generate
+from .load import check_settings, load_experiment, load_programs
+from .paper import run_paper
 from .report import render_report, write_report
 from .verification import Check, verify_schedules
 
@@ -59,9 +67,8 @@ class Outcome:
 
 def run(cfg: Config, out_dir: Union[str, Path]) -> int:
     """Run the experiment `cfg` names, write its report into `out_dir`; return the exit status."""
-    if cfg.experiment.name == "paper":
-        from .paper import run_paper
-        return run_paper(cfg, Path(out_dir))
+    if cfg.experiment.runs:
+        return run_paper(cfg, Path(out_dir), run_one)
     return run_one(cfg, out_dir).status
 
 
@@ -69,7 +76,7 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     """One experiment (not `paper`): its steps, its report and its verdict."""
     try:
         validate(cfg)
-        exp = load_experiment(cfg.experiment.name)
+        exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
         reference, schedules = load_programs(exp, cfg)
         checks = []
         backend = runtime_backend(cfg)
@@ -79,61 +86,17 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
             checks = verify(cfg, exp, reference, schedules)
             if backend is not None:
                 generate(cfg, exp, schedules, backend, Path(out_dir))
-        elif cfg.backend.name != "cpu" and getattr(exp, "NEEDS_MEASUREMENT", False):
-            raise SuiteError(f"experiment {exp.NAME} measures this machine: it needs backend=cpu")
+        elif cfg.backend.name != "cpu" and exp.needs_measurement:
+            raise SuiteError(f"experiment {exp.name} measures this machine: it needs backend=cpu")
         set_aside_old_results(Path(out_dir))
-        rows = measure(cfg, exp, backend, Path(out_dir))
-        predict(cfg, exp, Path(out_dir), rows)
+        rows = measure(cfg, exp, schedules, backend, Path(out_dir))
+        predict(cfg, exp, schedules, Path(out_dir), rows)
     except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
         fail(e)
     path = report(cfg, exp, schedules, checks, Path(out_dir))
-    calibrated = bool(cfg.topology.path) or exp.NAME == "calibrate"
-    print(final_summary(exp.NAME, Path(out_dir), calibrated), flush=True)
+    calibrated = bool(cfg.topology.path) or exp.fits_topology
+    print(final_summary(exp.name, Path(out_dir), calibrated), flush=True)
     return Outcome(summarize(checks, rows, path), checks, path)
-
-
-def fail(error: Exception) -> NoReturn:
-    """End the run for bad input: one line on stderr, exit status 2."""
-    print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
-    sys.exit(2)
-
-
-def load_experiment(name: str) -> ModuleType:
-    try:
-        import experiments
-    except ModuleNotFoundError as e:
-        if e.name != "experiments":
-            raise
-        raise SuiteError(f"experiment {name!r} is not available: no experiments package") from None
-    if name not in experiments.EXPERIMENTS:
-        known = ", ".join(experiments.EXPERIMENTS)
-        raise SuiteError(f"unknown experiment {name!r}; known: {known}")
-    return experiments.load(name)
-
-
-def load_programs(exp: ModuleType, cfg: Config) -> tuple[dsl.Program, dict[str, dsl.Program]]:
-    """The unscheduled program and the schedules cfg.experiment.schedules selects (all: null);
-    (None, {}) for an experiment without a program."""
-    if not hasattr(exp, "program"):
-        return None, {}
-    reference, schedules = exp.program(), dict(exp.schedules())
-    wanted = cfg.experiment.schedules
-    if wanted is not None:
-        for name in wanted:
-            if name not in schedules:
-                known = ", ".join(schedules)
-                raise SuiteError(f"unknown schedule {name!r} for {exp.NAME}; known: {known}")
-        schedules = {name: schedules[name] for name in wanted}
-    return reference, schedules
-
-
-def check_settings(cfg: Config, reference: dsl.Program, schedules: dict[str, dsl.Program]) -> None:
-    """World sizes must divide into the pipeline stages of every program."""
-    for program in [reference, *schedules.values()]:
-        for ws in sorted({*cfg.verify.world_sizes, cfg.world_size}):
-            if ws % program.stages:
-                raise SuiteError(f"world size {ws} is not divisible by the {program.stages} "
-                                 f"pipeline stages of {program.name}")
 
 
 def show_programs(schedules: dict[str, dsl.Program]) -> None:
@@ -141,7 +104,7 @@ def show_programs(schedules: dict[str, dsl.Program]) -> None:
         print(f"== {name} ==\n{program}\n", flush=True)
 
 
-def verify(cfg: Config, exp: ModuleType, reference: dsl.Program,
+def verify(cfg: Config, exp: Experiment, reference: dsl.Program,
            schedules: dict[str, dsl.Program]) -> list[Check]:
     bindings = exp.verify_bindings(cfg.scale.name) or [None]
     return verify_schedules(reference, schedules, cfg.verify.world_sizes, bindings,
@@ -168,10 +131,10 @@ def runtime_backend(cfg: Config):
         raise SuiteError(f"backend: {e}") from None
 
 
-def measure(cfg: Config, exp: ModuleType, backend, out_dir: Path) -> list[dict]:
-    """Measured rows on the run's backend, for experiments that run on local ranks."""
-    if backend is None or not hasattr(exp, "measure"):
-        print(f"measure: skipped ({exp.NAME} on backend {cfg.backend.name} has no local "
+def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Path) -> list[dict]:
+    """Measured rows on the run's backend: the experiment's own measure, else the harness."""
+    if backend is None or not exp.measurable:
+        print(f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local "
               "measurement)", flush=True)
         return []
     why = backend.cannot_run()
@@ -183,31 +146,32 @@ def measure(cfg: Config, exp: ModuleType, backend, out_dir: Path) -> list[dict]:
                                world_size=cfg.world_size, warmup=cfg.scale.warmup,
                                repeats=cfg.scale.repeats, csv_path=out_dir / "results.csv",
                                kernels_dir=out_dir / "kernels", seed=cfg.seed,
-                               backend=backend.name)
+                               backend=backend.name, schedules=schedules or None,
+                               points=[dict(b) for b in cfg.experiment.sizes or []] or None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"measuring {exp.NAME} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
+    print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
           "scale)", flush=True)
-    return exp.measure(settings)
+    return exp.measure(settings) if exp.measure else harness.measure(exp, settings)
 
 
-def predict(cfg: Config, exp: ModuleType, out_dir: Path, measured: list[dict]) -> list[dict]:
+def predict(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path,
+            measured: list[dict]) -> list[dict]:
     """Predicted rows (every backend), appended to results.csv; prints predicted speedups."""
-    from experiments import PredictSettings
-
     settings = PredictSettings(scale=cfg.scale.name, backend=cfg.backend.name,
                                topology=topology_of(cfg), world_size=cfg.world_size,
                                max_elements=cfg.scale.max_elements, measured=measured,
-                               out_dir=out_dir, sizes=cfg.experiment.sizes)
-    print(f"predicting {exp.NAME} with the cost model ({settings.topology.name} topology"
-          f"{'' if cfg.backend.name == 'sim' else ' and the paper setting'})", flush=True)
+                               out_dir=out_dir, sizes=cfg.experiment.sizes,
+                               schedules=None if cfg.experiment.schedules is None else schedules)
+    print(f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
+          f"{' and the paper setting' if exp.paper and cfg.backend.name != 'sim' else ''})", flush=True)
     show = lambda line: print(line, flush=True)  # noqa: E731
     try:
         rows = _predict(exp, settings, show)
-        if not getattr(exp, "NEEDS_MEASUREMENT", False):
+        if not exp.needs_measurement:
             for topo in extra_topologies(cfg):
                 if topo.name in {r["topology"] for r in rows}:
                     continue  # the paper setting already predicts on it
-                print(f"predicting {exp.NAME} on {topo.name} ({topo.nodes} nodes)", flush=True)
+                print(f"predicting {exp.name} on {topo.name} ({topo.nodes} nodes)", flush=True)
                 rows += _predict(exp, replace(settings, backend="sim", topology=topo,
                                               measured=[], sizes=None), show)
     except ValueError as e:
@@ -215,31 +179,22 @@ def predict(cfg: Config, exp: ModuleType, out_dir: Path, measured: list[dict]) -
     out_dir.mkdir(parents=True, exist_ok=True)
     for r in rows:
         append_row(out_dir / "results.csv", r)
-    print(prediction_summary(exp.NAME, rows, measured), flush=True)
+    print(prediction_summary(exp, rows, measured), flush=True)
     return rows
 
 
-def _predict(exp: ModuleType, settings, show) -> list[dict]:
-    from experiments._predict import predictions
-
-    return exp.predict(settings) if hasattr(exp, "predict") else \
-        predictions(exp, settings, show=show)
+def _predict(exp: Experiment, settings, show) -> list[dict]:
+    return exp.predict(settings) if exp.predict else predictions(exp, settings, show=show)
 
 
-def prediction_summary(name: str, rows: list[dict], measured: list[dict] = ()) -> str:
-    """Predicted speedups over baseline per topology and point (for collectives: busbw per size,
-    measured beside predicted)."""
-    import pandas as pd
-
+def prediction_summary(exp: Experiment, rows: list[dict], measured: list[dict] = ()) -> str:
+    """Predicted speedups over baseline per topology and point (or the experiment's own summary:
+    `Experiment.summary`, e.g. bandwidth per size, measured beside predicted)."""
     if not rows:
         return "predict: no rows"
+    if exp.summary:
+        return exp.summary(list(measured), rows)
     df = pd.DataFrame(rows)
-    if name == "collectives":
-        from experiments.collectives import table
-        return table(list(measured) + rows)
-    if name == "validate":
-        from experiments.validate import table
-        return table(rows)
     df = df[df.source == "predicted"]  # not the paper's published rows
     if "speedup" not in df or df.speedup.isna().all():
         return f"predict: {len(rows)} rows"
@@ -252,24 +207,24 @@ def prediction_summary(name: str, rows: list[dict], measured: list[dict] = ()) -
     return "\n".join(out)
 
 
-def results_section(exp: ModuleType, out_dir: Path) -> str:
+def results_section(exp: Experiment, out_dir: Path) -> str:
     """Markdown for the measured and predicted results, from results.csv alone (reports/)."""
     csv = out_dir / "results.csv"
     if not csv.exists():
         return ""
     df = read_table(csv)
-    measured = measured_section(df, exp.NAME, out_dir) if hasattr(exp, "program") else ""
-    return measured + "\n" + predicted_section(df, exp.NAME, out_dir)
+    measured = measured_section(df, exp.name, out_dir) if exp.has_program else ""
+    return measured + "\n" + predicted_section(df, exp.name, out_dir)
 
 
-def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], checks: list[Check],
+def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], checks: list[Check],
            out_dir: Path) -> Path:
     settings = {"scale": cfg.scale.name, "backend": cfg.backend.name,
                 "topology": cfg.topology.name,
                 "topology.path": cfg.topology.path or "none: the shipped figures (uncalibrated; "
-                "see experiment=calibrate)", "verify.world_sizes": cfg.verify.world_sizes,
+                f"see {calibration_hint()})", "verify.world_sizes": cfg.verify.world_sizes,
                 "verify.trials": cfg.verify.trials, "seed": cfg.seed}
-    text = render_report(experiment=exp.NAME, figure=exp.FIGURE, settings=settings,
+    text = render_report(experiment=exp.name, figure=exp.figure, settings=settings,
                          programs={name: str(p) for name, p in schedules.items()}, checks=checks,
                          results=results_section(exp, out_dir))
     path = write_report(out_dir, text)
@@ -279,11 +234,14 @@ def report(cfg: Config, exp: ModuleType, schedules: dict[str, dsl.Program], chec
     return path
 
 
+def calibration_hint() -> str:
+    """`experiment=NAME` of the registered experiment that fits the local topology."""
+    found = [e.name for e in experiments_registry.program_free() if e.fits_topology]
+    return f"experiment={found[0]}" if found else "a calibration"
+
+
 def final_summary(name: str, out_dir: Path, calibrated: bool = True) -> str:
     """What a run prints last, before the verdict: a short table of its results."""
-    from reports.predicted import accuracy, summary, summary_line
-    from reports.summary import schedule_summary, text_table
-
     csv = out_dir / "results.csv"
     if not csv.exists():
         return "summary: no results"
@@ -294,8 +252,8 @@ def final_summary(name: str, out_dir: Path, calibrated: bool = True) -> str:
         lines.append(text_table(header, rows))
     if not accuracy(df, name).empty:
         lines.append(f"local prediction: {summary_line(summary(accuracy(df, name)))}"
-                     + ("" if calibrated else " (uncalibrated local topology: run "
-                        "experiment=calibrate and pass topology.path=<its topology.yaml>)"))
+                     + ("" if calibrated else f" (uncalibrated local topology: run "
+                        f"{calibration_hint()} and pass topology.path=<its topology.yaml>)"))
     return "\n".join(lines)
 
 

@@ -1,16 +1,17 @@
 """A toy experiment for the suite's tests, independent of experiments/ and its size sweeps.
 
-`toy(wrong=...)` is a module-like object with the experiments' interface (NAME, FIGURE, program(),
-schedules(), verify_bindings()): `all_reduce(g) * 2`, scheduled as itself ("AR-C") and, with
+`toy(wrong=...)` is an `experiments.Experiment` (program, schedules, verification bindings; no
+baseline, so it is verified and predicted, not measured): `all_reduce(g) * 2`, scheduled as itself ("AR-C") and, with
 `wrong=True`, as `all_reduce(g) * 3` ("wrong", which fails verification). Run as a script, it is
 `python -m suite` with the toy in place of experiments/ (`--wrong` first to include the bad one).
 """
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
-
 import dsl
+import suite.run
+from experiments import Experiment
+from suite.__main__ import main as suite_main
 
 
 def toy_program(factor: float = 2.0, schedule: str = "AR-C") -> dsl.Program:
@@ -20,27 +21,24 @@ def toy_program(factor: float = 2.0, schedule: str = "AR-C") -> dsl.Program:
     return b.build(schedule=schedule)
 
 
-def toy(wrong: bool = False, stages: int = 1) -> SimpleNamespace:
-    def schedules() -> dict[str, dsl.Program]:
+def toy(wrong: bool = False, stages: int = 1) -> Experiment:
+    def schedules(dtype=None) -> dict[str, dsl.Program]:
         found = {"AR-C": toy_program()}
         if wrong:
             found["wrong"] = toy_program(3.0, "wrong")
         return found
 
-    def program() -> dsl.Program:
+    def program(dtype=None) -> dsl.Program:
         return toy_program().with_(stages=stages) if stages > 1 else toy_program()
 
-    return SimpleNamespace(NAME="toy", FIGURE="Fig. 0", program=program, schedules=schedules,
-                           verify_bindings=lambda scale: [{"N": 8}, {"N": 16}])
+    return Experiment(name="toy", figure="Fig. 0", program=program, schedules=schedules,
+                      verify_bindings=lambda scale: [{"N": 8}, {"N": 16}])
 
 
 def main() -> None:
-    import suite.run
-    from suite.__main__ import main as suite_main
-
     wrong = "--wrong" in sys.argv
     sys.argv = [a for a in sys.argv if a != "--wrong"]
-    suite.run.load_experiment = lambda name: toy(wrong=wrong)
+    suite.run.load_experiment = lambda name, module=None: toy(wrong=wrong)
     suite_main()
 
 

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 import dsl
 from dsl import Builder, Local, P, Replicated, Sliced, f16, f32, f64, i64, sym
 from dsl.bounds import POINTWISE_ERROR, error_bounds, gamma, runs_agree, within
-from experiments import model_parallel, pipeline_parallel
-from experiments._layer import DROPOUT_P, DROPOUT_SEED, torch_dropout_
+import experiments
+from experiments.megatron import DROPOUT_P, DROPOUT_SEED, torch_dropout_
+
+model_parallel, pipeline_parallel = map(experiments.get, ("model_parallel", "pipeline_parallel"))
 
 N, K, H = sym("N"), sym("K"), sym("H")
 
@@ -232,7 +234,7 @@ def _without_residual(program_fn):
     return p.with_(body=body, outputs=outputs)
 
 
-@pytest.mark.parametrize("experiment", [model_parallel, pipeline_parallel], ids=lambda m: m.NAME)
+@pytest.mark.parametrize("experiment", [model_parallel, pipeline_parallel], ids=lambda m: m.name)
 def test_a_dropped_residual_is_caught(experiment):
     p = experiment.program()
     dsl.verify(_without_residual(experiment.program))

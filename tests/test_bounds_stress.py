@@ -5,7 +5,7 @@ bound) over many seeds, on the reference numerics of each experiment's check wit
   against the overlapped schedule's arithmetic (row chunks, each accumulated over blocks of the
   inner dimension: another summation order), at every measured shape;
 - pipeline_parallel: the same tail on partial sums summed in the other order;
-- adam_fusion, lamb_fusion: three steps of the torch baseline (`_dp_measure.Baseline`, the
+- adam_fusion, lamb_fusion: three steps of the torch baseline (`optimizers.AdamBaseline`, ..., the
   gradient summed in f32) against three steps of each schedule in `dsl.interpret` (f32), the
   bound chained through the steps (`error_bounds(..., errors=)`).
 
@@ -21,8 +21,11 @@ import torch
 
 import dsl
 from dsl.equivalence import distribute, to_global
-from experiments import _optim, model_parallel, pipeline_parallel
-from experiments._dp_measure import Baseline
+import experiments
+from codegen.runtime.backend import CpuBackend
+from experiments import BaselineContext
+from experiments import optimizers as _optim
+from experiments.harness import _with_defaults
 
 from test_bounds import layer_runs
 
@@ -33,9 +36,9 @@ DP_MAX = 1 << 22
 
 def _layer_cases():
     for scale in ("smoke", "default"):
-        for mod in (model_parallel, pipeline_parallel):
+        for mod in map(experiments.get, ("model_parallel", "pipeline_parallel")):
             for b in mod.points(scale, 1 << 40):
-                yield pytest.param(mod, b, SEEDS[scale], id=f"{mod.NAME}-{scale}-" +
+                yield pytest.param(mod, b, SEEDS[scale], id=f"{mod.name}-{scale}-" +
                                    ",".join(f"{k}={v}" for k, v in b.items()))
 
 
@@ -54,18 +57,23 @@ def test_layer_checks_never_fail_falsely(mod, bindings, seeds):
 def _dp_cases():
     for scale in ("smoke", "default"):
         for opt in ("adam", "lamb"):
-            for n in _optim.optimizer_sizes(scale, DP_MAX):
+            for n in (b["N"] for b in _optim.optimizer_points(scale, DP_MAX)):
                 if scale == "default" and not LONG and n > (1 << 20):
                     continue
                 yield pytest.param(opt, n, SEEDS[scale], id=f"{opt}-{scale}-N={n}")
 
 
 def _torch_steps(opt, w, grads):
-    base = Baseline(opt, w, len(grads[0]))
+    program = {"adam": _optim.adam_program, "lamb": _optim.lamb_program}[opt]()
+    z = np.zeros_like(w)
+    inputs = _with_defaults(program, {"w": w, "m": z, "v": z, "g": z, "step": np.float32(1)})
+    ctx = BaselineContext(rank=0, world_size=len(grads[0]), P=len(grads[0]), backend=CpuBackend(),
+                          groups=None, inputs=inputs, exact=True)
+    base = {"adam": _optim.AdamBaseline, "lamb": _optim.LambBaseline}[opt](ctx)
     for step_grads in grads:
         base.g.copy_(torch.from_numpy(np.sum(step_grads, axis=0, dtype=np.float32)))
-        base.update()
-    return {k: v.detach().numpy().copy() for k, v in base.state().items()}
+        base.local_step()
+    return base.outputs()
 
 
 def _interpret_steps(program, w, grads, n):

@@ -147,7 +147,7 @@ def extra_programs():
     bias = b.input("bias", f32, [K], Replicated())
     b.output("y", (xs + r) + bias)
     rows = b.build()
-    from experiments._optim import adam_program, lamb_program
+    from experiments.optimizers import adam_program, lamb_program
     return {"drop_sliced": (drop1, {"N": 64}, 2), "drop_sliced2": (drop2, {"M": 6, "K": 20}, 2),
             "bias_rows": (rows, {"M": 8, "K": 12}, 2), "adam": (adam_program(), {"N": 1003}, 1),
             "lamb": (lamb_program(), {"N": 1003}, 1)}

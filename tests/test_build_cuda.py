@@ -161,7 +161,7 @@ def test_generate_writes_every_schedules_source_and_ptx(experiment, tmp_path, ca
     from codegen.runtime.cuda_backend import CudaBackend
     from suite.generate import file_name, generate
 
-    exp = experiments.load(experiment)
+    exp = experiments.get(experiment)
     schedules = exp.schedules()
     paths = generate(_cfg(experiment), exp, schedules, CudaBackend(), tmp_path)
     assert capsys.readouterr().out.count(" kernels -> ") == len(schedules)

@@ -91,7 +91,7 @@ def test_a_short_noisy_kernel_sweep_still_fits_a_bandwidth():
 
 
 def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
-    exp = experiments.load("calibrate")
+    exp = experiments.get("calibrate")
     settings = MeasureSettings(scale="smoke", max_elements=1 << 16, world_size=2, warmup=1,
                                repeats=3, csv_path=tmp_path / "results.csv",
                                kernels_dir=tmp_path / "kernels")

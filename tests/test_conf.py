@@ -52,11 +52,15 @@ def test_typed_overrides():
     assert cfg.experiment.schedules == ["MM-AR-C"] and cfg.verify.world_sizes == [2, 4, 8]
 
 
-def test_experiment_files_match_the_experiments_package():
-    from experiments import EXPERIMENTS
+def test_experiment_files_match_the_shipped_experiments():
+    from experiments import names, registry
 
-    # plus `paper`, which runs all of them (suite/paper.py)
-    assert sorted(o for g, o in OPTIONS if g == "experiment") == sorted(EXPERIMENTS + ("paper",))
+    # plus `paper`, which runs all of them (suite/paper.py), in the order its file lists
+    assert sorted(o for g, o in OPTIONS if g == "experiment") == sorted(registry.SHIPPED +
+                                                                        ("paper",))
+    assert set(registry.SHIPPED) <= set(names())
+    runs = [r.name for r in prevalidate(["experiment=paper"]).experiment.runs]
+    assert set(runs) <= set(registry.SHIPPED) and runs[0] == "calibrate" and len(runs) >= 6
 
 
 BAD = [

@@ -16,7 +16,10 @@ from cost_model.network import Sim, mesh_ring_links
 from cost_model.topology import LinkClass, Topology, load_topology
 from cost_model.workload import cost_rules, simulate, simulate_collective
 from dsl import f16
-from experiments import adam_fusion, lamb_fusion, model_parallel, pipeline_parallel
+import experiments
+
+adam_fusion, lamb_fusion, model_parallel, pipeline_parallel = (
+    experiments.get(n) for n in ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"))
 
 
 def tiny(kind="switch", u=0.0, v=0.0, overhead=0.0, latency=1.0, nodes=1, per_node=2,

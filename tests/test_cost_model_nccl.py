@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+import experiments
 from cost_model import nccl
 from cost_model.closed_form import choose, collective_us
 from cost_model.collectives import CollSpec
@@ -159,7 +160,7 @@ def test_des_and_closed_form_agree_where_nothing_contends(topo_name, nodes, kind
 def test_choices_name_each_collective_of_a_plan_as_the_des_runs_it():
     from codegen.lower import lower
     from cost_model.workload import choices, simulate
-    from experiments import adam_fusion
+    adam_fusion = experiments.get("adam_fusion")
 
     topo = load_topology("dgx_h100")
     plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 1 << 24}, 8)
@@ -173,8 +174,8 @@ def test_choices_name_each_collective_of_a_plan_as_the_des_runs_it():
 
 
 def test_predicted_rows_split_time_into_compute_hidden_and_exposed():
-    from experiments._predict import _overlap_us, _union, predict
-    from experiments import adam_fusion
+    from experiments.predict import _overlap_us, _union, predict
+    adam_fusion = experiments.get("adam_fusion")
 
     assert _union([(3, 4), (0, 2), (1, 2.5)]) == [(0, 2.5), (3, 4)]
     assert _overlap_us([(0, 2.5), (3, 4)], [(2, 3.5)]) == pytest.approx(1.0)

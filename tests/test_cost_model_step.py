@@ -1,5 +1,5 @@
-"""A step's overhead beyond its operations and the library routines the baselines call: exact in
-tiny timelines, fitted from their microbenchmarks, used for the baselines' predictions (pure)."""
+"""A step's overhead beyond its operations, and the baselines' predictions from the library time
+measured in the run: exact in tiny timelines (pure)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +11,12 @@ from codegen.plan import Compute
 from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.topology import Topology, TopologyError, load_topology
 from cost_model.workload import simulate
-from experiments import _predict, adam_fusion, lamb_fusion, model_parallel
+import experiments
+from experiments import predict
 from tests.test_calibrate import synthetic, truth
 from tests.test_cost_model import tiny
+
+adam_fusion, lamb_fusion = (experiments.get(n) for n in ("adam_fusion", "lamb_fusion"))
 
 
 def _ar_c(n=8000):
@@ -85,38 +88,44 @@ def test_the_fit_recovers_the_step_overhead_and_the_library_steps():
     assert fit(cheaper, load_topology("local"), 2).step_overhead_us == 0.0
 
 
-@pytest.mark.parametrize("exp,routine", [(adam_fusion, "adam"), (lamb_fusion, "lamb")])
-def test_the_baseline_computes_with_its_library_routine_on_the_gradients_bytes(exp, routine):
+@pytest.mark.parametrize("name", ["adam_fusion", "lamb_fusion"])
+def test_the_baseline_computes_in_its_measured_library_time(name):
+    """The baseline's Plan takes the compute time its own library call took when measured (the
+    measured baseline row's compute_ms at that point) on its first Compute step, 0 elsewhere."""
+    exp = experiments.get(name)
     n = 1 << 20
-    topo = _with_steps(load_topology("local"), 0.0, {routine: {4 * n: 5000.0}})
+    topo = load_topology("local")
     plan = lower(exp.program(), {"N": n}, 2)
-    got = _predict.library_compute_us(exp, plan, topo, {"N": n})
+    got = predict.library_compute_us(plan, 5.0)
     computes = [s.id for s in plan.steps if isinstance(s, Compute)]
-    assert got[computes[0]] == pytest.approx(5000.0)  # N f32 elements = 4N bytes
+    assert got[computes[0]] == pytest.approx(5000.0)
     assert all(got[i] == 0.0 for i in computes[1:])
     assert all(got[s.id] == 0.0 for s in plan.steps if type(s).__name__ == "Collective")
-    rows = {r["schedule"]: r for r in _predict.predict(exp, topo, [{"N": n}], 2)}
+    rows = {r["schedule"]: r for r in predict.predict(exp, topo, [{"N": n}], 2,
+                                                      baseline_compute_ms={f"[{n}]": 5.0})}
     assert rows["baseline"]["compute_ms"] == pytest.approx(5.0, rel=1e-6)
     assert rows["baseline"]["time_ms"] != rows["AR-C"]["time_ms"]
 
 
-def test_the_layer_baselines_compute_their_tail_with_the_library_routine():
-    """model_parallel's baseline runs the tail (bias, dropout, residual) in torch ops: its
-    Compute step takes `bias_dropout_add`'s time on the output's S * B * H f32 elements."""
+def test_the_measured_baseline_compute_is_read_from_the_measured_rows():
+    exp = experiments.get("model_parallel")
     b = {"S": 64, "B": 2, "H": 128, "K": 128}
-    out_bytes = 4 * 64 * 2 * 128
-    topo = _with_steps(load_topology("local"), 0.0, {"bias_dropout_add": {out_bytes: 7000.0}})
-    plan = lower(model_parallel.program(), b, 2)
-    got = _predict.library_compute_us(model_parallel, plan, topo, b)
-    computes = [s.id for s in plan.steps if isinstance(s, Compute)]
-    assert got[computes[0]] == pytest.approx(7000.0)
-    rows = {r["schedule"]: r for r in _predict.predict(model_parallel, topo, [b], 2)}
+    size, shape = exp.size_and_shape(b)
+    measured = [{"source": "measured", "schedule": "baseline", "world_size": 2, "size": size,
+                 "shape": shape, "compute_ms": 7.0},
+                {"source": "measured", "schedule": "MM-AR-C", "world_size": 2, "size": size,
+                 "shape": shape, "compute_ms": 1.0}]
+    assert predict.measured_baseline_compute(measured) == {(2, shape): 7.0}
+    assert predict.local_points(exp, measured) == [(2, b)]
+    rows = {r["schedule"]: r for r in predict.predict(exp, load_topology("local"), [b], 2,
+                                                      baseline_compute_ms={shape: 7.0})}
     assert rows["baseline"]["time_ms"] > rows["MM-AR-C"]["time_ms"] + 5.0
 
 
 def test_without_a_measured_routine_the_baseline_is_the_unscheduled_schedule():
     topo = load_topology("local")
-    rows = {r["schedule"]: r for r in _predict.predict(adam_fusion, topo, [{"N": 1 << 16}], 2)}
+    rows = {r["schedule"]: r for r in predict.predict(experiments.get("adam_fusion"), topo,
+                                                      [{"N": 1 << 16}], 2)}
     assert rows["baseline"]["time_ms"] == rows["AR-C"]["time_ms"]
 
 

@@ -1,6 +1,7 @@
-"""The data-parallel experiments measured for real on 2 gloo ranks at tiny sizes: every schedule's
-w, m, v after 3 steps equal the library's (torch.optim.Adam(fused=True); the torch LAMB), a wrong
-program is caught, rows land in results.csv as measured, and torchrun runs the same runtime."""
+"""The data-parallel experiments measured for real on 2 gloo ranks at tiny sizes through the
+public harness: every schedule's w, m, v after one step equal the library's
+(torch.optim.Adam(fused=True); the torch LAMB), a wrong schedule and a wrong baseline are caught,
+rows land in results.csv as measured, and torchrun runs the same harness."""
 import csv
 import os
 import subprocess
@@ -8,11 +9,10 @@ import sys
 from pathlib import Path
 
 import experiments
-from experiments import MeasureSettings
-from experiments._dp_measure import baseline_matches_program, measure
-from experiments._optim import adam_program, lamb_program
+from experiments import MeasureSettings, harness
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "user_experiments"
 
 
 def _settings(tmp_path, **kw):
@@ -23,11 +23,13 @@ def _settings(tmp_path, **kw):
 
 def test_adam_and_lamb_match_the_library(tmp_path):
     for name in ("adam_fusion", "lamb_fusion"):
-        rows = experiments.load(name).measure(_settings(tmp_path))
+        rows = harness.measure(experiments.get(name), _settings(tmp_path))
         schedules = {r["schedule"] for r in rows if r["experiment"] == name}
         assert schedules == {"baseline", "AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
                              "fuse(RS-C-AG)+as_slice"}
         assert all(r["verified"] for r in rows), [r for r in rows if not r["verified"]]
+        base = [r for r in rows if r["schedule"] == "baseline"]
+        assert all(0 < r["compute_ms"] <= r["time_ms_max"] for r in base)  # the optimizer step
     table = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert len(table) == 2 * 2 * 6  # two experiments x sizes 2^12, 2^13 x six schedules
     assert {r["source"] for r in table} == {"measured"}
@@ -36,16 +38,21 @@ def test_adam_and_lamb_match_the_library(tmp_path):
     assert list((tmp_path / "kernels").glob("*.cpp"))
 
 
-def test_a_wrong_schedule_is_not_verified(tmp_path):
-    assert baseline_matches_program("adam", adam_program(), 2)
-    assert not baseline_matches_program("adam", lamb_program(), 2)
-    rows = measure("adam_fusion", "adam", adam_program(), {"lamb AR-C": lamb_program()},
-                   [1 << 12], 2, 0, 1, tmp_path / "r.csv", tmp_path / "k")
-    verdict = {r["schedule"]: r["verified"] for r in rows}
-    assert verdict == {"baseline": True, "lamb AR-C": False}
+def test_a_wrong_schedule_and_a_wrong_baseline_are_not_verified(tmp_path):
+    adam, lamb = experiments.get("adam_fusion"), experiments.get("lamb_fusion")
+    rows = harness.measure(adam, _settings(tmp_path, points=[{"N": 1 << 12}],
+                                           schedules={"lamb AR-C": lamb.program()}))
+    assert {r["schedule"]: r["verified"] for r in rows} == {"baseline": True, "lamb AR-C": False}
+    (wrong,) = experiments.load_module(str(FIXTURES / "mismatched.py"))
+    try:
+        rows = harness.measure(wrong, _settings(tmp_path, points=[{"N": 1 << 12}],
+                                                schedules={"AR-C": adam.program()}))
+    finally:
+        experiments.registry.unregister(wrong.name)
+    assert rows and not any(r["verified"] for r in rows)  # the baseline is not the program
 
 
-def test_torchrun_runs_the_same_runtime(tmp_path):
+def test_torchrun_runs_the_same_harness(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "experiments", "adam_fusion", "--scale", "smoke", "--out", str(tmp_path),

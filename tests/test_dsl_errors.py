@@ -11,7 +11,7 @@ from dsl import (P, ArgumentError, Builder, DSLError, DTypeError, LayoutError, L
                  ShapeError, Sliced, TransformError, f16, f32, i32, sym)
 from dsl.transforms import as_slice, fuse, overlap, reorder, split
 from experiments import model_parallel
-from experiments._optim import adam_program, optimizer_schedules
+from experiments.optimizers import adam_program, optimizer_schedules
 
 N, H = sym("N"), sym("H")
 

@@ -17,7 +17,7 @@ PP = {"S": 16, "B": 1, "H": 8}  # 16 rows; P=1 (2 ranks) or 8 per rank at P=2 (4
 
 
 def _plans(world):
-    mp, pp = experiments.load("model_parallel"), experiments.load("pipeline_parallel")
+    mp, pp = experiments.get("model_parallel"), experiments.get("pipeline_parallel")
     cases = []
     if world == 2:
         cases.append(("mp", lower(mp.schedules()["MM-RS-C-AG"], MP, 2), MP))
@@ -46,8 +46,8 @@ def _rank(rank, world, cases, inputs, kernels):
 @pytest.mark.parametrize("world", [2, 4])
 def test_overlap_exact_for_every_dividing_chunk_count(world):
     cases = _plans(world)
-    progs = {"mp": experiments.load("model_parallel").program(),
-             "pp": experiments.load("pipeline_parallel").program()}
+    progs = {"mp": experiments.get("model_parallel").program(),
+             "pp": experiments.get("pipeline_parallel").program()}
     inputs = [dsl.random_inputs(progs[name[:2]], world, b, np.random.default_rng(3))
               for name, _, b in cases]
     kernels = [k for _, p, _ in cases for k in p.kernels()]
@@ -62,9 +62,9 @@ def test_overlap_exact_for_every_dividing_chunk_count(world):
 
 
 def test_chunks_that_do_not_divide_the_rows_are_refused():
-    mp = experiments.load("model_parallel")
+    mp = experiments.get("model_parallel")
     with pytest.raises(dsl.ShapeError, match="3 chunks do not divide the 16 rows"):
         lower(mp.schedules(chunks=3)["ol(MM,fuse(RS-C-AG))"], MP, 2)
-    pp = experiments.load("pipeline_parallel")
+    pp = experiments.get("pipeline_parallel")
     with pytest.raises(dsl.ShapeError, match="5 chunks do not divide the 8 rows"):
         lower(pp.schedules(chunks=5)["ol(RS,fuse(P2P-C-AG))"], PP, 4)

@@ -44,8 +44,8 @@ def _case(label, prog, world, b):
 
 def _cases(world: int):
     cases = []
-    for name in experiments.PROGRAMS:
-        mod = experiments.load(name)
+    for name in [e.name for e in experiments.registry.program_experiments()]:
+        mod = experiments.get(name)
         for sched_name, prog in mod.schedules().items():
             if world % prog.stages:
                 continue

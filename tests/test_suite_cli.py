@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import dsl
+import experiments
 import suite.run
 from suite import PROJECT_ROOT
 from suite.cli import prevalidate
@@ -101,7 +102,7 @@ def test_failed_verification_exits_1_with_a_report(tmp_path):
 
 
 def test_impossible_world_size_for_the_program(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(suite.run, "load_experiment", lambda name: toy(stages=2))
+    monkeypatch.setattr(suite.run, "load_experiment", lambda name, module=None: toy(stages=2))
     cfg = prevalidate(["verify.world_sizes=[2,3]"])
     with pytest.raises(SystemExit) as info:
         suite.run.run(cfg, tmp_path)
@@ -114,7 +115,7 @@ def test_dsl_error_is_one_line(tmp_path, monkeypatch, capsys):
     def check(*args, **kwargs):
         raise dsl.BindError("N=7 is not divisible by P=2\nsecond line")
 
-    monkeypatch.setattr(suite.run, "load_experiment", lambda name: toy())
+    monkeypatch.setattr(suite.run, "load_experiment", lambda name, module=None: toy())
     monkeypatch.setattr(dsl, "check_equivalent", check)
     with pytest.raises(SystemExit) as info:
         suite.run.run(prevalidate([]), tmp_path)
@@ -124,7 +125,7 @@ def test_dsl_error_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_unknown_schedule(monkeypatch):
-    monkeypatch.setattr(suite.run, "load_experiment", lambda name: toy())
+    monkeypatch.setattr(suite.run, "load_experiment", lambda name, module=None: toy())
     cfg = prevalidate(["experiment.schedules=[AR-C,nope]"])
     with pytest.raises(SuiteError, match="unknown schedule 'nope' for toy; known: AR-C"):
         suite.run.load_programs(toy(), cfg)
@@ -134,13 +135,11 @@ def test_unknown_schedule(monkeypatch):
 @pytest.mark.parametrize("experiment", ["adam_fusion", "lamb_fusion", "model_parallel",
                                         "pipeline_parallel"])
 def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
-    from experiments import load
-
-    exp = load(experiment)
+    exp = experiments.get(experiment)
     proc = suite_cmd(f"experiment={experiment}", "scale=smoke", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = (tmp_path / "report.md").read_text()
-    assert report.startswith(f"# {experiment}\n") and exp.FIGURE in report
+    assert report.startswith(f"# {experiment}\n") and exp.figure in report
     for name in exp.schedules():
         assert f"### {name}\n" in report and f"| `{name}` | 4 |" in report
     assert " no |" not in report

@@ -6,6 +6,8 @@ import experiments
 from dsl import Builder, Local, Replicated, Sliced, TransformError, f32, sym
 from dsl.transforms import as_slice, check_chunks, fuse, overlap, reorder, split
 
+PROGRAMS = [e.name for e in experiments.registry.program_experiments()]
+
 N = sym("N")
 
 NAMES = {
@@ -18,19 +20,35 @@ NAMES = {
 }
 
 
-@pytest.mark.parametrize("name", experiments.PROGRAMS)
+@pytest.mark.parametrize("name", PROGRAMS)
 def test_schedule_names(name):
-    assert list(experiments.load(name).schedules()) == NAMES[name]
+    assert list(experiments.get(name).schedules()) == NAMES[name]
+
+
+def test_as_slice_names_say_which_state_is_sliced():
+    """The paper's default (all updated state but the weights, updated last) is `+as_slice`;
+    any other set is spelled out, so no two slicings share a name."""
+    rs = reorder(split(experiments.get("adam_fusion").program()))
+    names = {}
+    for sliced in (["m"], ["v"], ["m", "v"], ["w"], ["m", "v", "w"]):
+        q = rs
+        for x in sliced:
+            q = as_slice(q, x)
+        names[tuple(sliced)] = (q.schedule, fuse(q).schedule)
+    assert names[("m",)] == ("RS-C-AG+as_slice(m)", "fuse(RS-C-AG)+as_slice(m)")
+    assert names[("m", "v")] == ("RS-C-AG+as_slice", "fuse(RS-C-AG)+as_slice")
+    assert names[("w",)][0] == "RS-C-AG+as_slice(w)"
+    assert len({n for pair in names.values() for n in pair}) == 2 * len(names)
 
 
 # world sizes that split into the program's pipeline stages (the pipeline has 2)
-CASES = [(name, world) for name in experiments.PROGRAMS for world in (1, 2, 3, 4)
-         if world % experiments.load(name).program().stages == 0]
+CASES = [(name, world) for name in PROGRAMS for world in (1, 2, 3, 4)
+         if world % experiments.get(name).program().stages == 0]
 
 
 @pytest.mark.parametrize("name, world", CASES)
 def test_schedules_equivalent(name, world):
-    mod = experiments.load(name)
+    mod = experiments.get(name)
     base = mod.program()
     P = world // base.stages
     for sched in mod.schedules().values():
@@ -145,7 +163,7 @@ def test_fuse_cycle_names_statement():
 
 
 def test_check_chunks():
-    mod = experiments.load("model_parallel")
+    mod = experiments.get("model_parallel")
     ol = mod.schedules(chunks=3)["ol(MM,fuse(RS-C-AG))"]
     check_chunks(ol, {"B": 3, "S": 4, "H": 8, "K": 8, "P": 2})  # 6 rows per rank
     with pytest.raises(dsl.ShapeError, match="3 chunks do not divide the 8 rows"):

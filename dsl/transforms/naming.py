@@ -5,7 +5,10 @@ Each statement becomes a token: matmul `MM`, all_reduce `AR`, reduce_scatter `RS
 all_reduce, the combine step of a sliced reduction, counts as computation; an update is a write-back
 and gives no token). Runs of the same token collapse (`C-C` -> `C`, the all-gathers of several
 updated tensors -> one `AG`). A fused group prints as `fuse(..)`, an overlap as `ol(producer,
-consumer)`. A program that keeps updated state as slices (`as_slice`) gets the suffix `+as_slice`.
+consumer)`. A program that keeps updated state as slices (`as_slice`) gets a suffix: `+as_slice`
+for the paper's (ZeRO-style) default, every updated tensor kept as slices but the last one updated
+(the weights: Adam's m and v, SGD's momentum), else `+as_slice(x,y)` naming the sliced tensors in
+update order, so that distinct slicings never share a name.
 
     AR, C                     -> AR-C
     RS, C, AG                 -> RS-C-AG
@@ -62,5 +65,16 @@ def schedule_name(p: Program) -> str:
         merged = (f"ol({segs[a][0]},{segs[b][0]})", segs[a][1] | segs[b][1])
         segs = segs[:a] + [merged] + segs[a + 1:b] + segs[b + 1:]
     name = "-".join(_collapse([t for t, _ in segs]))
-    sliced_state = any(isinstance(s.args[0].type.layout, Sliced) for s in p.body if s.op == "update")
-    return name + ("+as_slice" if sliced_state else "")
+    return name + _sliced_suffix(p)
+
+
+def _sliced_suffix(p: Program) -> str:
+    """'' (no sliced state), '+as_slice' (all updated tensors sliced but the last updated), or
+    '+as_slice(m)' naming the sliced ones."""
+    updated = [s.args[0] for s in p.body if s.op == "update"]
+    sliced = [x.name for x in updated if isinstance(x.type.layout, Sliced)]
+    if not sliced:
+        return ""
+    if sliced == [x.name for x in updated[:-1]]:
+        return "+as_slice"
+    return f"+as_slice({','.join(sliced)})"

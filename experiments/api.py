@@ -1,0 +1,179 @@
+"""The Experiment interface: what every experiment fills in, shipped or a user's own.
+
+An `Experiment` is a frozen, keyword-only record. A program experiment (a DSL step compared with
+the library code a practitioner writes) fills in:
+
+- `name`, `figure`: its name on the command line, the paper figure it reproduces (or what it shows);
+- `program(dtype)`: the unscheduled DSL program; `schedules(dtype)`: schedule name -> scheduled
+  program, derived from it by `dsl.transforms` (the unscheduled one included);
+- `verify_bindings(scale)`: size bindings to check every schedule at (`dsl.check_equivalent`);
+- `points(scale, max_elements)`: size bindings to measure at (the sweep);
+- `baseline(ctx)`: the library baseline on one rank (see `Baseline`, `BaselineContext`); without
+  one the experiment is verified and predicted, not measured;
+- `principal`: the size symbols whose product is the `size` column (N; or S, B, H);
+- `paper`: the paper's setting to predict (`PaperSetting`), or None.
+
+and optionally `measure_worlds` (world sizes to measure at; default: the run's), `split_schedule`
+(whose communication an overlapped `ol(...)` schedule is compared with), `rtol` (the verification
+tolerance of measured points; default `dsl.equivalence.tolerance`), `check_bindings` (where the
+baseline is checked against `dsl.interpret`; default the first verification binding).
+
+The measurement (`experiments.harness.measure`) and the predictions (`experiments.predict`) work
+from these fields alone. An experiment without a DSL program (calibrate, collectives) leaves
+`program` None and gives its own `measure(settings)` and `predict(settings)`; `summary(measured,
+predicted)` replaces the predicted-speedup table a run prints; `fits_topology` says the run makes
+its own calibration, `needs_measurement` that it can only run with backend=cpu.
+
+Units: sizes in elements (bytes for collectives), times in milliseconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Protocol
+
+import numpy as np
+import torch
+
+Bindings = Mapping[str, int]
+
+
+class Baseline(Protocol):
+    """The library baseline on one rank, built from this rank's inputs of the unscheduled program.
+
+    `step()` runs one whole step (communication and computation), in place, as often as timed;
+    `outputs()` returns the program's outputs this rank holds (global shapes, numpy); `compute_ms`
+    is the time spent in the library's computation since the harness last set it to 0 (what the
+    cost model takes as the baseline's compute time)."""
+
+    compute_ms: float
+
+    def step(self) -> None: ...
+
+    def outputs(self) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineContext:
+    """What a baseline is built from on one rank: where it runs and its inputs."""
+    rank: int
+    world_size: int
+    P: int  # ranks per pipeline stage (the tensor-parallel group's size)
+    backend: object  # codegen.runtime.backend.Backend of the run: device, communicator, ...
+    groups: object  # its process groups (codegen.runtime.backend.Groups: world, stages)
+    inputs: Mapping[str, np.ndarray]  # this rank's inputs of the unscheduled program, by name
+    exact: bool  # True when checked against the program (no library randomness), False when timed
+
+    @property
+    def stage(self) -> int:
+        return self.rank // self.P
+
+    @property
+    def device(self):
+        return self.backend.device
+
+    @property
+    def group(self):
+        """This rank's tensor-parallel group (codegen.runtime.comm.Group)."""
+        return self.groups.stages[self.stage]
+
+    def tensors(self) -> dict:
+        """The inputs as torch tensors on the backend's device (copies)."""
+        return {k: torch.from_numpy(np.array(v)).to(self.device) for k, v in self.inputs.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PaperSetting:
+    """Where the paper ran the experiment: predicted beside every run, and scaled to any topology."""
+    topologies: tuple[tuple[str, Optional[int]], ...]  # (conf/topology name, nodes)
+    world_size: int
+    dtype: object  # dsl dtype
+    points: Mapping[str, list]  # scale -> size bindings
+    world_on: Callable[[object], int]  # topology -> this setting's world size scaled to it
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSettings:
+    scale: str  # smoke | default | paper
+    max_elements: int  # the largest principal tensor to measure
+    world_size: int
+    warmup: int
+    repeats: int
+    csv_path: Path  # results.csv of the run
+    kernels_dir: Path  # where the generated sources are written
+    seed: int = 0
+    timeout_s: float = 1800.0  # the whole measurement; a hung rank ends the run after this
+    backend: str = "cpu"  # codegen.runtime.backend.get(backend): where the ranks run (rows say it)
+    schedules: Optional[Mapping[str, object]] = None  # the schedules to measure; None: all
+    points: Optional[list] = None  # size bindings replacing the experiment's sweep
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictSettings:
+    scale: str
+    backend: str  # cpu: the measured points (local) and the paper's setting; sim: the topology
+    topology: object  # cost_model.topology.Topology of the run
+    world_size: int
+    max_elements: int
+    measured: list  # the rows this run measured (empty with backend=sim)
+    out_dir: Path
+    sizes: Optional[list] = None  # experiment.sizes: bindings replacing the sweep
+    schedules: Optional[Mapping[str, object]] = None  # the schedules to predict; None: all
+
+
+def _no_bindings(scale: str) -> list:
+    return []
+
+
+def _no_points(scale: str, max_elements: int) -> list:
+    return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    name: str
+    figure: str
+    program: Optional[Callable[..., object]] = None  # (dtype=f32) -> dsl.Program
+    schedules: Optional[Callable[..., dict]] = None  # (dtype=f32) -> {name: dsl.Program}
+    verify_bindings: Callable[[str], list] = _no_bindings
+    points: Callable[[str, int], list] = _no_points
+    baseline: Optional[Callable[[BaselineContext], Baseline]] = None
+    principal: tuple[str, ...] = ("N",)
+    paper: Optional[PaperSetting] = None
+    measure_worlds: Optional[tuple[int, ...]] = None
+    split_schedule: Optional[str] = None
+    rtol: Optional[float] = None
+    check_bindings: Optional[Mapping[str, int]] = None
+    # experiments without a DSL program
+    measure: Optional[Callable[[MeasureSettings], list]] = None
+    predict: Optional[Callable[[PredictSettings], list]] = None
+    summary: Optional[Callable[[list, list], str]] = None
+    fits_topology: bool = False
+    needs_measurement: bool = False
+    doc: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.program is None) != (self.schedules is None):
+            raise ValueError(f"experiment {self.name}: give program and schedules together")
+
+    @property
+    def has_program(self) -> bool:
+        return self.program is not None
+
+    @property
+    def measurable(self) -> bool:
+        """Measured on local ranks: by its own measure, or by the harness against its baseline."""
+        return self.measure is not None or self.baseline is not None
+
+    def size_and_shape(self, bindings: Bindings) -> tuple[int, str]:
+        """The `size` (product of the principal symbols) and `shape` columns of a point."""
+        size = int(np.prod([bindings[k] for k in self.principal], dtype=np.int64))
+        if set(bindings) == set(self.principal) and len(self.principal) == 1:
+            return size, f"[{size}]"
+        return size, ",".join(f"{k}={v}" for k, v in bindings.items())
+
+    def bindings_of(self, size: int, shape: str) -> dict[str, int]:
+        """A point's bindings back from its size and shape columns."""
+        if "=" not in str(shape):
+            return {self.principal[0]: int(size)}
+        return {k: int(v) for k, v in (part.split("=") for part in str(shape).split(","))}

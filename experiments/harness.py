@@ -1,0 +1,266 @@
+"""The measurement harness: an experiment's baseline and schedules timed side by side on ranks.
+
+    rows = measure(exp, settings)      # every point x (baseline, schedules), on local ranks
+                                       # (or on the ranks torchrun started)
+
+For each world size (`exp.measure_worlds`, else `settings.world_size`) the parent lowers every
+schedule at every point (`exp.points(scale, max_elements)` or `settings.points`), compiles the
+kernels with the run's backend (`codegen.runtime.backend.get(settings.backend)`: cpu, cuda; written
+to `settings.kernels_dir`), and starts the ranks, each on that backend (device, process groups,
+communicator, clock). On every rank, before
+any point, the baseline is checked against `dsl.interpret` of the unscheduled program at
+`exp.check_bindings` (default: the first verification binding): `verified` is false on every row
+when it differs. Then per point:
+
+- inputs: one random global array per program input (`dsl.equivalence.global_inputs`, seeded by
+  `settings.seed`), the same on every rank, cut to each rank by each program's layouts
+  (`distribute`); the baseline gets the unscheduled program's cut, with the hyper-parameters'
+  defaults (`BaselineContext.inputs`);
+- reference: one `step()` of the baseline built with `exact=True`; a schedule is `verified` when
+  one `run()` of its Plan gives every output, on every rank, within |x - ref| <= rtol * (1 + |ref|)
+  of it where the experiment gives `exp.rtol`, else within twice the element's error bound from
+  `dsl.error_bounds` of the unscheduled program on the same inputs (`dsl.bounds`: matmul and
+  reduction orders differ; an as_slice'd output compared on this rank's slice);
+- time: `time_point` (warm-up, repeats, a barrier before each, the slowest rank's time; a short
+  step repeated until its repeats take 300 ms), baseline first, then each schedule; median, min,
+  max; `compute_ms` is the time in the baseline's library computation or the Plan's kernels and
+  matmuls (rank average per call), `comm_ms` = time_ms - compute_ms, and an `ol(...)` schedule's
+  `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
+
+Rank 0 appends each row to `settings.csv_path` as soon as it is measured and prints it with a
+progress bar (`publish`). The rows are the results table's (see DESIGN.md); `speedup` is over the
+baseline at the same point. The experiment reaches the ranks by name (and, for a user's module,
+by its module spec: `registry.source_of`), so its fields need not be picklable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import dsl
+from codegen.lower import lower
+from codegen.runtime import backend as backends
+from codegen.runtime.execute import PlanRunner
+from codegen.runtime.launch import run_ranks
+from codegen.runtime.measure import Timing, time_ranks
+from dsl.bounds import within
+from dsl.equivalence import distribute, global_inputs
+from dsl.types import Sliced
+from reports.progress import Progress
+from reports.table import append_row
+
+from . import registry
+from .api import BaselineContext, Experiment, MeasureSettings
+
+MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
+FUSED_CHUNKS = 4  # chunks of a fused collective
+
+
+# -- timing and publishing (shared with calibrate and collectives) --------------------------------
+def time_point(fn: Callable[[], None], warmup: int, repeats: int, clock=None) -> Timing:
+    """A measured point's timing: `time_ranks` with the backend's `clock`, a short step repeated
+    until its repeats take MIN_TIMED_MS (at most MORE_REPEATS x repeats), so that its median rests
+    on more samples."""
+    return time_ranks(fn, warmup, repeats, min_total_ms=MIN_TIMED_MS,
+                      max_repeats=MORE_REPEATS * repeats, clock=clock)
+
+
+def agree(ok: bool) -> bool:
+    """True on every rank when it is true on every rank."""
+    t = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t[0])
+
+
+def publish(row: dict, csv_path, rank: int, bar: Progress, label: str) -> dict:
+    """Rank 0: append the row to results.csv and print it with the progress line."""
+    line = bar.step(f"{label.strip()} {row['schedule']}")
+    if rank == 0:
+        append_row(csv_path, row)
+        verdict = "verified" if row["verified"] else "NOT VERIFIED"
+        print(f"  {label} {row['schedule']:24s} {row['time_ms']:9.2f} ms "
+              f"[{row['time_ms_min']:.2f}, {row['time_ms_max']:.2f}]  x{row['speedup']:.2f} "
+              f"{verdict}\n  {line}", flush=True)
+    return row
+
+
+# -- the parent -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    """What the ranks need: the experiment by name (and module), the plans, the settings."""
+    experiment: str
+    source: Optional[str]  # the user's module spec that registers it; None: shipped
+    world_size: int
+    points: tuple[tuple[tuple[str, int], ...], ...]  # each point's bindings as (symbol, value)
+    plans: tuple[tuple[tuple[str, object, object], ...], ...]  # per point: (name, Program, Plan)
+    warmup: int
+    repeats: int
+    csv_path: str
+    seed: int
+    backend: str
+
+
+def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
+    """Measured rows of a program experiment at every point and world size (see the module)."""
+    if not exp.has_program:
+        raise ValueError(f"experiment {exp.name} has no DSL program to measure")
+    schedules = dict(settings.schedules if settings.schedules is not None else exp.schedules())
+    points = [dict(b) for b in (settings.points or exp.points(settings.scale,
+                                                              settings.max_elements))]
+    rows: list[dict] = []
+    for world in exp.measure_worlds or (settings.world_size,):
+        plans = tuple(tuple((name, p, lower(p, b, world, fused_chunks=FUSED_CHUNKS))
+                            for name, p in schedules.items()) for b in points)
+        kernels = list({k.name: k for pl in plans for _, _, plan in pl
+                        for k in plan.kernels()}.values())
+        print(f"building {len(kernels)} kernels ...", flush=True)
+        target = backends.get(settings.backend)
+        target.precompile(kernels)
+        target.write_sources(kernels, settings.kernels_dir, exp.name)
+        spec = Spec(exp.name, registry.source_of(exp.name), world,
+                    tuple(tuple(b.items()) for b in points), plans, settings.warmup,
+                    settings.repeats, str(settings.csv_path), settings.seed, settings.backend)
+        rows += run_ranks(rank_main, world, args=(spec, kernels), timeout_s=settings.timeout_s)[0]
+    return rows
+
+
+# -- one rank -------------------------------------------------------------------------------------
+def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict]:
+    exp = registry.resolve(spec.experiment, spec.source)
+    program = exp.program()
+    backend = backends.get(spec.backend)
+    kernels = backend.build(kernel_list)  # compiled by the parent: loads from the cache
+    groups = backend.groups(program.stages)
+    clock = backend.clock()
+    baseline_ok = agree(_baseline_matches_program(exp, program, rank, world, backend, groups))
+    weights = [math.prod(dict(b).values()) for b, pl in zip(spec.points, spec.plans)
+               for _ in range(1 + len(pl))]
+    bar = Progress(weights, label=exp.name)
+    rows: list[dict] = []
+    for items, plans in zip(spec.points, spec.plans):
+        b = dict(items)
+        rows += _point(exp, program, spec, b, plans, rank, world, (backend, kernels, groups,
+                                                                   clock), baseline_ok, bar)
+    return rows
+
+
+def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) -> list[dict]:
+    backend, kernels, groups, clock = target
+    P = world // program.stages
+    globals_ = global_inputs(program, P, b, np.random.default_rng([spec.seed, *b.values()]))
+    every = distribute(program, globals_, world, b)
+    mine = _with_defaults(program, every[rank])
+    error = _allowed_error(exp, program, every, world, b, rank)
+    ctx = dict(rank=rank, world_size=world, P=P, backend=backend, groups=groups, inputs=mine)
+    ref = exp.baseline(BaselineContext(**ctx, exact=True))
+    ref.step()
+    reference = ref.outputs()
+    del ref
+    base = exp.baseline(BaselineContext(**ctx, exact=False))
+    timing, compute = _timed(base, base.step, spec, clock)
+    del base
+    base_ms, comm_split = timing.median_ms, None
+    row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar)
+    rows = [row("baseline", timing, base_ms, baseline_ok, compute, None)]
+    for name, scheduled, plan in plans:
+        runner = PlanRunner(plan, rank, kernels, groups, backend)
+        runner.load(distribute(scheduled, globals_, world, b)[rank])
+        runner.run()
+        ok = agree(_close(runner.outputs(), _local(plan, reference, runner.tp),
+                          _local(plan, error(reference), runner.tp)))
+        timing, compute = _timed(runner, runner.run, spec, clock)
+        del runner
+        comm_ms = max(0.0, timing.median_ms - compute)
+        if name == exp.split_schedule:
+            comm_split = comm_ms
+        hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
+                  and comm_split is not None else None)
+        rows.append(row(name, timing, base_ms, ok, compute, hidden))
+    return rows
+
+
+def _baseline_matches_program(exp: Experiment, program, rank: int, world: int, backend,
+                              groups) -> bool:
+    """The exact baseline computes what the program says (`dsl.interpret`), at small bindings,
+    on these ranks."""
+    b = dict(exp.check_bindings or (exp.verify_bindings("smoke") or [None])[0] or {})
+    inputs = dsl.random_inputs(program, world, b or None, np.random.default_rng(0))
+    expect = dsl.interpret(program, inputs, world, b or None)[rank]
+    base = exp.baseline(BaselineContext(
+        rank=rank, world_size=world, P=world // program.stages, backend=backend, groups=groups,
+        inputs=_with_defaults(program, inputs[rank]), exact=True))
+    base.step()
+    error = _allowed_error(exp, program, inputs, world, b or None, rank)
+    return _close(base.outputs(), expect, error(expect))
+
+
+def _allowed_error(exp: Experiment, program, every: list, world: int, b, rank: int):
+    """reference outputs -> {name: allowed |x - ref| per element}: rtol * (1 + |ref|) with the
+    experiment's rtol, else twice the error bound of `dsl.error_bounds` on these inputs."""
+    if exp.rtol is not None:
+        return lambda ref: {k: exp.rtol * (1 + np.abs(v)) for k, v in ref.items()}
+    bounds = dsl.error_bounds(program, every, world, b)[rank]
+    return lambda ref: {k: 2 * bounds[k].error for k in ref if k in bounds}
+
+
+def _with_defaults(program, inputs: dict) -> dict:
+    """A rank's inputs plus the hyper-parameters' defaults (what a baseline reads them from)."""
+    defaults = {i.value.name: np.asarray(i.default, dtype=i.value.type.dtype.numpy)
+                for i in program.inputs if i.default is not None}
+    return {**defaults, **inputs}
+
+
+def _local(plan, reference: dict, tp: int) -> dict:
+    """Arrays of the baseline's (global) outputs as this rank's buffers of the plan hold them."""
+    out = {}
+    for name, bid in plan.outputs:
+        if name not in reference:
+            continue
+        buf, full = plan.buffer(bid), reference[name]
+        out[name] = full if tuple(full.shape) == tuple(buf.shape) or not isinstance(
+            buf.layout, Sliced) else np.split(full, plan.P, axis=buf.layout.dim)[tp]
+    return out
+
+
+def _close(got: dict, ref: dict, error: dict) -> bool:
+    """The same outputs, every element within its allowed error."""
+    return set(got) == set(ref) <= set(error) and all(
+        within(got[k], ref[k], error[k])[1] == 0 for k in ref)
+
+
+def _timed(obj, fn, spec: Spec, clock) -> tuple[Timing, float]:
+    """(timing, compute ms per call averaged over the ranks) of fn, obj.compute_ms reset first."""
+    obj.compute_ms = 0.0
+    timing = time_point(fn, spec.warmup, spec.repeats, clock)
+    calls = spec.warmup + len(timing.times_ms)
+    t = torch.tensor([obj.compute_ms / calls], dtype=torch.float64)
+    dist.all_reduce(t)
+    return timing, float(t[0]) / dist.get_world_size()
+
+
+def _rows(exp, spec, b, world, dtype, rank, bar) -> Callable[..., dict]:
+    """A function making (and publishing) the rows of one point."""
+    size, shape = exp.size_and_shape(b)
+    label = f"N=2^{math.log2(size):.0f}" if shape.startswith("[") else f"ranks={world} {shape:24s}"
+
+    def row(schedule, timing, base_ms, ok, compute, hidden) -> dict:
+        return publish(_row(exp.name, spec.backend, schedule, world, size, shape, dtype, timing, base_ms, ok,
+                            compute, hidden), spec.csv_path, rank, bar, label)
+    return row
+
+
+def _row(experiment, backend, schedule, world, size, shape, dtype, timing, base_ms, ok, compute,
+         hidden) -> dict:
+    return {"experiment": experiment, "schedule": schedule, "source": "measured", "backend": backend,
+           "topology": "local", "world_size": world, "size": size, "shape": shape,
+           "dtype": dtype, "time_ms": round(timing.median_ms, 4),
+           "time_ms_min": round(timing.min_ms, 4), "time_ms_max": round(timing.max_ms, 4),
+           "speedup": round(base_ms / timing.median_ms, 4), "verified": ok,
+           "compute_ms": round(compute, 4),
+           "comm_ms": round(max(0.0, timing.median_ms - compute), 4),
+           "overlapped_ms": "" if hidden is None else round(hidden, 4)}

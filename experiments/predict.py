@@ -1,0 +1,212 @@
+"""Predicted rows: every schedule of an experiment simulated by the cost model on a topology.
+
+    rows = predictions(exp, settings)        # one run's predictions (experiments.PredictSettings)
+    rows = predict(exp, topo, points, world_size, dtype, baseline_compute_ms=None)
+
+`predict` lowers each schedule (and the baseline) at each point (size bindings) and simulates the
+Plan (`cost_model.workload.simulate`), returning rows of the results table with
+`source=predicted`, `backend=sim`, `topology=<its name>`, `speedup` over the predicted baseline
+at the same point, the time split of the slowest rank (`compute_ms`, `comm_ms`: communication
+exposed, `overlapped_ms`: communication hidden behind compute) and the algorithm and protocol of
+each collective (`algo`, `proto`: `;`-joined in step order, `cost_model.workload.choices`).
+`predictions` also returns the paper's published results for the experiment
+(`paper_result_rows`: source `paper`, from cost_model/data/paper_results.csv). The baseline has no Plan of its own: it is predicted as the library runs it, on
+the unscheduled program's Plan (AR-C, MM-AR-C, AR-C-P2P: the library's all-reduce with the
+topology's algorithm, then the computation), its computation taking the time the baseline's own
+library computation took when it was measured in this run (`compute_ms` of the measured baseline
+row at that point and world size: the same callable timed, e.g. torch's fused Adam step), given to
+the Plan's first Compute step (the others, and the collectives' staging copies, take 0: the
+library reduces in place). Where nothing was measured (backend=sim, a GPU topology), the
+baseline's computation is the generated kernels' (it equals the unscheduled schedule).
+
+`predictions(exp, settings)`: backend=cpu, every measured point on the local topology (or the
+calibrated one the run was given), then the experiment's paper setting (`exp.paper`);
+backend=sim, the chosen topology alone: the local topology at the experiment's own sweep and the
+run's world size, a GPU topology in the paper's setting scaled to it (`PaperSetting.world_on`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from codegen.lower import lower
+from codegen.plan import Collective, Compute
+from cost_model.topology import Topology, load_topology
+from cost_model.validation import paper_results
+from cost_model.workload import choices, simulate
+from dsl import f32
+
+from .api import Experiment, PredictSettings
+
+
+def local_points(exp: Experiment, rows) -> list[tuple[int, dict]]:
+    """(world size, bindings) of every measured point, in the order measured."""
+    seen: dict = {}
+    for r in rows:
+        if r.get("source", "measured") == "measured":
+            key = (int(r["world_size"]), str(r["shape"]))
+            seen.setdefault(key, (int(r["world_size"]), exp.bindings_of(r["size"], r["shape"])))
+    return list(seen.values())
+
+
+def measured_baseline_compute(rows) -> dict[tuple[int, str], float]:
+    """(world size, shape) -> the measured baseline's compute_ms, from measured rows."""
+    out = {}
+    for r in rows:
+        if r.get("source") == "measured" and r.get("schedule") == "baseline" \
+                and r.get("compute_ms") not in (None, ""):
+            out[(int(r["world_size"]), str(r["shape"]))] = float(r["compute_ms"])
+    return out
+
+
+def library_compute_us(plan, compute_ms: Optional[float]) -> dict:
+    """{step id: us}: the measured library time on the Plan's first Compute step, 0 on the other
+    Compute steps and the collectives' staging; {} without a measurement."""
+    steps = [s.id for s in plan.steps if isinstance(s, Compute)]
+    if compute_ms is None or not steps:
+        return {}
+    in_place = {s.id: 0.0 for s in plan.steps if isinstance(s, Collective)}
+    return {**in_place, **{sid: (compute_ms * 1e3 if i == 0 else 0.0)
+                           for i, sid in enumerate(steps)}}
+
+
+def _union(intervals) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _overlap_us(xs, ys) -> float:
+    """The time two sorted, disjoint interval lists have in common."""
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        total += max(0.0, min(xs[i][1], ys[j][1]) - max(xs[i][0], ys[j][0]))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _split(result) -> tuple[float, float, float]:
+    """(compute ms, communication not hidden ms, communication hidden behind compute ms) of the
+    slowest rank in a simulated trace."""
+    df = result.trace
+    if df.empty:
+        return 0.0, result.time_ms, 0.0
+    rank = max(result.finish_us, key=result.finish_us.get)
+    mine = df[df["rank"] == rank]
+    comp = mine[mine.stream == "compute"]
+    compute = float((comp.end - comp.start).sum()) / 1e3
+    comm = mine[mine.stream == "comm"]
+    hidden = _overlap_us(_union(zip(comp.start, comp.end)), _union(zip(comm.start, comm.end)))
+    return compute, max(0.0, result.time_ms - compute), hidden / 1e3
+
+
+def paper_result_rows(name: str) -> list[dict]:
+    """The paper's published results for this experiment (cost_model/data/paper_results.csv) as
+    rows of the results table: source `paper`, `speedup` .. `speedup_max`, with where they come
+    from and the caveat."""
+    return [{"experiment": name, "schedule": r["schedule"], "source": "paper", "backend": "",
+             "topology": "dgx2", "world_size": int(r["world_size"]), "size": 0, "shape": "",
+             "dtype": "", "speedup": r["speedup_min"], "speedup_max": r["speedup_max"],
+             "note": f"{r['result']} (over {r['baseline']}; {r['setup']})",
+             "reference": f"{r['where']}: {r['source']}", "caveat": r["caveat"]}
+            for r in paper_results() if r["experiment"] == name]
+
+
+def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int, dtype=None,
+            schedules: Optional[dict] = None, baseline_compute_ms: Optional[dict] = None,
+            show=None) -> list[dict]:
+    """Rows for every point x (baseline, schedules) on `topo` at `world_size` ranks;
+    `baseline_compute_ms`: shape -> the measured baseline's compute ms (see the module doc)."""
+    dtype = dtype or f32
+    progs = schedules if schedules is not None else dict(exp.schedules(dtype))
+    base = exp.program(dtype)
+    rows = []
+    for b in points:
+        size, shape = exp.size_and_shape(b)
+        t0 = time.perf_counter()
+        base_plan = lower(base, b, world_size)
+        measured = (baseline_compute_ms or {}).get(shape)
+        results = {"baseline": (base_plan, simulate(
+            base_plan, topo, compute_us=library_compute_us(base_plan, measured)))}
+        for name, p in progs.items():
+            plan = lower(p, b, world_size)
+            results[name] = (plan, simulate(plan, topo))
+        base_ms = results["baseline"][1].time_ms
+        for name, (plan, r) in results.items():
+            compute, comm, hidden = _split(r)
+            picked = choices(plan, topo)
+            rows.append({"experiment": exp.name, "schedule": name, "source": "predicted",
+                         "backend": "sim", "topology": topo.name, "world_size": world_size,
+                         "size": size, "shape": shape, "dtype": dtype.name,
+                         "time_ms": round(r.time_ms, 6), "speedup": round(base_ms / r.time_ms, 4),
+                         "compute_ms": round(compute, 6), "comm_ms": round(comm, 6),
+                         "overlapped_ms": round(hidden, 6),
+                         "algo": ";".join(a for _, a, _ in picked),
+                         "proto": ";".join(p for _, _, p in picked)})
+        if show:
+            best = max((n for n in results if n != "baseline"),
+                       key=lambda n: base_ms / results[n][1].time_ms)
+            show(f"  predicted {topo.name} P={world_size} {shape:24s} baseline {base_ms:10.3f} ms"
+                 f"  best {best} x{base_ms / results[best][1].time_ms:.2f}"
+                 f"  ({time.perf_counter() - t0:.1f} s)")
+    return rows
+
+
+def paper_rows(exp: Experiment, scale: str, schedules: Optional[dict] = None,
+               show=None) -> list[dict]:
+    """The paper's setting of this experiment, predicted (no rows for an experiment without)."""
+    setting = exp.paper
+    if setting is None:
+        return []
+    progs = schedules if schedules is None else {n: p for n, p in dict(
+        exp.schedules(setting.dtype)).items() if n in schedules}
+    rows = []
+    for name, nodes in setting.topologies:
+        topo = load_topology(name, nodes=nodes)
+        rows += predict(exp, topo, setting.points[scale], setting.world_size, setting.dtype,
+                        schedules=progs, show=show)
+    return rows
+
+
+def sim_setting(exp: Experiment, topo: Topology, scale: str, world_size: int,
+                max_elements: int) -> tuple[int, list[dict], object]:
+    """(world size, points, dtype) to predict `exp` on `topo` alone (backend=sim): the local
+    topology at the experiment's own sweep and `world_size`; a GPU topology in the paper's
+    setting of the experiment, scaled to it (`PaperSetting.world_on`)."""
+    if topo.name == "local" or exp.paper is None:
+        return world_size, exp.points(scale, max_elements), f32
+    world = exp.paper.world_on(topo)
+    if world > topo.devices:
+        raise ValueError(f"{exp.name} needs {world} devices; topology {topo.name} has "
+                         f"{topo.devices} (set topology.nodes)")
+    return world, exp.paper.points[scale], exp.paper.dtype
+
+
+def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[dict]:
+    """The predicted rows of one run (see the module doc and experiments.PredictSettings)."""
+    topo, chosen = settings.topology, settings.schedules
+    if settings.backend == "sim":
+        world, pts, dtype = sim_setting(exp, topo, settings.scale, settings.world_size,
+                                        settings.max_elements)
+        if settings.sizes:
+            pts = [dict(b) for b in settings.sizes]
+        progs = None if chosen is None else {n: p for n, p in dict(exp.schedules(dtype)).items()
+                                             if n in chosen}
+        return predict(exp, topo, pts, world, dtype, schedules=progs, show=show) + \
+            paper_result_rows(exp.name)
+    local = topo if topo.name == "local" else load_topology("local")
+    measured = measured_baseline_compute(settings.measured)
+    rows = []
+    for world, b in local_points(exp, settings.measured):
+        compute = {s: ms for (w, s), ms in measured.items() if w == world}
+        rows += predict(exp, local, [b], world, schedules=chosen and dict(chosen),
+                        baseline_compute_ms=compute, show=show)
+    return rows + paper_rows(exp, settings.scale, schedules=chosen, show=show) + \
+        paper_result_rows(exp.name)
