@@ -1,12 +1,7 @@
-"""The data-parallel optimizer programs (Adam, LAMB), the schedules the paper derives from them,
-and their library baselines.
-
-Both follow the real update rules of `torch.optim.Adam` (bias correction, sqrt, epsilon) and of
-LAMB (You et al. 2020; Apex FusedLAMB without gradient clipping): the gradient is all-reduced and
-averaged over the P ranks first, as DDP does.
-
-Schedules (Fig. 10): `AR-C` (the program), `RS-C-AG` (split + reorder), `fuse(RS-C-AG)`, and
-`fuse(RS-C-AG)+as_slice` (optimizer state m and v kept only as slices, ZeRO-style).
+"""The data-parallel optimizer experiments' sizes, baselines and paper setting; the programs
+(Adam, LAMB) and their schedules (`AR-C`, `RS-C-AG`, `fuse(RS-C-AG)`, each split one also
+`+as_slice`) live in `coconet.programs`, below experiments, since the fused optimizers
+(`coconet.FusedAdam`, `coconet.FusedLAMB`) run them too; they are re-exported here.
 
 Baselines (`experiments.api.Baseline`, built from a rank's inputs g, w, m, v and the
 hyper-parameters): `dist.all_reduce` of the gradient, averaged over the ranks as DDP does, then
@@ -23,66 +18,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dsl import Builder, Local, P, Program, Replicated, f32, sym
-from dsl.transforms import as_slice, fuse, reorder, split
+from coconet.programs import (adam_program, lamb_program,  # noqa: F401 (the experiments')
+                             optimizer_schedules)
+from dsl import f32
 
 from .api import BaselineContext, PaperSetting
-
-N = sym("N")
-
-
-def _moments(b: Builder):
-    """Inputs, averaged gradient, new moments and bias corrections shared by Adam and LAMB."""
-    g = b.input("g", f32, [N], Local())
-    w = b.input("w", f32, [N], Replicated())
-    m = b.input("m", f32, [N], Replicated())
-    v = b.input("v", f32, [N], Replicated(), init="positive")
-    hp = {k: b.param(k, d) for k, d in (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999),
-                                        ("eps", 1e-8), ("step", 3.0))}
-    g_avg = b.all_reduce(g, name="g.sum") * (1 / P)
-    b1, b2 = hp["beta1"], hp["beta2"]
-    m_new = b.op("add", b1 * m, (1 - b1) * g_avg, name="m.next")
-    v_new = b.op("add", b2 * v, (1 - b2) * g_avg * g_avg, name="v.next")
-    bc1 = 1 - b1 ** hp["step"]
-    bc2 = 1 - b2 ** hp["step"]
-    return w, m, v, m_new, v_new, bc1, bc2, hp
-
-
-def adam_program(dtype=f32) -> Program:
-    b = Builder("adam")
-    w, m, v, m_new, v_new, bc1, bc2, hp = _moments(b)
-    denom = b.sqrt(v_new) / b.sqrt(bc2) + hp["eps"]
-    w_new = w - (hp["lr"] / bc1) * (m_new / denom)
-    b.update(m, m_new)
-    b.update(v, v_new)
-    b.update(w, w_new)
-    return b.build(schedule="AR-C")
-
-
-def lamb_program(dtype=f32) -> Program:
-    b = Builder("lamb")
-    w, m, v, m_new, v_new, bc1, bc2, hp = _moments(b)
-    wd = b.param("weight_decay", 0.01)
-    u = (m_new / bc1) / (b.sqrt(v_new / bc2) + hp["eps"]) + wd * w
-    r_w = b.norm(w, name="norm.w")
-    r_u = b.norm(u, name="norm.u")
-    trust = b.where(r_w > 0, b.where(r_u > 0, r_w / r_u, 1.0), 1.0, name="trust")
-    w_new = w - hp["lr"] * trust * u
-    b.update(m, m_new)
-    b.update(v, v_new)
-    b.update(w, w_new)
-    return b.build(schedule="AR-C")
-
-
-def optimizer_schedules(p: Program) -> dict[str, Program]:
-    """AR-C, RS-C-AG, fuse(RS-C-AG), each split schedule also with m and v kept as slices.
-
-    The paper's own RS-C-AG and fuse(RS-C-AG) for Adam keep the optimizer state as slices (the
-    authors' examples/adam/adam.cpp applies asSlice({m, v})): those are the `+as_slice` ones here.
-    Without it, the step must all-gather m and v too, three times the all-gather traffic."""
-    rs_c_ag = reorder(split(p))
-    sliced = as_slice(as_slice(rs_c_ag, "m"), "v")
-    return {q.schedule: q for q in (p, rs_c_ag, sliced, fuse(rs_c_ag), fuse(sliced))}
 
 
 def optimizer_bindings(scale: str) -> list[dict[str, int]]:

@@ -21,11 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import dsl
 import experiments
+from coconet.programs import adam_program, sliced_schedule
 from codegen.lower import lower
-from codegen.runtime.backend import CpuBackend
+from codegen.runtime.backend import CpuBackend, Groups
+from codegen.runtime.comm import Group
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
 from dsl import Builder, Local, Replicated, bf16, sym
@@ -142,3 +145,27 @@ def test_a_step_without_a_rule_is_named():
     runner = PlanRunner.__new__(PlanRunner)
     with pytest.raises(NotImplementedError, match="rule for Unknown not implemented"):
         runner.step(Unknown())
+
+
+def test_the_runner_aliases_the_callers_tensors():
+    """`tensors=` / `bind`: the caller's tensor IS the input's buffer (never allocated, no copy);
+    a tensor of another shape, dtype or layout is refused with the input's name."""
+    plan = lower(sliced_schedule(adam_program()), {"N": 48}, 2, fused_chunks=2)
+    solo = Group(None, (0, 1), 1.0)  # never used: nothing runs
+    w, m = torch.zeros(48), torch.zeros(24)
+    runner = PlanRunner(plan, 0, {}, Groups(solo, (solo,)),
+                        tensors={"w": w, "m": m, "lr": torch.tensor(0.5)})
+    assert runner.input("w") is w and runner.input("m") is m
+    assert float(runner.input("lr")) == 0.5 and float(runner.input("eps")) == pytest.approx(1e-8)
+    v = torch.ones(24)
+    runner.bind("v", v)
+    assert runner.input("v") is v
+    runner.load({"w": np.arange(48, dtype=np.float32)})
+    assert w[47] == 47  # load writes into the caller's tensor
+    for bad, why in ((torch.zeros(47), r"shape \[48\]"),
+                     (torch.zeros(48, dtype=torch.float64), "got torch.float64"),
+                     (torch.zeros(96)[::2], "not contiguous")):
+        with pytest.raises(ValueError, match=why):
+            runner.bind("w", bad)
+    with pytest.raises(ValueError, match="no input 'x'"):
+        runner.bind("x", w)

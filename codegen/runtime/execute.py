@@ -1,8 +1,12 @@
 """Execute a Plan on this rank, on any Backend: one runner, a rule per Plan step type.
 
-Contract: `PlanRunner(plan, rank, kernels, groups, backend=CPU)` allocates this rank's buffers (those
-of its pipeline stage and those on every stage) with `backend.buffer`, `load(inputs)` copies this
-rank's local input arrays in (the same per-rank inputs `dsl.interpret` takes), `run()` issues the
+Contract: `PlanRunner(plan, rank, kernels, groups, backend=CPU, tensors=None)` allocates this
+rank's buffers (those of its pipeline stage and those on every stage) with `backend.buffer`, except
+the inputs named in `tensors`: those buffers ARE the caller's tensors (aliased, not copied; an
+update of the input writes the caller's tensor in place). `bind(name, tensor)` does the same later
+(a tensor of the buffer's shape, dtype and device, contiguous; ValueError otherwise).
+`load(inputs)` copies this rank's local input arrays in (the same per-rank inputs `dsl.interpret`
+takes), `run()` issues the
 steps in order, and `outputs()` returns this rank's outputs as numpy arrays (bf16 as float32, as
 the interpreter stores it). `kernels` comes from `backend.build(plan.kernels())`, `groups` from
 `backend.groups(plan.stages)` (a collective call). The result equals `dsl.interpret` on the same inputs
@@ -37,19 +41,23 @@ CPU = CpuBackend()
 
 class PlanRunner:
     def __init__(self, plan: Plan, rank: int, kernels: Mapping[str, Callable], groups: Groups,
-                 backend: Backend = CPU, fused: bool = True):
+                 backend: Backend = CPU, fused: bool = True,
+                 tensors: Optional[Mapping[str, torch.Tensor]] = None):
         self.plan, self.rank, self.kernels, self.fused = plan, rank, kernels, fused
         self.backend = backend
         self.stage, self.tp = divmod(rank, plan.P)
         self.streams = backend.streams()
         self.comm = backend.communicator(groups.stages[self.stage], self.streams)
         self.world = backend.communicator(groups.world, self.streams)
+        ids = dict(plan.inputs)
+        bound = {ids[name] for name in tensors or {} if name in ids}
         self.bufs: dict[int, torch.Tensor] = {
             b.id: backend.buffer(b.shape, TORCH[b.dtype]) for b in plan.buffers
-            if b.stage is None or b.stage == self.stage}
-        ids = dict(plan.inputs)
+            if (b.stage is None or b.stage == self.stage) and b.id not in bound}
+        for name, t in (tensors or {}).items():
+            self.bind(name, t)
         for name, value in plan.defaults:
-            if ids[name] in self.bufs:
+            if ids[name] in self.bufs and name not in (tensors or {}):
                 self.bufs[ids[name]].fill_(value)
         self.workspaces: dict[int, torch.Tensor] = {  # Compute step id -> its sums' scratch
             s.id: backend.buffer((kernels[s.kernel.name].workspace_bytes,), torch.uint8)
@@ -65,6 +73,22 @@ class PlanRunner:
                 buf = self.bufs[bid]
                 arr = np.array(inputs[name], order="C")  # keeps 0-d arrays 0-d
                 buf.copy_(torch.from_numpy(arr).reshape(buf.shape))
+
+    def bind(self, name: str, tensor: torch.Tensor) -> None:
+        """Make the caller's `tensor` the buffer of input `name` (aliased: no copy, written in place
+        where the plan updates the input); ValueError unless it matches the buffer exactly."""
+        ids = dict(self.plan.inputs)
+        if name not in ids:
+            raise ValueError(f"{self.plan.name}: no input {name!r}; inputs: {', '.join(ids)}")
+        b = self.plan.buffer(ids[name])
+        want = (tuple(b.shape), TORCH[b.dtype], self.backend.device.type)
+        got = (tuple(tensor.shape), tensor.dtype, tensor.device.type)
+        if got != want or not tensor.is_contiguous():
+            raise ValueError(f"{self.plan.name}: input {name!r} must be a contiguous {want[1]} "
+                             f"tensor of shape {list(want[0])} on {want[2]}, got "
+                             f"{got[1]} {list(got[0])} on {got[2]}"
+                             + ("" if tensor.is_contiguous() else " (not contiguous)"))
+        self.bufs[b.id] = tensor
 
     def outputs(self) -> dict[str, np.ndarray]:
         out = {}

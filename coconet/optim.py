@@ -1,0 +1,241 @@
+"""`FusedAdam` and `FusedLAMB`: torch optimizers for data-parallel training that run the suite's
+generated `fuse(RS-C-AG)+as_slice` step instead of DDP's all-reduce plus an optimizer.
+
+    model = Net()                                    # the same initial weights on every rank
+    opt = coconet.FusedAdam(model.parameters(), lr=1e-3)       # no DDP wrapper
+    for x, y in data:                                # this rank's micro-batch
+        opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
+
+Contract
+- Construction is collective over `group` (None: every rank). The parameters (float32, on the
+  backend's device) are broadcast from the group's first rank, then moved into flat buckets
+  (`coconet.buckets`): each `p.data` becomes a view of its bucket, so the all-gather writes the
+  updated weights into the model's parameters with no copy. Each bucket's step is compiled once
+  (`coconet.step.compile_many`: one module for all buckets).
+- `step()` is collective: for each bucket, this rank's gradients are copied into the bucket's
+  gradient buffer (a parameter without `.grad` counts as a zero gradient), and the generated step
+  runs: reduce-scatter of the gradient (summed, then averaged over the P ranks as DDP does), the
+  update kernel on this rank's slice, all-gather of the weights. The hyper-parameters are read
+  from the bucket's param group at every step, so learning-rate schedulers work; `zero_grad` is
+  torch's. m and v exist only as this rank's slices: 1/P of the state of `torch.optim.Adam`
+  (`state_bytes()`); `p.grad` is left as it was.
+- `state_dict()` is collective and returns the gathered state in `torch.optim.Adam`'s format
+  (per parameter id: `step`, `exp_avg`, `exp_avg_sq` of the parameter's shape; `param_groups` with
+  parameter ids), on every rank; `sharded_state_dict()` is local: this rank's slices per bucket and
+  the layout they belong to. `load_state_dict` takes either (a sharded one only with the same
+  layout, world size and rank) and resumes exactly where the saved optimizer was.
+- Buckets: `bucket_cap_numel` elements at most (default 2^22; None: one bucket per parameter).
+  `FusedLAMB` defaults to one bucket per parameter, so its trust ratio is per parameter tensor
+  (You et al.; Apex's FusedLAMB); with larger buckets it is per bucket.
+- Not supported (ValueError): Adam's `weight_decay` (the program has none), `amsgrad`, params of
+  another dtype, param groups added after construction.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from codegen.runtime.comm import Group
+
+from . import programs
+from .buckets import BucketLayout, layout
+from .step import Step, compile_many
+
+STATE = ("exp_avg", "exp_avg_sq")  # torch.optim.Adam's names for m and v
+
+
+class _Bucket:
+    """A layout with its flat buffers: w and g (N elements), m and v (this rank's N/P)."""
+
+    def __init__(self, spec: BucketLayout, params: list, P: int, device):
+        self.spec, self.t = spec, 0
+        self.w = torch.zeros(spec.numel, dtype=torch.float32, device=device)
+        self.g = torch.zeros_like(self.w)
+        self.m = torch.zeros(spec.numel // P, dtype=torch.float32, device=device)
+        self.v = torch.zeros_like(self.m)
+        self.params = [params[s.param] for s in spec.slots]
+        self.step: Optional[Step] = None
+
+    def view(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        s = self.spec.slots[k]
+        return flat[s.offset:s.offset + s.numel].view_as(self.params[k])
+
+    def gather_grads(self) -> None:
+        for k, p in enumerate(self.params):
+            dst = self.view(self.g, k)
+            if p.grad is None:
+                dst.zero_()
+            else:
+                dst.copy_(p.grad)
+
+
+class FusedOptimizer(torch.optim.Optimizer):
+    """The base of FusedAdam and FusedLAMB (see the module doc); `program` the optimizer's."""
+
+    def __init__(self, params, defaults: dict, program, *, group=None,
+                 bucket_cap_numel: Optional[int] = 1 << 22, chunks: int = 4,
+                 backend: str = "cpu"):
+        self._buckets: list[_Bucket] = []
+        super().__init__(params, defaults)
+        self._group = Group.world() if group is None else Group.of(group)
+        P = self._group.size
+        flat = [p for g in self.param_groups for p in g["params"]]
+        for p in flat:
+            if p.dtype != torch.float32:
+                raise ValueError(f"{type(self).__name__}: parameters must be float32, "
+                                 f"got {p.dtype}")
+        sizes = [[p.numel() for p in g["params"]] for g in self.param_groups]
+        specs = layout(sizes, bucket_cap_numel, P * chunks)
+        device = flat[0].device if flat else torch.device("cpu")
+        self._buckets = [_Bucket(s, flat, P, device) for s in specs]
+        with torch.no_grad():
+            for b in self._buckets:
+                for k, p in enumerate(b.params):
+                    b.view(b.w, k).copy_(p)
+                dist.broadcast(b.w, src=self._group.ranks[0], group=group)
+                for k, p in enumerate(b.params):
+                    p.data = b.view(b.w, k)
+        items = [(program, programs.sliced_schedule, {"N": b.spec.numel},
+                  {"w": b.w, "g": b.g, "m": b.m, "v": b.v}) for b in self._buckets]
+        steps = compile_many(items, group=group, backend=backend, chunks=chunks)
+        for b, s in zip(self._buckets, steps):
+            b.step = s
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self._buckets:
+            raise ValueError(f"{type(self).__name__}: param groups cannot be added after "
+                             "construction (the buckets are compiled then)")
+        super().add_param_group(param_group)
+
+    def hyper(self, group: dict) -> dict:
+        """The step's 0-d inputs from a param group (lr, betas, eps, ...)."""
+        beta1, beta2 = group["betas"]
+        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2, "eps": group["eps"]}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for b in self._buckets:
+            b.gather_grads()
+            b.t += 1
+            b.step(step=float(b.t), **self.hyper(self.param_groups[b.spec.group]))
+        return loss
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (m and v slices; the step counters aside)."""
+        return sum(b.m.numel() * b.m.element_size() * 2 for b in self._buckets)
+
+    def _groups_dict(self) -> list[dict]:
+        out, pid = [], 0
+        for g in self.param_groups:
+            n = len(g["params"])
+            out.append({**{k: v for k, v in g.items() if k != "params"},
+                        "params": list(range(pid, pid + n))})
+            pid += n
+        return out
+
+    def state_dict(self) -> dict:
+        """The gathered state, in torch.optim.Adam's format, on every rank (collective)."""
+        state = {}
+        for b in self._buckets:
+            full = {}
+            for name, part in zip(STATE, (b.m, b.v)):
+                full[name] = torch.empty_like(b.w)
+                b.step.runner.comm.all_gather(part, full[name])
+            for k, s in enumerate(b.spec.slots):
+                state[s.param] = {"step": torch.tensor(float(b.t)),
+                                  **{n: b.view(full[n], k).clone() for n in STATE}}
+        return {"state": state, "param_groups": self._groups_dict()}
+
+    def sharded_state_dict(self) -> dict:
+        """This rank's slices of the state, per bucket, and the layout they belong to (local)."""
+        state = {i: {"step": torch.tensor(float(b.t)), "exp_avg": b.m.clone(),
+                     "exp_avg_sq": b.v.clone()} for i, b in enumerate(self._buckets)}
+        return {"state": state, "param_groups": self._groups_dict(),
+                "sharded": {"world_size": self._group.size, "rank": self._group.me,
+                            "layout": [b.spec for b in self._buckets]}}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        groups = state_dict["param_groups"]
+        if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError(f"{type(self).__name__}.load_state_dict: the saved param groups do "
+                             "not match this optimizer's")
+        for mine, saved in zip(self.param_groups, groups):
+            mine.update({k: v for k, v in saved.items() if k != "params"})
+        with torch.no_grad():
+            if "sharded" in state_dict:
+                self._load_sharded(state_dict)
+            else:
+                self._load_gathered(state_dict["state"])
+
+    def _load_sharded(self, sd: dict) -> None:
+        meta = sd["sharded"]
+        here = {"world_size": self._group.size, "rank": self._group.me,
+                "layout": [b.spec for b in self._buckets]}
+        if meta != here:
+            raise ValueError(f"{type(self).__name__}.load_state_dict: a sharded state of another "
+                             "layout, world size or rank (load the gathered state_dict instead)")
+        for i, b in enumerate(self._buckets):
+            st = sd["state"][i]
+            b.t = int(st["step"])
+            b.m.copy_(st["exp_avg"])
+            b.v.copy_(st["exp_avg_sq"])
+
+    def _load_gathered(self, state: dict) -> None:
+        n, me = self._group.size, self._group.me
+        for b in self._buckets:
+            steps = {int(state[s.param]["step"]) for s in b.spec.slots if s.param in state}
+            if len(steps) > 1:
+                raise ValueError(f"{type(self).__name__}.load_state_dict: parameters of one bucket "
+                                 f"saved at different steps {sorted(steps)}")
+            b.t = steps.pop() if steps else 0
+            k = b.spec.numel // n
+            for name, part in zip(STATE, (b.m, b.v)):
+                full = torch.zeros_like(b.w)
+                for j, s in enumerate(b.spec.slots):
+                    if s.param in state:
+                        b.view(full, j).copy_(state[s.param][name])
+                part.copy_(full[me * k:(me + 1) * k])
+
+
+class FusedAdam(FusedOptimizer):
+    """torch.optim.Adam's update (bias-corrected, no weight decay) as the generated fused step."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *, group=None,
+                 bucket_cap_numel: Optional[int] = 1 << 22, chunks: int = 4, backend: str = "cpu"):
+        if weight_decay:
+            raise ValueError("FusedAdam: weight_decay is not supported (the Adam program has no "
+                             "L2 term); use FusedLAMB's decoupled weight decay")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                  "weight_decay": 0.0},
+                         programs.adam_program(), group=group, bucket_cap_numel=bucket_cap_numel,
+                         chunks=chunks, backend=backend)
+
+    def add_param_group(self, param_group: dict) -> None:
+        if param_group.get("weight_decay", 0.0):
+            raise ValueError("FusedAdam: weight_decay is not supported")
+        super().add_param_group(param_group)
+
+
+class FusedLAMB(FusedOptimizer):
+    """LAMB (You et al. 2020; Apex FusedLAMB without gradient clipping) as the generated fused
+    step: Adam's bias-corrected direction plus decoupled weight decay, scaled by the trust ratio
+    ||w|| / ||u|| of each bucket (by default one bucket per parameter tensor)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01, *, group=None,
+                 bucket_cap_numel: Optional[int] = None, chunks: int = 4, backend: str = "cpu"):
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
+                                  "weight_decay": weight_decay},
+                         programs.lamb_program(), group=group, bucket_cap_numel=bucket_cap_numel,
+                         chunks=chunks, backend=backend)
+
+    def hyper(self, group: dict) -> dict:
+        return {**super().hyper(group), "weight_decay": group["weight_decay"]}
