@@ -1,1 +1,1 @@
-"""Code generation (later issues): lower a scheduled Program to a Plan, render, build, run it."""
+"""Code generation: lower a scheduled Program to a Plan, render, build, run it."""

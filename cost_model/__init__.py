@@ -17,8 +17,8 @@ Layers, as in ASTRA-sim:
 - `closed_form`: the alpha-beta oracle and the tuner (`collective_us`, `choose`, `plan_us`,
   `closed_rules`).
 - `calibration`: `fit(measurements, base, world_size) -> Topology` and `predict_ms` for the
-  microbenchmarks `experiments/calibrate.py` runs.
-- `bench`: the speed benchmarks (`python -m cost_model.bench`).
+  microbenchmarks the calibration experiment runs.
+The speed benchmarks live outside the package (`python -m benchmarks.simulator`).
 Units: microseconds inside (`_us`), milliseconds in results (`time_ms`), bytes, GB/s
 (`_gbps`, 1e9 bytes/s), TFLOP/s. Imports only `codegen.plan` and `dsl` types from the layers
 below (no runtime, no compiler): it runs anywhere.

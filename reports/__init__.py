@@ -1,1 +1,1 @@
-"""Reports (later issues): tables and figures as pure functions of the results table."""
+"""Reports: tables and figures as pure functions of the results table."""

@@ -8,6 +8,7 @@ points are shapes (model and pipeline parallel) get grouped bars, one group per 
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 _CACHE = Path(__file__).resolve().parent.parent / ".cache"
@@ -24,8 +25,11 @@ ORDER = ["baseline", "AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
 
 
 def colour(schedule: str) -> str:
+    """A fixed colour per schedule: ORDER's, else one picked by a stable hash of the name (the
+    same in every run and process: Python's own `hash` of a string is salted per process)."""
     palette = plt.get_cmap("tab20").colors
-    k = ORDER.index(schedule) if schedule in ORDER else len(ORDER) + hash(schedule) % 8
+    k = ORDER.index(schedule) if schedule in ORDER else len(ORDER) + zlib.crc32(
+        schedule.encode()) % 8
     return matplotlib.colors.to_hex(palette[k % len(palette)])
 
 

@@ -2,8 +2,8 @@
 
 Sections: the experiment and the paper figure it reproduces, the settings, each schedule's printed
 program in a code block, and the verification table (schedule, world size, bindings, max abs error,
-verified), followed by the messages of failed checks. Later issues add measured and predicted
-results through `reports/`, which works from the results table alone.
+verified), followed by the messages of failed checks, then `results`: the measured and predicted
+sections `suite.run` builds with `reports/` from the results table alone.
 """
 from __future__ import annotations
 

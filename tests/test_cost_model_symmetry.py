@@ -1,11 +1,11 @@
 """The symmetric DES (one simulated rank per class, `fold=True`) against the full DES at 1,024 and
-4,096 GPUs, and its cost at 65,536 GPUs (`python -m cost_model.bench` prints the same figures).
+4,096 GPUs, and its cost at 65,536 GPUs (`python -m benchmarks.simulator` prints the same figures).
 Wall-clock bounds are generous: CI machines are shared."""
 import time
 
 import pytest
 
-from cost_model.bench import at_scale, named_plans, peak_rss_gb, symmetric_vs_full
+from benchmarks.simulator import at_scale, named_plans, peak_rss_gb, symmetric_vs_full
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
 

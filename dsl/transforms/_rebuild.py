@@ -105,11 +105,16 @@ class Rebuild:
 
         outputs = tuple((n, self.env.get(v.id, v)) for n, v in self.p.outputs)
         q = self.p.with_(inputs=tuple(self.inputs), body=tuple(self.body), outputs=outputs)
-        q = q.with_(schedule=schedule_name(q))
-        try:
-            verify(q)
-        except DSLError as e:
-            raise TransformError(f"{self.transform} produced an invalid program: {e}") from None
-        return q
+        return verified(q.with_(schedule=schedule_name(q)), self.transform)
+
+
+def verified(q: Program, transform: str) -> Program:
+    """q after `verify` (every transform's result is re-checked); a TransformError naming the
+    transform when it is not a valid program."""
+    try:
+        verify(q)
+    except DSLError as e:
+        raise TransformError(f"{transform} produced an invalid program: {e}") from None
+    return q
 
 

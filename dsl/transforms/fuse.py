@@ -20,7 +20,7 @@ from ..errors import TransformError
 from ..ir import Fuse, Program, Ref, Stmt
 from ..ops import COMM
 from ..printer import format_stmt
-from ._rebuild import need_program
+from ._rebuild import need_program, verified
 from .naming import schedule_name
 
 
@@ -100,4 +100,4 @@ def fuse(p: Program, first: Optional[Ref] = None, last: Optional[Ref] = None,
     between = [s for s in p.body[start:stop + 1] if s.out.id not in ids]
     body = p.body[:start] + tuple(between) + tuple(members) + p.body[stop + 1:]
     q = p.with_(body=body, fused=p.fused + (Fuse(tuple(s.out.id for s in members)),))
-    return q.with_(schedule=schedule_name(q))
+    return verified(q.with_(schedule=schedule_name(q)), "fuse")

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 from ..errors import ShapeError, TransformError
 from ..ir import Overlap, Program, Ref
 from ..printer import format_stmt
-from ._rebuild import need_program
+from ._rebuild import need_program, verified
 from .naming import schedule_name
 
 PAIRS = {
@@ -52,7 +52,7 @@ def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: i
     if prod.out.id in taken or cons.out.id in taken:
         raise TransformError(f"overlap: {format_stmt(prod)}: already overlapped")
     q = p.with_(overlaps=p.overlaps + (Overlap(prod.out.id, cons.out.id, chunks),))
-    return q.with_(schedule=schedule_name(q))
+    return verified(q.with_(schedule=schedule_name(q)), "overlap")
 
 
 def chunk_rows(p: Program, o: Overlap, bindings: Mapping[str, int]) -> int:

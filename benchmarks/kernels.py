@@ -1,6 +1,6 @@
 """Micro-benchmark: the generated Adam kernel against `torch.optim.Adam(fused=True)`, one process.
 
-    python -m codegen.bench_kernels --n 16777216 [--repeats 20] [--warmup 3] [--threads T]
+    python -m benchmarks.kernels --n 16777216 [--repeats 20] [--warmup 3] [--threads T]
 
 The Adam step is written in the DSL exactly as `torch.optim.Adam` computes it (bias correction,
 sqrt, eps; the same rule as `experiments/optimizers.py`, without the all-reduce, which is the identity
@@ -20,9 +20,9 @@ import torch
 
 from dsl import Builder, Replicated, f32, sym
 
-from .build import build
-from .lower import lower
-from .plan import Compute
+from codegen.build import build
+from codegen.lower import lower
+from codegen.plan import Compute
 
 HYPER = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
 

@@ -1,6 +1,6 @@
 """Micro-benchmark of the runtime's collectives against gloo's own, on local ranks.
 
-    python -m codegen.runtime.bench_comm --sizes 1M,16M,64M --world 2 [--dtype float32]
+    python -m benchmarks.comm --sizes 1M,16M,64M --world 2 [--dtype float32]
         [--chunks 1,4] [--warmup 2] [--repeats 5]
 
 A size is the element count of the whole buffer, as nccl-tests counts it: the all-reduce tensor,

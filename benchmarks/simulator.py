@@ -1,7 +1,7 @@
 """Speed benchmarks of the cost model (benchmarks, not timed tests; CI runs them small).
 
-    python -m cost_model.bench              # the issue's sizes
-    python -m cost_model.bench --nodes 2 --elements 1048576 --evaluations 100
+    python -m benchmarks.simulator              # the issue's sizes
+    python -m benchmarks.simulator --nodes 2 --elements 1048576 --evaluations 100
 
 - DES: a `fuse(RS-C-AG)` Adam step (the paper's schedule, 4 chunks) on `--nodes` DGX-2 nodes
   (default 16: 256 GPUs) at `--elements` (default 2^28), simulated at chunk granularity, folded
@@ -20,17 +20,16 @@ import argparse
 import resource
 import time
 
-from .closed_form import plan_us
-from .topology import load_topology
-from .workload import simulate
+import experiments
+from codegen.lower import lower
+from cost_model.closed_form import plan_us
+from cost_model.topology import load_topology
+from cost_model.workload import simulate
 
 
 def named_plans(world: int, sizes, schedule_names=None) -> list[tuple[str, object]]:
     """[(schedule, Plan)] of adam_fusion's schedules at each size (a benchmark's workload)."""
-    from codegen.lower import lower
-    from experiments import adam_fusion
-
-    progs = adam_fusion.schedules()
+    progs = experiments.get("adam_fusion").schedules()
     names = schedule_names or list(progs)
     return [(n, lower(progs[n], {"N": s}, world)) for s in sizes for n in names]
 
