@@ -65,7 +65,8 @@ class ScaleConf:
 class BackendConf:
     name: str = MISSING  # cpu | sim | cuda
     # the ranks' transport (codegen.runtime.backend): cpu: ring (chunked rings over gloo) |
-    # library (gloo's own calls, chunk by chunk); cuda: nccl; sim: none
+    # library (gloo's own calls, chunk by chunk) | shm (shared memory, ranks on one host);
+    # cuda: nccl; sim: none
     comm: str = "ring"
     # cuda: the GPU architectures the generated kernels are compiled for (PTX per sm_XY, written
     # to kernels/) when no GPU is present; with one, its own architecture is built as well.

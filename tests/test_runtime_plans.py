@@ -89,7 +89,7 @@ def _check(cases, comm, world, workdir):
             assert dsl.runs_agree(got, expect[rank], bounds[rank]), (label, comm, rank)
 
 
-@pytest.mark.parametrize("comm", ["ring", "library"])
+@pytest.mark.parametrize("comm", ["ring", "library", "shm"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_plans_match_interpreter(world, comm, tmp_path):
     if comm == "library" and shutil.which("g++") is None:

@@ -27,7 +27,8 @@ loop, this rank's index in its tensor-parallel group, one tensor per buffer of `
 On a backend with streams it is issued on the current stream.
 
 Backends: `cpu` (C++/OpenMP kernels, gloo; `CpuBackend(comm="library")` swaps the chunked rings
-for gloo's own calls issued chunk by chunk, the path the CUDA backend takes with NCCL) and `cuda`
+for gloo's own calls issued chunk by chunk, the path the CUDA backend takes with NCCL;
+`comm="shm"` for shared memory between the ranks of one host) and `cuda`
 (`codegen.runtime.cuda_backend`: CUDA kernels through CuPy, NCCL through torch.distributed),
 loaded by name so that a CPU-only install never imports CuPy.
 """
@@ -50,6 +51,7 @@ from ..plan import Kernel
 from ..render_cpp import CppRenderer
 from . import comm
 from .communicator import LibraryComm, RingComm
+from .shm_comm import ShmComm
 
 TORCH = {DType.f16: torch.float16, DType.bf16: torch.bfloat16, DType.f32: torch.float32,
          DType.f64: torch.float64, DType.i32: torch.int32, DType.i64: torch.int64,
@@ -182,10 +184,11 @@ class CpuKernel:
 class CpuBackend(Backend):
     """C++/OpenMP kernels (`codegen.build`), buffers in host memory, torch.distributed with gloo:
     `comm="ring"` (default) the chunked rings of `codegen.runtime.comm`, `comm="library"` gloo's
-    own collectives chunk by chunk (the CUDA backend's path, for tests without a GPU)."""
+    own collectives chunk by chunk (the CUDA backend's path, for tests without a GPU),
+    `comm="shm"` POSIX shared memory between the ranks of one host (`codegen.runtime.shm_comm`)."""
     name = "cpu"
     renderer = CppRenderer()
-    COMMS = {"ring": RingComm, "library": LibraryComm}
+    COMMS = {"ring": RingComm, "library": LibraryComm, "shm": ShmComm}
 
     def __init__(self, comm: str = "ring", archs: Sequence[str] = ()):
         if comm not in self.COMMS:

@@ -20,6 +20,8 @@ Contract
       moment (dumped by faulthandler on SIGUSR1).
     - A parent killed outright (Ctrl-C twice, SIGTERM, SIGKILL) leaves no ranks behind: each
       rank watches its parent and exits within a second of it.
+    - Shared-memory segments of the run (`codegen.runtime.shm`, named by the store's port) are
+      removed when it ends, however it ends.
     Children inherit the caller's `sys.path` (spawn sends it), so project modules and test modules
     import in the ranks whether the project is installed or run from the repository root. Each
     child's environment carries MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
@@ -61,6 +63,8 @@ import time
 import traceback
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
+
+from . import shm
 
 _HOST = "127.0.0.1"
 MALLOC_SETTINGS = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
@@ -156,6 +160,7 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
         for conn in conns:
             conn.close()
         stacks_dir.cleanup()
+        shm.remove(shm.prefix(store.port))  # what comm=shm ranks left, even killed ones
         del store
 
 

@@ -1,0 +1,138 @@
+"""comm=shm: collectives and point to point over POSIX shared memory between local ranks, checked
+against exact expectations; waits that time out with a clear error; no segment left behind by a
+run, a rank that fails, or a rank killed by SIGKILL (the launcher removes them by the run's prefix).
+"""
+import glob
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from codegen.runtime import shm
+from codegen.runtime.backend import CpuBackend
+from codegen.runtime.comm import Group
+from codegen.runtime.launch import RankError, launch
+from codegen.runtime.shm_comm import ShmComm
+
+
+def _segments() -> set:
+    return set(glob.glob(os.path.join(shm.ROOT, "coconet-shm-*")))
+
+
+@pytest.fixture
+def no_leaks():
+    before = _segments()
+    yield
+    assert _segments() <= before, "shared-memory segments left behind"
+
+
+def _collectives(rank, world):
+    c = CpuBackend(comm="shm").communicator(Group.world(), None)
+    assert isinstance(c, ShmComm)
+    out = {}
+    for n in (12 * world, 3 << 20):  # a small message, then one that grows the slots
+        x = torch.arange(n, dtype=torch.float32) + 1000 * rank
+        c.all_reduce(x, "sum")
+        out[f"ar{n}"] = x
+        y = torch.full((n,), float(rank + 1))
+        c.all_reduce(y, "max")
+        out[f"max{n}"] = y[:4]
+        part = torch.empty(n // world)
+        c.reduce_scatter(torch.arange(n, dtype=torch.float32) * (rank + 1), part, "sum")
+        out[f"rs{n}"] = part
+        full = torch.empty(n)
+        c.all_gather(torch.full((n // world,), float(rank)), full)
+        out[f"ag{n}"] = full
+    b = torch.full((8,), float(rank))
+    c.broadcast(b, 1)
+    r = torch.empty(8)
+    c.reduce(torch.full((8,), float(rank + 1)), r, 0, "sum")
+    a = torch.empty(4 * world)
+    c.all_to_all(torch.arange(4 * world, dtype=torch.float32) + 100 * rank, a)
+    out.update(bcast=b, reduce=r, a2a=a)
+    # a fused step's pattern: reduce-scatter chunk by chunk, gathers started per chunk
+    C, n = 4, 64 * world
+    g = torch.arange(n, dtype=torch.float32) * (rank + 1)
+    red = torch.empty(n // world)
+    rs = c.reduce_scatter_chunks(g, red, "sum", C).start(send=False)
+    ags = [c.all_gather_chunks(red, torch.empty(n), C) for _ in range(2)]
+    for k in range(C):
+        rs.send_chunk(k)
+        lo, hi = rs.wait_chunk(k)
+        red[lo:hi] *= 2
+        for ag in ags:
+            ag.start_chunk(k)
+    rs.wait()
+    for ag in ags:
+        ag.wait()
+    out["fused"] = ags[1].out
+    # point to point, chunk by chunk, twice (the second waits for the first to be read)
+    for k, m in enumerate((256, 1 << 19)):
+        buf = torch.arange(m, dtype=torch.float32) + k if rank == 0 else torch.zeros(m)
+        p = c.p2p(buf if rank == 0 else None, None if rank == 0 else buf, 0, 1, 4)
+        p.start() if rank == 0 else None
+        p.wait()
+        out[f"p2p{k}"] = buf
+    return out
+
+
+def test_every_collective_and_p2p_gives_the_exact_result(no_leaks):
+    world = 2
+    res = launch(_collectives, world, timeout_s=180)
+    for n in (12 * world, 3 << 20):
+        base = torch.arange(n, dtype=torch.float32)
+        for rank in range(world):
+            o = res[rank]
+            assert torch.equal(o[f"ar{n}"], base * world + 1000 * sum(range(world)))
+            assert torch.equal(o[f"max{n}"], torch.full((4,), float(world)))
+            k = n // world
+            full = base * sum(r + 1 for r in range(world))
+            assert torch.equal(o[f"rs{n}"], full[rank * k:(rank + 1) * k])
+            assert torch.equal(o[f"ag{n}"], torch.arange(world).repeat_interleave(k).float())
+    for rank in range(world):
+        o = res[rank]
+        assert torch.equal(o["bcast"], torch.full((8,), 1.0))
+        expect = torch.full((8,), float(sum(r + 1 for r in range(world)))) if rank == 0 else \
+            torch.zeros(8)
+        assert torch.equal(o["reduce"], expect)
+        assert torch.equal(o["a2a"], torch.cat([torch.arange(4 * rank, 4 * rank + 4).float()
+                                                + 100 * i for i in range(world)]))
+        n = 64 * world
+        assert torch.equal(o["fused"], torch.arange(n).float() * sum(r + 1 for r in range(world))
+                           * 2)
+        assert torch.equal(o["p2p0"], torch.arange(256).float())
+        assert torch.equal(o["p2p1"], torch.arange(1 << 19).float() + 1)
+
+
+def _one_skips(rank, world):
+    c = ShmComm(Group.world(), timeout_s=1.0)
+    if rank == 0:
+        c.all_reduce(torch.ones(16), "sum")
+    else:
+        time.sleep(30)
+
+
+def test_a_peer_that_never_comes_is_a_timeout_not_a_hang(no_leaks):
+    start = time.monotonic()
+    with pytest.raises(RankError, match=r"rank 0 failed: ShmTimeout: shm: member 0 waited "
+                                        r"1\.\d s for member\(s\) \[1\] \(all_reduce"):
+        launch(_one_skips, 2, timeout_s=60)
+    assert time.monotonic() - start < 30
+
+
+def _killed(rank, world, where):
+    c = ShmComm(Group.world())
+    c.all_reduce(torch.ones(1 << 16), "sum")
+    if rank == 1:
+        if where == "setup":  # between creating a segment and unlinking it
+            shm.Segment(c.base + "l0-m1-g99", 1 << 20, create=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    c.all_reduce(torch.ones(1 << 16), "sum")
+
+
+@pytest.mark.parametrize("where", ["after", "setup"])
+def test_a_killed_rank_ends_the_run_and_leaves_no_segment(no_leaks, where):
+    with pytest.raises(RankError, match="rank 1 failed: killed by signal SIGKILL"):
+        launch(_killed, 2, args=(where,), timeout_s=60)
