@@ -104,6 +104,7 @@ class MeasureSettings:
     seed: int = 0
     timeout_s: float = 1800.0  # the whole measurement; a hung rank ends the run after this
     backend: str = "cpu"  # codegen.runtime.backend.get(backend): where the ranks run (rows say it)
+    comm: Optional[str] = None  # the backend's transport (backend.comm: cpu ring|library|shm)
     schedules: Optional[Mapping[str, object]] = None  # the schedules to measure; None: all
     points: Optional[list] = None  # size bindings replacing the experiment's sweep
 

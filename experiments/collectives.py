@@ -10,7 +10,8 @@ rank; all_gather: the output), f32, powers of two from 1 KiB to 1 GiB (measured:
 scale's max_elements x 4 bytes; smoke: every fourth power). Rows: `schedule` = the collective,
 `size` = bytes, `time_ms`, `algbw_gbps` = bytes / time, `busbw_gbps` = algbw x the nccl-tests
 factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e9 bytes/s).
-Measured: the run's backend's communicator (cpu: `comm.all_reduce`, gloo's, and the rings over
+Measured: the run's backend's communicator (with backend.comm=shm: shared memory, then gloo in the
+same run, side by side; rows name it in `comm`) (cpu: `comm.all_reduce`, gloo's, and the rings over
 send/recv for reduce_scatter and all_gather; cuda: NCCL's), timed by `harness.time_point` with the
 backend's clock, each result
 checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
@@ -75,13 +76,17 @@ def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) ->
 def table(measured: list[dict], predicted: list[dict] = ()) -> str:
     """busbw per size, one column per (collective, source)."""
     rows = list(measured) + list(predicted)
-    cols = sorted({(r["schedule"], r["source"]) for r in rows},
+
+    def src(r) -> str:  # measured rows of several transports: one column each
+        return r["source"] + (f"/{r['comm']}" if isinstance(r.get("comm"), str) else "")
+
+    cols = sorted({(r["schedule"], src(r)) for r in rows},
                   key=lambda c: (KINDS.index(c[0]), c[1]))
-    by = {(r["schedule"], r["source"], r["size"]): r for r in rows}
-    head = f"{'bytes':>12} " + " ".join(f"{k[:14] + ' ' + s[:4]:>20}" for k, s in cols)
+    by = {(r["schedule"], src(r), r["size"]): r for r in rows}
+    head = f"{'bytes':>12} " + " ".join(f"{k[:14] + ' ' + s[:10]:>25}" for k, s in cols)
     lines = [head + "   (busbw GB/s)"]
     for b in sorted({r["size"] for r in rows}):
-        cells = [f"{by[(k, s, b)]['busbw_gbps']:20.3f}" if (k, s, b) in by else f"{'':>20}"
+        cells = [f"{by[(k, s, b)]['busbw_gbps']:25.3f}" if (k, s, b) in by else f"{'':>25}"
                  for k, s in cols]
         lines.append(f"{b:>12} " + " ".join(cells))
     return "\n".join(lines)
@@ -89,11 +94,20 @@ def table(measured: list[dict], predicted: list[dict] = ()) -> str:
 
 # -- measured on local ranks --------------------------------------------------------------------
 def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
-              backend_name: str = "cpu") -> list[dict]:
-    """Every collective at every size through the backend's communicator (cpu: the rings over
-    gloo; cuda: NCCL), timed with the backend's clock."""
-    backend = backends.get(backend_name)
+              backend_name: str = "cpu", comms: tuple = (None,)) -> list[dict]:
+    """Every collective at every size through the backend's communicator for each transport in
+    `comms` (None: the backend's default; cpu: the rings over gloo; cuda: NCCL), timed with the
+    backend's clock; rows name the transport in `comm`."""
+    out = []
+    for comm in comms:
+        out += _measure_comm(rank, world, szs, warmup, repeats, backend_name, comm)
+    return out
+
+
+def _measure_comm(rank, world, szs, warmup, repeats, backend_name, comm) -> list[dict]:
+    backend = backends.get(backend_name, **({"comm": comm} if comm else {}))
     c = backend.communicator(backend.groups().world, backends.NO_STREAMS)
+    label = "gloo" if comm in ("ring", "library") else comm or "default"
     out = []
     for b in szs:
         n = b // 4
@@ -117,15 +131,18 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
             t = time_point(ops[kind], warmup, repeats, backend.clock())
             out.append(row(kind, b, t.median_ms, world, "measured", backend.name, "local",
                            time_ms_min=round(t.min_ms, 6), time_ms_max=round(t.max_ms, 6),
-                           verified=ok))
+                           verified=ok, comm=label))
     return out
 
 
 def measure(settings) -> list[dict]:
     szs = sizes(settings.scale, settings.max_elements * 4)
     start = time.perf_counter()
+    # comm=shm: shared memory and gloo side by side, in one run
+    comms = (settings.comm, "ring") if settings.comm == "shm" else (settings.comm,)
     rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
-                                                           settings.repeats, settings.backend),
+                                                           settings.repeats, settings.backend,
+                                                           comms),
                      timeout_s=settings.timeout_s)[0]
     for r in rows:
         append_row(settings.csv_path, r)

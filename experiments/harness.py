@@ -103,6 +103,7 @@ class Spec:
     csv_path: str
     seed: int
     backend: str
+    comm: Optional[str] = None  # the backend's transport; None: its default
 
 
 def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
@@ -119,21 +120,27 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
         kernels = list({k.name: k for pl in plans for _, _, plan in pl
                         for k in plan.kernels()}.values())
         print(f"building {len(kernels)} kernels ...", flush=True)
-        target = backends.get(settings.backend)
+        target = backends.get(settings.backend, **_comm(settings.comm))
         target.precompile(kernels)
         target.write_sources(kernels, settings.kernels_dir, exp.name)
         spec = Spec(exp.name, registry.source_of(exp.name), world,
                     tuple(tuple(b.items()) for b in points), plans, settings.warmup,
-                    settings.repeats, str(settings.csv_path), settings.seed, settings.backend)
+                    settings.repeats, str(settings.csv_path), settings.seed, settings.backend,
+                    settings.comm)
         rows += run_ranks(rank_main, world, args=(spec, kernels), timeout_s=settings.timeout_s)[0]
     return rows
+
+
+def _comm(comm: Optional[str]) -> dict:
+    """The backend's options for the run's transport (none: the backend's default)."""
+    return {"comm": comm} if comm else {}
 
 
 # -- one rank -------------------------------------------------------------------------------------
 def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict]:
     exp = registry.resolve(spec.experiment, spec.source)
     program = exp.program()
-    backend = backends.get(spec.backend)
+    backend = backends.get(spec.backend, **_comm(spec.comm))
     kernels = backend.build(kernel_list)  # compiled by the parent: loads from the cache
     groups = backend.groups(program.stages)
     clock = backend.clock()

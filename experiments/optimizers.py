@@ -4,7 +4,7 @@
 (`coconet.FusedAdam`, `coconet.FusedLAMB`) run them too; they are re-exported here.
 
 Baselines (`experiments.api.Baseline`, built from a rank's inputs g, w, m, v and the
-hyper-parameters): `dist.all_reduce` of the gradient, averaged over the ranks as DDP does, then
+hyper-parameters): the all-reduce of the gradient on the run's transport, averaged over the ranks as DDP does, then
 `torch.optim.Adam(fused=True)` (`AdamBaseline`) or a vectorised torch LAMB (`LambBaseline`: torch
 has none; Apex FusedLAMB without gradient clipping). `compute_ms` is the optimizer step's time.
 The paper's setting (`PAPER`): 16 DGX-2 (256 GPUs), 2^10 .. 2^30 elements (every second power at
@@ -16,11 +16,12 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from coconet.programs import (adam_program, lamb_program,  # noqa: F401 (the experiments')
                              optimizer_schedules)
 from dsl import f32
+
+from codegen.runtime.backend import NO_STREAMS
 
 from .api import BaselineContext, PaperSetting
 
@@ -54,9 +55,11 @@ class DataParallelBaseline:
         self.w, self.m, self.v, self.g = t["w"], t["m"], t["v"], t["g"].reshape(-1)
         self.world, self.t, self.compute_ms = ctx.world_size, int(self.hp["step"]) - 1, 0.0
         self.groups = ctx.groups
+        # the run's transport (gloo, NCCL, shared memory), as the schedules use it
+        self.comm = ctx.backend.communicator(ctx.groups.world, NO_STREAMS)
 
     def step(self) -> None:
-        dist.all_reduce(self.g, group=self.groups.world.pg)
+        self.comm.all_reduce(self.g, "sum")
         self.local_step()
 
     def local_step(self) -> None:

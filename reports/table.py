@@ -12,7 +12,8 @@ algorithm and protocol NCCL's tuner picks for each collective (`;`-joined, in st
 step has several). Rows of published or paper figures (source `published` / `paper`): their
 `reference` (URL, section), `note`, `caveat`, `nccl_version`, `date`, and for a paper's range
 `speedup_max`. experiment=validate adds `nodes`, `row_kind` (point | curve),
-`published_busbw_gbps` and `error_pct` (predicted / published busbw - 1, in %).
+`published_busbw_gbps` and `error_pct` (predicted / published busbw - 1, in %). Measured
+collectives name their transport in `comm` (gloo, shm, nccl).
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -27,7 +28,7 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified", "compute_ms",
            "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps", "algo", "proto", "nodes",
            "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
-           "caveat", "nccl_version", "date")
+           "caveat", "nccl_version", "date", "comm")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

@@ -146,7 +146,8 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                world_size=cfg.world_size, warmup=cfg.scale.warmup,
                                repeats=cfg.scale.repeats, csv_path=out_dir / "results.csv",
                                kernels_dir=out_dir / "kernels", seed=cfg.seed,
-                               backend=backend.name, schedules=schedules or None,
+                               backend=backend.name, comm=cfg.backend.comm,
+                               schedules=schedules or None,
                                points=[dict(b) for b in cfg.experiment.sizes or []] or None)
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
