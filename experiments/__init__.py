@@ -6,7 +6,7 @@
     rows = predict.predictions(exp, PredictSettings(...))  # the cost model's rows
 
 The shipped experiments (`registry.SHIPPED`: adam_fusion, lamb_fusion, model_parallel,
-pipeline_parallel, calibrate, collectives, validate) register when this package is imported; a user's
+pipeline_parallel, calibrate, collectives, validate, autotune) register when this package is imported; a user's
 experiment registers from its own module (`registry.load_module`, `experiment.module=...` on the
 command line). See `experiments.api` for what an experiment fills in and `experiments.harness` for
 how it is measured.
@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib
 
 from . import harness, predict, registry
-from .api import (Baseline, BaselineContext, Experiment, MeasureSettings, PaperSetting,
-                  PredictSettings)
+from .api import (Baseline, BaselineContext, DeriveSettings, Experiment, MeasureSettings,
+                  PaperSetting, PredictSettings)
 from .registry import RegistryError, get, load_module, names, register
 
 for _name in registry.SHIPPED:
     importlib.import_module(f"{__name__}.{_name}")
 
-__all__ = ["Baseline", "BaselineContext", "Experiment", "MeasureSettings", "PaperSetting",
+__all__ = ["Baseline", "BaselineContext", "DeriveSettings", "Experiment", "MeasureSettings", "PaperSetting",
            "PredictSettings", "RegistryError", "get", "harness", "load_module", "names",
            "predict", "register", "registry"]

@@ -22,7 +22,10 @@ The measurement (`experiments.harness.measure`) and the predictions (`experiment
 from these fields alone. An experiment without a DSL program (calibrate, collectives) leaves
 `program` None and gives its own `measure(settings)` and `predict(settings)`; `summary(measured,
 predicted)` replaces the predicted-speedup table a run prints; `fits_topology` says the run makes
-its own calibration, `needs_measurement` that it can only run with backend=cpu.
+its own calibration, `needs_measurement` that it can only run with backend=cpu. An experiment
+made from another one (`target=NAME` on the command line) gives `derive(target, settings)`, which
+returns the experiment to run (autotune: the target with the schedules it chose); `section(df,
+out_dir)` adds a report section of its own.
 
 Units: sizes in elements (bytes for collectives), times in milliseconds.
 """
@@ -122,6 +125,18 @@ class PredictSettings:
     schedules: Optional[Mapping[str, object]] = None  # the schedules to predict; None: all
 
 
+@dataclass(frozen=True, kw_only=True)
+class DeriveSettings:
+    """What an experiment made from another (`Experiment.derive`) is made for: the run's."""
+    scale: str
+    backend: str  # sim: predicted on `topology` alone; cpu/cuda: measured here
+    topology: object  # cost_model.topology.Topology of the run
+    world_size: int
+    max_elements: int
+    out_dir: Path
+    sizes: Optional[list] = None  # experiment.sizes: bindings replacing the sweep
+
+
 def _no_bindings(scale: str) -> list:
     return []
 
@@ -151,6 +166,11 @@ class Experiment:
     summary: Optional[Callable[[list, list], str]] = None
     fits_topology: bool = False
     needs_measurement: bool = False
+    # experiments made from another (`target=NAME`, e.g. autotune): (target, DeriveSettings) ->
+    # the experiment the run verifies, measures, predicts and reports
+    derive: Optional[Callable[["Experiment", DeriveSettings], "Experiment"]] = None
+    # a markdown section of its own for the report, from the results table and the run directory
+    section: Optional[Callable[[object, Path], str]] = None
     doc: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

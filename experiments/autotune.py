@@ -2,7 +2,7 @@
 
     tuned = autotune(program, topology, {"N": 1 << 24}, world_size=256)
     tuned.chosen.program        # the chosen schedule (a verified dsl.Program)
-    tuned.chosen.label          # e.g. "fuse(RS-C-AG)+as_slice [... as_slice(m) . as_slice(v)] c=4"
+    tuned.chosen.label          # e.g. "fuse(RS-C-AG)+as_slice#2 c=4" (unique; .schedule.path)
     tuned.ranking               # [(Candidate, cost_model.rank.Ranked)], predicted best first
     tuned.found, tuned.search_s
 
@@ -21,6 +21,19 @@
 
 Times are microseconds (cost model). Errors: a program that is not valid, or bindings it cannot
 take, raise the DSL's own errors.
+
+The experiment (`python -m suite experiment=autotune target=NAME [backend=sim|cpu|cuda]
+[topology=...]`): `tune(target, settings)` ranks the target's whole space at every point of the run
+(the target's sweep on the run's ranks; with backend=sim, its paper setting scaled to the topology,
+as `experiments.predict` predicts it) and returns the target with a new set of schedules: the
+paper's named ones and the `TOP_M` predicted best at each point. The run then verifies, measures
+(on a backend that can: side by side, in one run), predicts and reports them as it would the
+target's own; `autotune.csv` in the run directory keeps every point's ranking, and the report's
+autotune section (`section`) gives per point the chosen schedule (the measured best of that
+point's top m, else the predicted best), its predicted and measured times, the runner-up, the best
+named schedule, the predicted rank against the measured rank, and the best-of-schedules line
+(the paper's "CoCoNeT" line of Fig. 10). Only the fused-collective chunk count the harness
+measures (`harness.FUSED_CHUNKS`) is searched there.
 """
 from __future__ import annotations
 
@@ -29,12 +42,21 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
 
+import pandas as pd
+
 from codegen.lower import lower
 from cost_model.rank import Ranked, rank
 from cost_model.topology import Topology
-from dsl import DSLError, Program
+from dsl import DSLError, Program, f32
 from dsl.equivalence import EquivalenceError
-from dsl.space import Budget, Schedule, check, schedule_space
+from dsl.space import Budget, Schedule, check, ir_key, schedule_space
+from dsl.types import Replicated, Sliced
+from reports.autotune import autotune_section
+
+from .api import DeriveSettings, Experiment
+from .harness import FUSED_CHUNKS
+from .predict import sim_setting
+from .registry import register
 
 
 @dataclass(frozen=True)
@@ -69,9 +91,14 @@ class Tuned:
 
 
 def _labels(schedules: Sequence[Schedule]) -> dict[str, str]:
-    """Schedule key -> a unique label: the paper's name, with its path where names collide."""
-    count = Counter(s.name for s in schedules)
-    return {s.key: s.name if count[s.name] == 1 else f"{s.name} [{s.path}]" for s in schedules}
+    """Schedule key -> a unique label: the paper's name, numbered (#1, #2, ... in the space's
+    order) where several schedules share it; `Schedule.path` tells them apart."""
+    count, seen = Counter(s.name for s in schedules), Counter()
+    out = {}
+    for s in schedules:
+        seen[s.name] += 1
+        out[s.key] = s.name if count[s.name] == 1 else f"{s.name}#{seen[s.name]}"
+    return out
 
 
 def _verify(space, world_sizes, bindings, trials: int) -> tuple[list[Schedule], int]:
@@ -101,7 +128,8 @@ def candidates(schedules: Sequence[Schedule], fused_chunks: Sequence[int]) -> li
     out = []
     for s in schedules:
         if s.program.fused and not s.program.overlaps:  # an overlap's chunks set the fused ones
-            out += [Candidate(s, c, f"{labels[s.key]} c={c}") for c in fused_chunks]
+            out += [Candidate(s, c, labels[s.key] + (f" c={c}" if len(fused_chunks) > 1 else ""))
+                    for c in fused_chunks]
         else:
             out.append(Candidate(s, None, labels[s.key]))
     return out
@@ -130,4 +158,93 @@ def autotune(program: Program, topology: Topology, bindings: Mapping[str, int],
                  time.perf_counter() - t0)
 
 
-__all__ = ["Candidate", "Ranked", "Tuned", "autotune", "candidates"]
+# -- the experiment ------------------------------------------------------------------------------
+TOP_M = 3  # candidates measured per point besides the named schedules
+TABLE = "autotune.csv"
+
+
+def _sliceable(target: Experiment, dtype) -> tuple[str, ...]:
+    """The inputs the target's own schedules keep as slices (the paper's as_slice choice)."""
+    program = target.program(dtype)
+    replicated = {i.value.name for i in program.inputs if isinstance(i.value.type.layout,
+                                                                    Replicated)}
+    return tuple(sorted({i.value.name for p in target.schedules(dtype).values() for i in p.inputs
+                         if i.value.name in replicated
+                         and isinstance(i.value.type.layout, Sliced)}))
+
+
+def _setting(target: Experiment, s: DeriveSettings):
+    """(world size, points, dtype) the run measures or predicts the target at."""
+    if s.backend == "sim":
+        world, points, dtype = sim_setting(target, s.topology, s.scale, s.world_size,
+                                           s.max_elements)
+    else:
+        world, points, dtype = s.world_size, target.points(s.scale, s.max_elements), f32
+    return world, [dict(b) for b in (s.sizes or points)], dtype
+
+
+def tune(target: Experiment, s: DeriveSettings) -> Experiment:
+    """The target with the named schedules and each point's TOP_M predicted best (module doc)."""
+    if not target.has_program:
+        raise ValueError(f"autotune: experiment {target.name} has no DSL program to tune")
+    world, points, dtype = _setting(target, s)
+    program, named = target.program(dtype), dict(target.schedules(dtype))
+    names = {ir_key(p): n for n, p in named.items()}
+    table, picked = [], {}
+    for b in points:
+        tuned = autotune(program, s.topology, b, world, sliceable=_sliceable(target, dtype),
+                         fused_chunks=(FUSED_CHUNKS,), top_k=2 * TOP_M,
+                         verify_bindings=target.verify_bindings("smoke"))
+        size, shape = target.size_and_shape(b)
+        print(f"autotune {target.name} {shape}: {tuned.found} schedules, {tuned.candidates} "
+              f"candidates ranked in {tuned.search_s:.1f} s; predicted best "
+              f"{tuned.chosen.label}", flush=True)
+        for rank_, (c, r) in enumerate(tuned.ranking):
+            label = names.get(c.schedule.key, c.label)
+            if rank_ < TOP_M:
+                picked.setdefault(label, c.schedule.steps)
+            table.append({"experiment": target.name, "topology": s.topology.name,
+                          "world_size": world, "size": size, "shape": shape,
+                          "schedule": label, "named": label in named,
+                          "predicted_rank": rank_, "predicted_us": round(r.time_us, 3),
+                          "closed_us": round(r.closed_us, 3), "found": tuned.found,
+                          "candidates": tuned.candidates, "search_s": round(tuned.search_s, 3),
+                          "path": c.schedule.path})
+    _write_table(s.out_dir / TABLE, table)
+    paths = {label: steps for label, steps in picked.items() if label not in named}
+    return replace(target, schedules=_schedules_of(target, named, paths),
+                   figure=f"autotune of {target.name} ({target.figure}): the best of "
+                          f"{table[0]['found'] if table else 0} schedules",
+                   section=section)
+
+
+def _schedules_of(target: Experiment, named: dict, paths: dict):
+    """schedules(dtype): the named schedules and the picked ones, found again by their path in the
+    space of the program at that dtype (the enumeration is deterministic)."""
+    def schedules(dtype=f32) -> dict:
+        own = dict(target.schedules(dtype))
+        space = {s.steps: s.program for s in schedule_space(
+            target.program(dtype), Budget(sliceable=_sliceable(target, dtype))).schedules}
+        return {**own, **{label: space[steps] for label, steps in paths.items()}}
+    return schedules
+
+
+def _write_table(path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def section(df, out_dir) -> str:
+    """The report's autotune section (reports.autotune), from results.csv and autotune.csv."""
+    path = out_dir / TABLE
+    if not path.exists():
+        return ""
+    return autotune_section(df, pd.read_csv(path), out_dir, TOP_M)
+
+
+EXPERIMENT = register(Experiment(
+    name="autotune", figure="the best schedule of a program per size (Fig. 10, 'CoCoNeT')",
+    derive=tune, doc="python -m suite experiment=autotune target=NAME"))
+
+__all__ = ["Candidate", "EXPERIMENT", "Ranked", "Tuned", "autotune", "candidates", "section",
+           "tune"]

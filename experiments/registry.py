@@ -23,7 +23,7 @@ from pathlib import Path
 from .api import Experiment
 
 SHIPPED = ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel", "calibrate",
-           "collectives", "validate")
+           "collectives", "validate", "autotune")
 _REGISTRY: dict[str, Experiment] = {}
 _SOURCES: dict[str, str] = {}  # name -> the user's module spec that registered it
 

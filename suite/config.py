@@ -127,6 +127,8 @@ class Config:
     verify: VerifyConf = field(default_factory=VerifyConf)
     world_size: int = 2  # ranks for measurement
     seed: int = 0
+    # The experiment an experiment made from another works on (experiment=autotune target=NAME).
+    target: Optional[str] = None
     # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
     # a topology the experiment's paper setting already predicts on is not repeated.
     predict_also: List[ExtraTopology] = field(default_factory=list)

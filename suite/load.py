@@ -1,12 +1,15 @@
 """Loading the experiment a run names: the registered `experiments.Experiment`, its programs.
 
     exp = load_experiment(name, module=None)     # module: a user's dotted module or .py file
+    exp = derive_experiment(cfg, exp, topology, out_dir)   # target=NAME (autotune)
     reference, schedules = load_programs(exp, cfg)
     check_settings(cfg, reference, schedules)    # world sizes vs. pipeline stages
 
 Each raises `SuiteError` (one line) for a name, module, schedule or setting no run can use.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import dsl
 import experiments
@@ -27,6 +30,30 @@ def load_experiment(name: str, module: str | None = None) -> Experiment:
         raise SuiteError(one_line(e)) from None
     except KeyError as e:
         raise SuiteError(e.args[0]) from None
+
+
+def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> Experiment:
+    """The experiment a run of `exp` runs: `exp` itself, or, for one made from another
+    (`Experiment.derive`, e.g. autotune), what it makes of `target=NAME`."""
+    if exp.derive is None:
+        if cfg.target:
+            raise SuiteError(f"target={cfg.target} is for an experiment made from another "
+                             f"(e.g. experiment=autotune); {exp.name} is not")
+        return exp
+    if not cfg.target:
+        known = ", ".join(e.name for e in experiments.registry.program_experiments())
+        raise SuiteError(f"experiment {exp.name} needs target=NAME, one of: {known}")
+    target = load_experiment(cfg.target, cfg.experiment.module)
+    if not target.has_program or target.derive is not None:
+        raise SuiteError(f"target {target.name} has no DSL program to work on")
+    settings = experiments.DeriveSettings(
+        scale=cfg.scale.name, backend=cfg.backend.name, topology=topology,
+        world_size=cfg.world_size, max_elements=cfg.scale.max_elements, out_dir=Path(out_dir),
+        sizes=cfg.experiment.sizes)
+    try:
+        return exp.derive(target, settings)
+    except ValueError as e:
+        raise SuiteError(f"{exp.name}: {one_line(e)}") from None
 
 
 def load_programs(exp: Experiment, cfg: Config) -> tuple[dsl.Program, dict[str, dsl.Program]]:

@@ -3,7 +3,8 @@
     run(cfg, out_dir) -> exit status   (experiment.runs set, experiment=paper: suite.paper)
     run_one(cfg, out_dir) -> Outcome   (one experiment)
       load      the registered experiment (experiments.get; experiment.module loads a user's
-                module first): an experiments.Experiment
+                module first): an experiments.Experiment; one made from another (autotune)
+                is made from `target=NAME` (suite.load.derive_experiment)
       check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
       show      print each schedule's program
       verify    every schedule against the unscheduled program (suite.verification)
@@ -52,7 +53,7 @@ from reports.table import append_row, read_table
 from .config import Config, extra_topologies, topology_of, validate
 from .errors import SuiteError, fail
 from .generate import generate
-from .load import check_settings, load_experiment, load_programs
+from .load import check_settings, derive_experiment, load_experiment, load_programs
 from .paper import run_paper
 from .report import render_report, write_report
 from .verification import Check, verify_schedules
@@ -77,6 +78,7 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     try:
         validate(cfg)
         exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
+        exp = derive_experiment(cfg, exp, topology_of(cfg), Path(out_dir))
         reference, schedules = load_programs(exp, cfg)
         checks = []
         backend = runtime_backend(cfg)
@@ -215,7 +217,8 @@ def results_section(exp: Experiment, out_dir: Path) -> str:
         return ""
     df = read_table(csv)
     measured = measured_section(df, exp.name, out_dir) if exp.has_program else ""
-    return measured + "\n" + predicted_section(df, exp.name, out_dir)
+    own = exp.section(df, out_dir) if exp.section else ""
+    return measured + "\n" + own + "\n" + predicted_section(df, exp.name, out_dir)
 
 
 def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], checks: list[Check],

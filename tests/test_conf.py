@@ -64,7 +64,7 @@ def test_experiment_files_match_the_shipped_experiments():
 
 
 BAD = [
-    (["experiment=nope"], "unknown experiment 'nope'; known: adam_fusion, calibrate, collectives, "
+    (["experiment=nope"], "unknown experiment 'nope'; known: adam_fusion, autotune, calibrate, collectives, "
                           "lamb_fusion, model_parallel, paper, pipeline_parallel"),
     (["experiment=paper", "predict_also=[{name: dgx9}]"], "bad predict_also entry 'dgx9'"),
     (["predict_also=[{name: dgx2, nodes: 0}]"], "bad predict_also entry 'dgx2'"),

@@ -1,4 +1,5 @@
 """The schedule space (dsl.space), its ranking (cost_model.rank) and the autotune library call."""
+import pandas as pd
 import pytest
 
 import experiments
@@ -109,3 +110,31 @@ def test_autotune_model_parallel_f16():
                      verify_bindings=e.verify_bindings("smoke"))
     assert tuned.found >= 60 and tuned.candidates >= 60
     assert tuned.named("ol(MM,fuse(RS-C-AG))")
+
+
+# -- experiment=autotune (the suite command) ------------------------------------------------------
+from test_suite_cli import assert_one_line_error, suite_cmd as suite  # noqa: E402
+
+
+def test_autotune_experiment_on_sim(tmp_path):
+    out = tmp_path / "run"
+    proc = suite("experiment=autotune", "target=pipeline_parallel", "backend=sim",
+                 "topology=dgx_h100", "topology.nodes=2", "scale=smoke", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pd.read_csv(out / "autotune.csv")
+    assert table.found.iloc[0] >= 100 and table.predicted_rank.min() == 0
+    assert {"ol(RS,fuse(P2P-C-AG))", "AR-C-P2P"} <= set(table.schedule)
+    report = (out / "report.md").read_text()
+    assert "## Autotune" in report and (out / "figures" / "autotune.png").exists()
+    results = pd.read_csv(out / "results.csv")
+    chosen = table[table.predicted_rank == 0].schedule.iloc[0]
+    assert chosen in set(results.schedule)  # predicted by the run like the named schedules
+
+
+def test_autotune_needs_a_target_with_a_program(tmp_path):
+    assert_one_line_error(suite("experiment=autotune", "backend=sim",
+                                f"hydra.run.dir={tmp_path}"), "needs target=NAME")
+    assert_one_line_error(suite("experiment=autotune", "target=collectives", "backend=sim",
+                                f"hydra.run.dir={tmp_path}"), "no DSL program")
+    assert_one_line_error(suite("experiment=adam_fusion", "target=lamb_fusion", "backend=sim",
+                                f"hydra.run.dir={tmp_path}"), "target=lamb_fusion")

@@ -23,7 +23,7 @@ from suite.errors import SuiteError
 from suite_fakes import toy
 
 TESTS = Path(__file__).resolve().parent
-KNOWN = ("known: adam_fusion, calibrate, collectives, lamb_fusion, model_parallel, paper, "
+KNOWN = ("known: adam_fusion, autotune, calibrate, collectives, lamb_fusion, model_parallel, paper, "
          "pipeline_parallel, validate")
 
 
