@@ -46,7 +46,7 @@ import dsl
 from codegen.lower import lower
 from codegen.runtime import backend as backends
 from codegen.runtime.execute import PlanRunner
-from codegen.runtime.launch import run_ranks
+from codegen.runtime.launch import placement, run_ranks
 from codegen.runtime.measure import Timing, time_ranks
 from dsl.bounds import within
 from dsl.equivalence import distribute, global_inputs
@@ -270,4 +270,5 @@ def _row(experiment, backend, schedule, world, size, shape, dtype, timing, base_
            "speedup": round(base_ms / timing.median_ms, 4), "verified": ok,
            "compute_ms": round(compute, 4),
            "comm_ms": round(max(0.0, timing.median_ms - compute), 4),
-           "overlapped_ms": "" if hidden is None else round(hidden, 4)}
+           "overlapped_ms": "" if hidden is None else round(hidden, 4),
+           **dict(zip(("nodes", "ranks_per_node"), placement()))}

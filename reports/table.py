@@ -13,7 +13,9 @@ step has several). Rows of published or paper figures (source `published` / `pap
 `reference` (URL, section), `note`, `caveat`, `nccl_version`, `date`, and for a paper's range
 `speedup_max`. experiment=validate adds `nodes`, `row_kind` (point | curve),
 `published_busbw_gbps` and `error_pct` (predicted / published busbw - 1, in %). Measured
-collectives name their transport in `comm` (gloo, shm, nccl).
+collectives name their transport in `comm` (gloo, shm, nccl). Measured program rows say where the
+ranks ran: `nodes` and `ranks_per_node` (torchrun --nnodes x --nproc_per_node; 1 x world size when
+the suite starts its own ranks).
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -28,7 +30,7 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified", "compute_ms",
            "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps", "algo", "proto", "nodes",
            "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
-           "caveat", "nccl_version", "date", "comm")
+           "caveat", "nccl_version", "date", "comm", "ranks_per_node")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

@@ -358,6 +358,14 @@ def _env(**values: str):
 # ----------------------------------------------------------------------------- torchrun
 
 
+def placement() -> tuple[int, int]:
+    """(nodes, ranks per node) of this rank's job: torchrun's (or the local launcher's)
+    LOCAL_WORLD_SIZE ranks on each of WORLD_SIZE / LOCAL_WORLD_SIZE nodes; (1, 1) alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) or world
+    return max(1, world // local), local
+
+
 def init_from_env(timeout_s: float = 120.0, *, threads_per_rank: int | None = None
                   ) -> tuple[int, int]:
     """Join the gloo process group described by torchrun's variables; return (rank, world_size)."""
