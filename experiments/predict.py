@@ -204,7 +204,10 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
     rows = []
-    for world, b in local_points(exp, settings.measured):
+    # the local topology models this machine's CPU ranks: GPU measurements (backend=cuda) are
+    # not predicted on it (no calibrated topology of this GPU); the paper setting still is
+    here = local_points(exp, settings.measured) if settings.backend == "cpu" else []
+    for world, b in here:
         compute = {s: ms for (w, s), ms in measured.items() if w == world}
         rows += predict(exp, local, [b], world, schedules=chosen and dict(chosen),
                         baseline_compute_ms=compute, show=show)

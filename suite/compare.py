@@ -1,6 +1,7 @@
 """`python -m suite.compare DIR [DIR ...] [--out FILE]`: compare run directories.
 
-Reads each DIR/results.csv, matches the points present in the first run and in each other run
+Reads each DIR/results.csv (a sweep's DIR: every job's DIR/*/results.csv together, so the results
+of every job of a `-m` sweep, on SLURM too, are gathered), matches the points present in the first run and in each other run
 (same experiment, schedule, source, topology, world size, size, shape and dtype), and prints one
 row per point: the median time in each run and its ratio to the first run's (> 1: slower than the
 first). Writes the same table as Markdown to FILE (default: comparison.md in the current
@@ -15,13 +16,21 @@ from pathlib import Path
 KEY = ["experiment", "schedule", "source", "topology", "world_size", "size", "shape", "dtype"]
 
 
+def results_files(run_dir: str) -> list[Path]:
+    """A run's results.csv; for a sweep directory (`-m`, locally or on SLURM), every job's."""
+    path = Path(run_dir) / "results.csv"
+    if path.is_file():
+        return [path]
+    jobs = sorted(Path(run_dir).glob("*/results.csv"))
+    if not jobs:
+        raise FileNotFoundError(f"no results.csv in {run_dir} nor in its job folders")
+    return jobs
+
+
 def load(run_dir: str):
     import pandas as pd
 
-    path = Path(run_dir) / "results.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"no results.csv in {run_dir}")
-    df = pd.read_csv(path)
+    df = pd.concat([pd.read_csv(p) for p in results_files(run_dir)], ignore_index=True)
     for k in KEY:
         if k not in df:
             df[k] = ""

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from reports.figures import breakdown_figure, speedup_figure
 from reports.html import write_html
@@ -84,6 +85,15 @@ def test_compare_two_runs(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "suite.compare", str(tmp_path / "nope")],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_compare_gathers_the_jobs_of_a_sweep(tmp_path):
+    from suite.compare import load
+    _run(tmp_path / "sweep" / "0_adam_fusion")
+    _run(tmp_path / "sweep" / "1_adam_fusion_again", scale=2.0)
+    assert len(load(str(tmp_path / "sweep"))) == 6  # the same points: the later job's kept
+    with pytest.raises(FileNotFoundError):
+        load(str(tmp_path / "empty"))
 
 
 def test_speedup_figure_bars_for_shaped_points(tmp_path):

@@ -138,3 +138,19 @@ def test_autotune_needs_a_target_with_a_program(tmp_path):
                                 f"hydra.run.dir={tmp_path}"), "no DSL program")
     assert_one_line_error(suite("experiment=adam_fusion", "target=lamb_fusion", "backend=sim",
                                 f"hydra.run.dir={tmp_path}"), "target=lamb_fusion")
+
+
+def test_gpu_measurements_are_not_predicted_on_the_cpu_topology(tmp_path):
+    from experiments import PredictSettings, get
+    from experiments.predict import predictions
+    exp = get("adam_fusion")
+    measured = [{"experiment": "adam_fusion", "schedule": "baseline", "source": "measured",
+                 "world_size": 2, "size": 4096, "shape": "[4096]", "time_ms": 1.0,
+                 "compute_ms": 0.5}]
+    settings = dict(scale="smoke", topology=load_topology("local"), world_size=2,
+                    max_elements=1 << 16, measured=measured, out_dir=tmp_path)
+    cpu = predictions(exp, PredictSettings(backend="cpu", **settings))
+    cuda = predictions(exp, PredictSettings(backend="cuda", **settings))
+    assert any(r["topology"] == "local" for r in cpu)
+    assert not any(r["topology"] == "local" for r in cuda)
+    assert any(r["topology"] == "dgx2" for r in cuda)  # the paper setting still is
