@@ -1,7 +1,7 @@
 """Fit the `local` topology to microbenchmark measurements (data in, Topology out; no ranks here).
 
-`experiments/calibrate.py` measures; this module only reads its measurements, so the fit runs
-anywhere. A `Measurement` is one benchmark at one size: `kind`, `nbytes`, the median `time_ms` over
+The calibration experiment (in experiments/) measures; this module only reads its measurements,
+so the fit runs anywhere. A `Measurement` is one benchmark at one size: `kind`, `nbytes`, the median `time_ms` over
 repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and what they fit
 (the model's formula for each, inverted size by size):
 - `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
