@@ -100,8 +100,8 @@ class MeasureSettings:
     scale: str  # smoke | default | paper
     max_elements: int  # the largest principal tensor to measure
     world_size: int
-    warmup: int
-    repeats: int
+    warmup: int  # untimed calls of each step before timing
+    repeats: int  # timed repeats of an experiment's own measure (calibrate, collectives)
     csv_path: Path  # results.csv of the run
     kernels_dir: Path  # where the generated sources are written
     seed: int = 0
@@ -110,6 +110,10 @@ class MeasureSettings:
     comm: Optional[str] = None  # the backend's transport (backend.comm: cpu ring|library|shm)
     schedules: Optional[Mapping[str, object]] = None  # the schedules to measure; None: all
     points: Optional[list] = None  # size bindings replacing the experiment's sweep
+    min_rounds: int = 3  # interleaved rounds per point (experiments.rounds), at least ...
+    max_rounds: int = 20  # ... and at most (defaults: scale=smoke's; the suite passes the scale's)
+    point_budget_s: float = 1.0  # wall seconds per point before the rounds stop unconverged
+    ci_pct: float = 2.5  # rounds stop when every speedup's 95% interval is within +-ci_pct%
 
 
 @dataclass(frozen=True, kw_only=True)

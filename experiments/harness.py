@@ -56,6 +56,7 @@ from reports.table import append_row
 
 from . import registry
 from .api import BaselineContext, Experiment, MeasureSettings
+from .rounds import Budget, interleave
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 FUSED_CHUNKS = 4  # chunks of a fused collective
@@ -83,8 +84,11 @@ def publish(row: dict, csv_path, rank: int, bar: Progress, label: str) -> dict:
     if rank == 0:
         append_row(csv_path, row)
         verdict = "verified" if row["verified"] else "NOT VERIFIED"
+        spread = (f"x{row['speedup']:.3f} [{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}] "
+                  f"{row['rounds']} rounds{' (budget)' if row['stopped'] == 'budget' else ''}"
+                  if "rounds" in row else f"x{row['speedup']:.2f}")
         print(f"  {label} {row['schedule']:24s} {row['time_ms']:9.2f} ms "
-              f"[{row['time_ms_min']:.2f}, {row['time_ms_max']:.2f}]  x{row['speedup']:.2f} "
+              f"[{row['time_ms_min']:.2f}, {row['time_ms_max']:.2f}]  {spread} "
               f"{verdict}\n  {line}", flush=True)
     return row
 
@@ -98,8 +102,7 @@ class Spec:
     world_size: int
     points: tuple[tuple[tuple[str, int], ...], ...]  # each point's bindings as (symbol, value)
     plans: tuple[tuple[tuple[str, object, object], ...], ...]  # per point: (name, Program, Plan)
-    warmup: int
-    repeats: int
+    budget: Budget  # the interleaved rounds' warm-up, rounds, time per point, target interval
     csv_path: str
     seed: int
     backend: str
@@ -124,9 +127,8 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
         target.precompile(kernels)
         target.write_sources(kernels, settings.kernels_dir, exp.name)
         spec = Spec(exp.name, registry.source_of(exp.name), world,
-                    tuple(tuple(b.items()) for b in points), plans, settings.warmup,
-                    settings.repeats, str(settings.csv_path), settings.seed, settings.backend,
-                    settings.comm)
+                    tuple(tuple(b.items()) for b in points), plans, budget_of(settings),
+                    str(settings.csv_path), settings.seed, settings.backend, settings.comm)
         rows += run_ranks(rank_main, world, args=(spec, kernels), timeout_s=settings.timeout_s)[0]
     return rows
 
@@ -134,6 +136,13 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
 def _comm(comm: Optional[str]) -> dict:
     """The backend's options for the run's transport (none: the backend's default)."""
     return {"comm": comm} if comm else {}
+
+
+def budget_of(settings: MeasureSettings) -> Budget:
+    """The interleaved rounds' budget from the run's settings."""
+    return Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
+                  max_rounds=max(settings.min_rounds, settings.max_rounds),
+                  budget_s=settings.point_budget_s, ci_pct=settings.ci_pct)
 
 
 # -- one rank -------------------------------------------------------------------------------------
@@ -168,27 +177,40 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     ref.step()
     reference = ref.outputs()
     del ref
-    base = exp.baseline(BaselineContext(**ctx, exact=False))
-    timing, compute = _timed(base, base.step, spec, clock)
-    del base
-    base_ms, comm_split = timing.median_ms, None
-    row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar)
-    rows = [row("baseline", timing, base_ms, baseline_ok, compute, None)]
+    timed = {"baseline": exp.baseline(BaselineContext(**ctx, exact=False))}
+    verified = {"baseline": baseline_ok}
     for name, scheduled, plan in plans:
         runner = PlanRunner(plan, rank, kernels, groups, backend)
         runner.load(distribute(scheduled, globals_, world, b)[rank])
         runner.run()
-        ok = agree(_close(runner.outputs(), _local(plan, reference, runner.tp),
-                          _local(plan, error(reference), runner.tp)))
-        timing, compute = _timed(runner, runner.run, spec, clock)
-        del runner
-        comm_ms = max(0.0, timing.median_ms - compute)
-        if name == exp.split_schedule:
-            comm_split = comm_ms
+        verified[name] = agree(_close(runner.outputs(), _local(plan, reference, runner.tp),
+                                      _local(plan, error(reference), runner.tp)))
+        timed[name] = runner
+    for obj in timed.values():
+        obj.compute_ms = 0.0
+    fns = {name: (obj.step if name == "baseline" else obj.run) for name, obj in timed.items()}
+    rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock)
+    calls = max(1, spec.budget.warmup) + rounds.rounds * rounds.calls
+    compute = dict(zip(fns, _rank_average([timed[n].compute_ms / calls for n in fns])))
+    del timed, fns
+    row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
+    comm_split = None
+    if exp.split_schedule in compute:
+        comm_split = max(0.0, rounds.time(exp.split_schedule).median - compute[exp.split_schedule])
+    rows = []
+    for name in rounds.times_ms:
+        comm_ms = max(0.0, rounds.time(name).median - compute[name])
         hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
                   and comm_split is not None else None)
-        rows.append(row(name, timing, base_ms, ok, compute, hidden))
+        rows.append(row(name, verified[name], compute[name], hidden))
     return rows
+
+
+def _rank_average(values: list) -> list:
+    """Each value averaged over the ranks."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return [float(x) / dist.get_world_size() for x in t]
 
 
 def _baseline_matches_program(exp: Experiment, program, rank: int, world: int, backend,
@@ -240,35 +262,28 @@ def _close(got: dict, ref: dict, error: dict) -> bool:
         within(got[k], ref[k], error[k])[1] == 0 for k in ref)
 
 
-def _timed(obj, fn, spec: Spec, clock) -> tuple[Timing, float]:
-    """(timing, compute ms per call averaged over the ranks) of fn, obj.compute_ms reset first."""
-    obj.compute_ms = 0.0
-    timing = time_point(fn, spec.warmup, spec.repeats, clock)
-    calls = spec.warmup + len(timing.times_ms)
-    t = torch.tensor([obj.compute_ms / calls], dtype=torch.float64)
-    dist.all_reduce(t)
-    return timing, float(t[0]) / dist.get_world_size()
-
-
-def _rows(exp, spec, b, world, dtype, rank, bar) -> Callable[..., dict]:
-    """A function making (and publishing) the rows of one point."""
+def _rows(exp, spec, b, world, dtype, rank, bar, rounds) -> Callable[..., dict]:
+    """A function making (and publishing) the rows of one point from its rounds."""
     size, shape = exp.size_and_shape(b)
     label = f"N=2^{math.log2(size):.0f}" if shape.startswith("[") else f"ranks={world} {shape:24s}"
 
-    def row(schedule, timing, base_ms, ok, compute, hidden) -> dict:
-        return publish(_row(exp.name, spec.backend, schedule, world, size, shape, dtype, timing, base_ms, ok,
-                            compute, hidden), spec.csv_path, rank, bar, label)
+    def row(schedule, ok, compute, hidden) -> dict:
+        return publish(_row(exp.name, spec.backend, schedule, world, size, shape, dtype, rounds,
+                            ok, compute, hidden), spec.csv_path, rank, bar, label)
     return row
 
 
-def _row(experiment, backend, schedule, world, size, shape, dtype, timing, base_ms, ok, compute,
+def _row(experiment, backend, schedule, world, size, shape, dtype, rounds, ok, compute,
          hidden) -> dict:
+    t, x = rounds.time(schedule), rounds.speedup(schedule)
+    samples = rounds.times_ms[schedule]
     return {"experiment": experiment, "schedule": schedule, "source": "measured", "backend": backend,
-           "topology": "local", "world_size": world, "size": size, "shape": shape,
-           "dtype": dtype, "time_ms": round(timing.median_ms, 4),
-           "time_ms_min": round(timing.min_ms, 4), "time_ms_max": round(timing.max_ms, 4),
-           "speedup": round(base_ms / timing.median_ms, 4), "verified": ok,
-           "compute_ms": round(compute, 4),
-           "comm_ms": round(max(0.0, timing.median_ms - compute), 4),
-           "overlapped_ms": "" if hidden is None else round(hidden, 4),
-           **dict(zip(("nodes", "ranks_per_node"), placement()))}
+            "topology": "local", "world_size": world, "size": size, "shape": shape,
+            "dtype": dtype, "time_ms": round(t.median, 4), "time_ms_min": round(min(samples), 4),
+            "time_ms_max": round(max(samples), 4), "time_ms_lo": round(t.lo, 4),
+            "time_ms_hi": round(t.hi, 4), "speedup": round(x.median, 4),
+            "speedup_lo": round(x.lo, 4), "speedup_hi": round(x.hi, 4), "rounds": rounds.rounds,
+            "stopped": rounds.stopped, "verified": ok, "compute_ms": round(compute, 4),
+            "comm_ms": round(max(0.0, t.median - compute), 4),
+            "overlapped_ms": "" if hidden is None else round(hidden, 4),
+            **dict(zip(("nodes", "ranks_per_node"), placement()))}

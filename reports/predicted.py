@@ -2,10 +2,15 @@
 
 - `accuracy(df, experiment, topology="local")`: one row per measured point (schedule, world size,
   size, shape) with its predicted time on the same topology and world size: measured median, min,
-  max, predicted, and the relative error `predicted / measured - 1`.
-- `summary(acc)`: the median and largest |relative error|, and the ordering check: for every pair
-  of schedules at the same point whose measured spreads [min, max] do not overlap (they differ
-  by more than their spread), whether the prediction orders them the same way.
+  max, predicted, and fidelity two ways: the time error `predicted / measured - 1` (`error`) and
+  the speedup error `predicted speedup / measured speedup - 1` (`speedup_error`; NaN for the
+  baseline, whose speedup is 1 by definition).
+- `summary(acc)`: the median and largest |time error| and |speedup error|, the machine's
+  repeatability beside them (the median half-width, in % of the median, of the measured rows'
+  95% intervals of the time and of the paired speedup: `time_ms_lo/hi`, `speedup_lo/hi`; NaN
+  where the rows have none), and the ordering check: for every pair of schedules at the same
+  point whose measured spreads [min, max] do not overlap (they differ by more than their
+  spread), whether the prediction orders them the same way.
 - `accuracy_table(acc)` / `speedup_table(df, experiment, topology)`: Markdown.
 - `accuracy_figure(acc, path)`: predicted against measured time (log-log, y = x and +-25%).
 - `busbw_figure(df, path)`: the collectives experiment's bus bandwidth against size.
@@ -34,11 +39,26 @@ def accuracy(df, experiment: str, topology: str = "local"):
     pred = rows[(rows.source == "predicted") & (rows.topology == topology)]
     if meas.empty or pred.empty:
         return meas.iloc[0:0].assign(predicted_ms=[], error=[])
-    pred = pred[KEYS + ["time_ms"]].rename(columns={"time_ms": "predicted_ms"})
+    pred = pred[KEYS + ["time_ms", "speedup"]].rename(
+        columns={"time_ms": "predicted_ms", "speedup": "predicted_speedup"})
     meas = meas.assign(shape=meas["shape"].astype(str))
     pred = pred.assign(shape=pred["shape"].astype(str))
     out = meas.merge(pred.drop_duplicates(KEYS), on=KEYS, how="inner")
-    return out.assign(error=out.predicted_ms / out.time_ms - 1.0)
+    speedup_error = (out.predicted_speedup / out.speedup - 1.0).where(out.schedule != "baseline")
+    return out.assign(error=out.predicted_ms / out.time_ms - 1.0, speedup_error=speedup_error)
+
+
+def _halfwidth_pct(acc, column: str) -> float:
+    """Median half-width of the measured rows' 95% intervals of `column`, in % of the median."""
+    lo, hi = f"{column}_lo", f"{column}_hi"
+    if lo not in acc or hi not in acc:
+        return float("nan")
+    rows = acc[acc[lo].notna() & acc[hi].notna() & (acc.schedule != "baseline" if column ==
+                                                    "speedup" else True)]
+    if rows.empty:
+        return float("nan")
+    width = ((rows[hi] - rows[column]).abs().combine((rows[column] - rows[lo]).abs(), max))
+    return float((100 * width / rows[column]).median())
 
 
 def summary(acc) -> dict:
@@ -50,27 +70,44 @@ def summary(acc) -> dict:
             if a.time_ms_min > b.time_ms_max or b.time_ms_min > a.time_ms_max:
                 total += 1
                 agree += (a.time_ms < b.time_ms) == (a.predicted_ms < b.predicted_ms)
-    err = acc.error.abs()
+    err, sp = acc.error.abs(), acc.speedup_error.abs().dropna()
     return {"points": len(acc), "median_abs_error": float(err.median()),
-            "max_abs_error": float(err.max()), "ordered_pairs": total, "ordered_agree": agree}
+            "max_abs_error": float(err.max()), "speedup_points": len(sp),
+            "median_abs_speedup_error": float(sp.median()) if len(sp) else float("nan"),
+            "max_abs_speedup_error": float(sp.max()) if len(sp) else float("nan"),
+            "time_repeatability_pct": _halfwidth_pct(acc, "time_ms"),
+            "speedup_repeatability_pct": _halfwidth_pct(acc, "speedup"),
+            "ordered_pairs": total, "ordered_agree": agree}
 
 
 def summary_line(s: dict) -> str:
     if not s.get("points"):
         return "no measured point has a prediction"
-    return (f"{s['points']} points: median |predicted/measured - 1| = "
-            f"{100 * s['median_abs_error']:.1f}%, largest {100 * s['max_abs_error']:.1f}%; "
-            f"schedules ordered as measured in {s['ordered_agree']} of {s['ordered_pairs']} "
-            f"pairs whose measured spreads do not overlap")
+    pct = lambda x: "n/a" if x != x else f"{x:.1f}%"  # noqa: E731  (NaN: not measured)
+    speedup = (f"speedup error (predicted/measured speedup - 1) median "
+               f"{pct(100 * s['median_abs_speedup_error'])}, largest "
+               f"{pct(100 * s['max_abs_speedup_error'])}" if s.get("speedup_points") else
+               "no speedup to compare")
+    return (f"{s['points']} points: time error median {pct(100 * s['median_abs_error'])}, "
+            f"largest {pct(100 * s['max_abs_error'])}; {speedup}; machine repeatability "
+            f"(median 95% interval) time +-{pct(s['time_repeatability_pct'])}, speedup "
+            f"+-{pct(s['speedup_repeatability_pct'])}; schedules ordered as measured in "
+            f"{s['ordered_agree']} of {s['ordered_pairs']} pairs whose measured spreads do not "
+            f"overlap")
 
 
 def accuracy_table(acc) -> str:
-    lines = ["| schedule | ranks | size | measured ms [min, max] | predicted ms | error |",
-             "|---|---:|---|---:|---:|---:|"]
+    lines = ["| schedule | ranks | size | measured ms [min, max] | predicted ms | time error "
+             "| measured speedup [95%] | predicted speedup | speedup error |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for _, r in acc.sort_values(["world_size", "size", "schedule"]).iterrows():
+        ci = (f" [{r.speedup_lo:.3f}, {r.speedup_hi:.3f}]" if "speedup_lo" in r
+              and r.speedup_lo == r.speedup_lo else "")
+        sp_err = "" if r.speedup_error != r.speedup_error else f"{100 * r.speedup_error:+.1f}%"
         lines.append(f"| {r.schedule} | {r.world_size} | {_size(r['size'])} | "
                      f"{r.time_ms:.2f} [{r.time_ms_min:.2f}, {r.time_ms_max:.2f}] | "
-                     f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% |")
+                     f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% | x{r.speedup:.3f}{ci} | "
+                     f"x{r.predicted_speedup:.3f} | {sp_err} |")
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,7 @@ merged results table, the runs' directories and the environment (pure: nothing i
 `reproduction_report(df, out_dir, names, checks, env) -> str`, sections in order:
 - the question it answers and the one command that regenerates it;
 - Summary: one row per experiment (`summary_rows`: checks verified, points measured, the best
-  measured speedup, the local prediction error, the best predicted speedup per GPU topology);
+  measured speedup, the local time and speedup errors with the machine's repeatability, the best predicted speedup per GPU topology);
 - Repeatability: the same collective measured twice in the run (calibrate, then collectives),
   the noise floor under the local predictions' errors;
 - Environment: CPU model, cores, memory, OS, Python, torch, compiler, world sizes, date, the git
@@ -39,12 +39,13 @@ def summary_rows(df, names: list[str], checks: dict) -> tuple[list[str], list[li
     for name in names:
         if name == "calibrate":
             continue
-        h, (row,) = experiment_summary(df, name) if not df.empty else (None, [[name] + [""] * 4])
+        h, (row,) = experiment_summary(df, name) if not df.empty else (None, [[name] + [""] * 6])
         header = header or h
         verified, total = checks.get(name, (0, 0))
         rows.append(row[:1] + [f"{verified}/{total}" if total else "-"] + row[1:])
     header = header or ["experiment", "measured points (verified)", "best measured speedup",
-                        "local prediction error (median, largest)",
+                        "local time error (median, largest)",
+                        "local speedup error (median, largest)", "repeatability (time, speedup)",
                         "best predicted speedup (GPUs)"]
     return header[:1] + ["checks verified"] + header[1:], rows
 

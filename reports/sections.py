@@ -1,6 +1,7 @@
 """report.md sections built from the results table alone.
 
-`measured_section(df, experiment, out_dir)`: the measured table and the experiment's figures:
+`measured_section(df, experiment, out_dir)`: the measured table (speedups with their 95% intervals
+and a note naming the points whose rounds stopped on the time budget) and the experiment's figures:
 `figures/<experiment>.png` (speedup against size, Fig. 10 style) and, when the rows carry the
 compute / communication split, `figures/<experiment>_breakdown.png` (Fig. 11/12 style).
 """
@@ -9,7 +10,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from .figures import breakdown_figure, speedup_figure
-from .tables import measured_table
+from .tables import measured_table, point_label
+
+
+def rounds_note(rows) -> str:
+    """How the interleaved rounds ended: the points that stopped on their time budget (their
+    speedups' 95% intervals wider than the target), named."""
+    points = rows.drop_duplicates(["world_size", "size", "shape"])
+    budget = [f"{point_label(r)} ({int(r.rounds)} rounds)" for r in points.itertuples()
+              if r.stopped == "budget"]
+    text = ("Interleaved measurement (`experiments.rounds`): at each point the baseline and every "
+            "schedule ran once per round in a fresh random order; the speedup is the median of "
+            "the per-round (paired) speedups, [in brackets] its bootstrap 95% interval. "
+            f"Rounds per point: {int(points.rounds.min())} to {int(points.rounds.max())}.")
+    if budget:
+        text += (f" {len(budget)} of {len(points)} points stopped on their time budget "
+                 f"(scale.budget_s) before every interval was within the target: "
+                 + ", ".join(budget) + ".")
+    else:
+        text += " Every point's intervals reached the target (scale.ci_pct)."
+    return text
 
 
 def placement(rows) -> str:
@@ -32,7 +52,9 @@ def measured_section(df, experiment: str, out_dir: Path) -> str:
                                      out_dir / "figures" / f"{experiment}_breakdown.png"))
     text = ["## Measured", "",
             "Median time per step [min, max over repeats] and speedup over `baseline` (same run, "
-            "same ranks); each repeat's time is the maximum over ranks." + placement(rows), "",
-            measured_table(df, experiment)]
+            "same ranks); each repeat's time is the maximum over ranks." + placement(rows), ""]
+    if "rounds" in rows and rows.rounds.notna().any():
+        text += [rounds_note(rows), ""]
+    text += [measured_table(df, experiment)]
     text += [f"![{f.stem}](figures/{f.name})" for f in figs]
     return "\n".join(text) + "\n"

@@ -5,8 +5,10 @@ reproduction report's overview.
   at the largest measured point, the local prediction at that point, and the prediction at the
   largest point of every other topology (collectives: busbw in GB/s at the largest size instead).
 - `experiment_summary(df, experiment)`: one row for the whole experiment: points measured and
-  verified, the best measured speedup (schedule @ point), the local prediction error (median and
-  largest |predicted/measured - 1|), and the best predicted speedup per GPU topology.
+  verified, the best measured speedup (schedule @ point), the local fidelity two ways (time error
+  |predicted/measured time - 1| and speedup error |predicted/measured speedup - 1|, median and
+  largest) with the machine's repeatability beside them (median 95% half-widths of the measured
+  times and speedups), and the best predicted speedup per GPU topology.
 - `text_table(header, rows)` / `markdown_table(header, rows)`: either as text.
 """
 from __future__ import annotations
@@ -67,7 +69,8 @@ def experiment_summary(df, experiment: str) -> Table:
     rows = df[df.experiment == experiment]
     meas = rows[(rows.source == "measured") & (rows.schedule != "baseline")]
     header = ["experiment", "measured points (verified)", "best measured speedup",
-              "local prediction error (median, largest)", "best predicted speedup (GPUs)"]
+              "local time error (median, largest)", "local speedup error (median, largest)",
+              "repeatability (time, speedup)", "best predicted speedup (GPUs)"]
     verified = int(meas.verified.astype(str).isin(["True", "true", "1"]).sum()) \
         if "verified" in meas else 0
     best = ""
@@ -75,8 +78,13 @@ def experiment_summary(df, experiment: str) -> Table:
         b = _first(meas.loc[[meas.speedup.idxmax()]])
         best = f"x{b.speedup:.2f} {b.schedule} @ {point_label(b)}"
     acc = summary(accuracy(df, experiment))
-    error = (f"{100 * acc['median_abs_error']:.1f}%, {100 * acc['max_abs_error']:.1f}%"
+    pct = lambda x: "n/a" if x != x else f"{x:.1f}%"  # noqa: E731  (NaN: none)
+    error = (f"{pct(100 * acc['median_abs_error'])}, {pct(100 * acc['max_abs_error'])}"
              if acc.get("points") else "")
+    sp_error = (f"{pct(100 * acc['median_abs_speedup_error'])}, "
+                f"{pct(100 * acc['max_abs_speedup_error'])}" if acc.get("speedup_points") else "")
+    repeat = (f"+-{pct(acc['time_repeatability_pct'])}, +-{pct(acc['speedup_repeatability_pct'])}"
+              if acc.get("points") else "")
     pred = rows[(rows.source == "predicted") & (rows.topology != "local")
                 & (rows.schedule != "baseline")]
     gpus = []
@@ -87,7 +95,8 @@ def experiment_summary(df, experiment: str) -> Table:
     elif not pred.empty:  # collectives: no speedups
         gpus = [f"{t}: {int(p['size'].max())} B busbw {p.busbw_gbps.max():.1f} GB/s"
                 for t, p in pred.groupby("topology", sort=False)]
-    return header, [[experiment, f"{len(meas)} ({verified})", best, error, "; ".join(gpus)]]
+    return header, [[experiment, f"{len(meas)} ({verified})", best, error, sp_error, repeat,
+                     "; ".join(gpus)]]
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:

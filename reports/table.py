@@ -3,7 +3,11 @@
 Columns (DESIGN.md): experiment, schedule, source (measured | predicted | paper), backend,
 topology, world_size, size (elements of the principal tensor, or bytes for collectives), shape,
 dtype, time_ms (median), time_ms_min, time_ms_max (spread over repeats, measured rows), speedup
-(baseline median / this median at the same point, source and topology), verified; and, where
+(baseline median / this median at the same point, source and topology), verified; measured rows
+of the interleaved harness (experiments.rounds): time_ms_lo, time_ms_hi (bootstrap 95% interval
+of the median time), speedup (median of the per-round paired speedups) with speedup_lo,
+speedup_hi (its 95% interval), rounds, and stopped (converged: every speedup's interval within
+the target; budget: the point's time ran out; rounds: the most rounds were run); and, where
 known, the time split into compute_ms (kernels and matmuls), comm_ms (communication the
 computation did not hide: time_ms - compute_ms) and overlapped_ms (communication hidden behind
 computation), all per step; for the collectives experiment, algbw_gbps and busbw_gbps (nccl-tests'
@@ -27,7 +31,8 @@ from pathlib import Path
 from typing import Mapping, Union
 
 COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_size", "size", "shape",
-           "dtype", "time_ms", "time_ms_min", "time_ms_max", "speedup", "verified", "compute_ms",
+           "dtype", "time_ms", "time_ms_min", "time_ms_max", "time_ms_lo", "time_ms_hi", "speedup",
+           "speedup_lo", "speedup_hi", "rounds", "stopped", "verified", "compute_ms",
            "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps", "algo", "proto", "nodes",
            "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
            "caveat", "nccl_version", "date", "comm", "ranks_per_node")

@@ -40,7 +40,9 @@ def measured_table(df, experiment: str, source: str = "measured") -> str:
                 continue
             r = r.iloc[0]
             mark = "" if str(r.verified) in ("True", "true", "1") else " (NOT VERIFIED)"
+            ci = (f" [{r.speedup_lo:.2f}, {r.speedup_hi:.2f}]" if sched != "baseline" and
+                  "speedup_lo" in r and r.speedup_lo == r.speedup_lo else "")
             cells.append(f"{r.time_ms:.2f} ms [{r.time_ms_min:.2f}, {r.time_ms_max:.2f}]"
-                         f" x{r.speedup:.2f}{mark}")
+                         f" x{r.speedup:.2f}{ci}{mark}")
         out.append(f"| {sched} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"

@@ -74,7 +74,9 @@ def test_experiment_summary_and_paper_rows():
     assert rows[0][1] == "4 (4)"  # four measured schedule points, all verified
     assert rows[0][2].startswith("x2.00 fuse(RS-C-AG) @ 2^")
     assert rows[0][3] == "10.0%, 10.0%"  # every prediction 10% high
-    assert rows[0][4] == "dgx2: x2.00 fuse(RS-C-AG)"
+    assert rows[0][4] == "0.0%, 0.0%"  # ... so every predicted speedup is the measured one
+    assert rows[0][5] == "+-n/a, +-n/a"  # these rows carry no 95% intervals
+    assert rows[0][6] == "dgx2: x2.00 fuse(RS-C-AG)"
     header, rows = summary_rows(_df(), ["calibrate", "adam_fusion"], {"adam_fusion": (9, 10)})
     assert header[1] == "checks verified" and len(rows) == 1 and rows[0][1] == "9/10"
     md = markdown_table(header, rows)

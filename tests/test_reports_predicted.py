@@ -1,20 +1,23 @@
 """Predicted against measured, from a small results table (pure)."""
 import pandas as pd
 
-from reports.predicted import accuracy, accuracy_figure, predicted_section, summary
+from reports.predicted import (accuracy, accuracy_figure, predicted_section, summary,
+                               summary_line)
 
 
 def table():
     rows = []
-    for sched, meas, lo, hi, pred in (("baseline", 10.0, 9.0, 11.0, 11.0),
-                                      ("fast", 5.0, 4.5, 5.5, 4.0),
-                                      ("same", 10.5, 9.5, 12.0, 9.0)):
+    for sched, meas, lo, hi, pred, x, xp in (("baseline", 10.0, 9.0, 11.0, 11.0, 1.0, 1.0),
+                                             ("fast", 5.0, 4.5, 5.5, 4.0, 2.0, 2.75),
+                                             ("same", 10.5, 9.5, 12.0, 9.0, 0.95, 11 / 9)):
         common = {"experiment": "x", "schedule": sched, "world_size": 2, "size": 64,
                   "shape": "[64]", "dtype": "f32"}
         rows.append({**common, "source": "measured", "backend": "cpu", "topology": "local",
-                     "time_ms": meas, "time_ms_min": lo, "time_ms_max": hi, "speedup": 1.0})
+                     "time_ms": meas, "time_ms_min": lo, "time_ms_max": hi, "speedup": x,
+                     "time_ms_lo": meas * 0.98, "time_ms_hi": meas * 1.01,
+                     "speedup_lo": x * 0.97, "speedup_hi": x * 1.02})
         rows.append({**common, "source": "predicted", "backend": "sim", "topology": "local",
-                     "time_ms": pred, "speedup": 1.0})
+                     "time_ms": pred, "speedup": xp})
     return pd.DataFrame(rows)
 
 
@@ -25,6 +28,14 @@ def test_accuracy_and_ordering():
     assert s["points"] == 3 and abs(s["median_abs_error"] - 0.143) < 1e-3
     # fast vs baseline and fast vs same differ beyond their spreads; both ordered right
     assert (s["ordered_pairs"], s["ordered_agree"]) == (2, 2)
+    # the speedup error, two points (not the baseline): 2.75/2 - 1 = +37.5%, (11/9)/0.95 - 1
+    assert sorted(acc.speedup_error.dropna().round(4)) == [0.2865, 0.375]
+    assert s["speedup_points"] == 2 and abs(s["max_abs_speedup_error"] - 0.375) < 1e-9
+    assert abs(s["time_repeatability_pct"] - 2.0) < 1e-9  # the larger side: 2% of the median
+    assert abs(s["speedup_repeatability_pct"] - 3.0) < 1e-9
+    line = summary_line(s)
+    assert "time error median 14.3%" in line and "speedup error" in line and "largest 37.5%" in line
+    assert "repeatability" in line and "+-2.0%" in line and "+-3.0%" in line
 
 
 def test_section_and_figure(tmp_path):
