@@ -65,12 +65,17 @@ from .registry import register
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
-SCALES = {"smoke": (12, 20, 2), "default": (12, 27, 1), "paper": (12, 27, 1)}
-KERNEL_SCALES = {"smoke": (7, 16, 3), "default": (7, 25, 1), "paper": (7, 25, 1)}  # elements
-ROUNDS = {"smoke": 1, "default": 3, "paper": 3}
+# scale "quick": the default sizes' range, every other size, one pass: what a run calibrates
+# with when none is cached for this machine (suite.calibration), in about 20 s
+SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1),
+          "paper": (12, 27, 1)}
+KERNEL_SCALES = {"smoke": (7, 16, 3), "quick": (10, 25, 3), "default": (7, 25, 1),
+                 "paper": (7, 25, 1)}  # elements
+ROUNDS = {"smoke": 1, "quick": 1, "default": 3, "paper": 3}
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
-SEQUENCE_SCALES = {"smoke": (14, 18, 2), "default": (19, 23, 1), "paper": (19, 23, 1)}  # elements
+SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
+                   "paper": (19, 23, 1)}  # elements
 
 
 def sizes(scale: str, table=SCALES) -> list[int]:

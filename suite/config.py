@@ -55,8 +55,15 @@ class ExperimentConf:
 @dataclass(kw_only=True)
 class ScaleConf:
     name: str = MISSING  # smoke | default | paper
-    warmup: int = 1  # untimed runs before measuring a point
-    repeats: int = 5  # timed runs per measured point
+    warmup: int = 1  # untimed runs of each step before measuring a point
+    repeats: int = 5  # timed repeats of the experiments that time on their own (calibrate, ...)
+    # Interleaved rounds (experiments.rounds): at least min_rounds, at most max_rounds, until
+    # every paired speedup's 95% interval is within +-ci_pct% of its median or the point has
+    # used budget_s seconds.
+    min_rounds: int = 10
+    max_rounds: int = 400
+    budget_s: float = 20.0
+    ci_pct: float = 2.5
     verify_trials: int = 3  # random input draws per equivalence check
     max_elements: int = 1 << 24  # the largest principal tensor measured at this scale
 
@@ -129,6 +136,9 @@ class Config:
     seed: int = 0
     # The experiment an experiment made from another works on (experiment=autotune target=NAME).
     target: Optional[str] = None
+    # The local topology (suite.calibration): auto, the calibration cached for this machine
+    # (calibrating first when none matches); refresh, calibrate again; off, the shipped figures.
+    calibration: str = "auto"
     # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
     # a topology the experiment's paper setting already predicts on is not repeated.
     predict_also: List[ExtraTopology] = field(default_factory=list)
@@ -151,6 +161,14 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise SuiteError(f"{key}={value} is impossible; it must be >= 1")
+    for key, value in {"scale.budget_s": cfg.scale.budget_s, "scale.ci_pct": cfg.scale.ci_pct}.items():
+        if not value > 0:
+            raise SuiteError(f"{key}={value} is impossible; it must be > 0")
+    if not 1 <= cfg.scale.min_rounds <= cfg.scale.max_rounds:
+        raise SuiteError(f"scale.min_rounds={cfg.scale.min_rounds}, scale.max_rounds="
+                         f"{cfg.scale.max_rounds} are impossible; need 1 <= min <= max")
+    if cfg.calibration not in ("auto", "refresh", "off"):
+        raise SuiteError(f"calibration={cfg.calibration!r} is not one of auto, refresh, off")
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
     topology_of(cfg)

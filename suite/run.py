@@ -15,8 +15,10 @@
                 baseline on local ranks), each point appended to results.csv (rows say the
                 backend); where the backend cannot run here (cuda without a GPU), one line says
                 why and nothing is measured
+      calibrate the local topology this machine's (suite.calibration: cached per machine
+                fingerprint; the first run on a machine calibrates, calibration=auto|refresh|off)
       predict   the cost model (experiments.predict): backend=cpu, the measured points on the
-                local topology (`topology=local topology.path=FILE` for a calibrated one) and the
+                local topology (calibrated; `topology.path=FILE` for another) and the
                 paper's setting; backend=sim, the chosen topology alone; rows to results.csv
       report    out_dir/report.md (suite.report) and report.html, figures/<experiment>.png,
                 figures/predicted_vs_measured.png, tables/*.csv|tex (reports/); then a short
@@ -41,7 +43,6 @@ from codegen.build import BuildError
 from codegen.runtime import backend as backends
 from codegen.runtime.launch import RankError
 from experiments import Experiment, MeasureSettings, PredictSettings, harness
-from experiments import registry as experiments_registry
 from experiments.predict import predictions
 from reports.html import write_html
 from reports.latex import write_tables
@@ -50,6 +51,7 @@ from reports.sections import measured_section
 from reports.summary import schedule_summary, text_table
 from reports.table import append_row, read_table
 
+from .calibration import describe, local_calibration
 from .config import Config, extra_topologies, topology_of, validate
 from .errors import SuiteError, fail
 from .generate import generate
@@ -91,13 +93,16 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         elif cfg.backend.name != "cpu" and exp.needs_measurement:
             raise SuiteError(f"experiment {exp.name} measures this machine: it needs backend=cpu")
         set_aside_old_results(Path(out_dir))
+        found = local_calibration(cfg, exp, cfg.world_size)
+        calibrated = cfg if found is None else replace(
+            cfg, topology=replace(cfg.topology, path=str(found.path)))
         rows = measure(cfg, exp, schedules, backend, Path(out_dir))
-        predict(cfg, exp, schedules, Path(out_dir), rows)
+        predict(calibrated, exp, schedules, Path(out_dir), rows)
     except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
         fail(e)
-    path = report(cfg, exp, schedules, checks, Path(out_dir))
-    calibrated = bool(cfg.topology.path) or exp.fits_topology
-    print(final_summary(exp.name, Path(out_dir), calibrated), flush=True)
+    path = report(cfg, exp, schedules, checks, Path(out_dir), describe(found, cfg))
+    print(final_summary(exp.name, Path(out_dir), bool(calibrated.topology.path)
+                        or exp.fits_topology), flush=True)
     return Outcome(summarize(checks, rows, path), checks, path)
 
 
@@ -150,7 +155,10 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                kernels_dir=out_dir / "kernels", seed=cfg.seed,
                                backend=backend.name, comm=cfg.backend.comm,
                                schedules=schedules or None,
-                               points=[dict(b) for b in cfg.experiment.sizes or []] or None)
+                               points=[dict(b) for b in cfg.experiment.sizes or []] or None,
+                               min_rounds=cfg.scale.min_rounds,
+                               max_rounds=cfg.scale.max_rounds, point_budget_s=cfg.scale.budget_s,
+                               ci_pct=cfg.scale.ci_pct)
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
           "scale)", flush=True)
@@ -222,11 +230,11 @@ def results_section(exp: Experiment, out_dir: Path) -> str:
 
 
 def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], checks: list[Check],
-           out_dir: Path) -> Path:
+           out_dir: Path, calibration: str = "") -> Path:
     settings = {"scale": cfg.scale.name, "backend": cfg.backend.name,
                 "topology": cfg.topology.name,
-                "topology.path": cfg.topology.path or "none: the shipped figures (uncalibrated; "
-                f"see {calibration_hint()})", "verify.world_sizes": cfg.verify.world_sizes,
+                "calibration": calibration or describe(None, cfg),
+                "verify.world_sizes": cfg.verify.world_sizes,
                 "verify.trials": cfg.verify.trials, "seed": cfg.seed}
     text = render_report(experiment=exp.name, figure=exp.figure, settings=settings,
                          programs={name: str(p) for name, p in schedules.items()}, checks=checks,
@@ -236,12 +244,6 @@ def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], chec
     if (out_dir / "results.csv").exists():
         write_tables(read_table(out_dir / "results.csv"), out_dir)  # tables/*.csv, *.tex
     return path
-
-
-def calibration_hint() -> str:
-    """`experiment=NAME` of the registered experiment that fits the local topology."""
-    found = [e.name for e in experiments_registry.program_free() if e.fits_topology]
-    return f"experiment={found[0]}" if found else "a calibration"
 
 
 def final_summary(name: str, out_dir: Path, calibrated: bool = True) -> str:
@@ -256,8 +258,8 @@ def final_summary(name: str, out_dir: Path, calibrated: bool = True) -> str:
         lines.append(text_table(header, rows))
     if not accuracy(df, name).empty:
         lines.append(f"local prediction: {summary_line(summary(accuracy(df, name)))}"
-                     + ("" if calibrated else f" (uncalibrated local topology: run "
-                        f"{calibration_hint()} and pass topology.path=<its topology.yaml>)"))
+                     + ("" if calibrated else " (uncalibrated local topology: calibration=off; "
+                        "calibration=auto uses this machine's)"))
     return "\n".join(lines)
 
 

@@ -1,0 +1,139 @@
+"""Calibrated by default: the local topology fitted to this machine, cached per machine fingerprint.
+
+    found = local_calibration(cfg, exp)   # -> Calibration | None, calibrating first when needed
+
+`calibration=auto` (the default): a run that predicts this machine (topology=local, no
+`topology.path`, a measuring backend, an experiment that does not fit its own topology) uses the
+calibration cached in `.cache/calibration/<key>/` (topology.yaml, calibration.json,
+fingerprint.json), where `key` hashes the machine's `fingerprint()`: CPU model, cores, memory,
+torch and C++ compiler versions, and the calibration code's version (a hash of
+experiments/calibrate.py and cost_model/calibration.py). When none matches, the run calibrates
+first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibrate's
+"quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
+other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
+written to a temporary folder and moved into place whole, so a crash leaves no half calibration. `calibration=refresh` calibrates again and replaces the cache;
+`calibration=off` uses the shipped figures (conf/topology/local.yaml, uncalibrated).
+`topology.path=FILE` always wins. Every report names the calibration it used (`describe`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+import experiments
+from experiments import MeasureSettings
+
+from . import CACHE_DIR, PROJECT_ROOT
+
+MODES = ("auto", "refresh", "off")
+CODE = ("experiments/calibrate.py", "cost_model/calibration.py")  # the calibration code's version
+TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    key: str
+    path: Path  # the cached topology.yaml
+    created: str  # UTC time it was measured
+    fresh: bool  # calibrated by this run
+    took_s: float = 0.0
+
+
+def fingerprint() -> dict:
+    """What makes one machine's calibration another's: hardware, software, calibration code."""
+    code = hashlib.sha256()
+    for rel in CODE:
+        code.update((PROJECT_ROOT / rel).read_bytes())
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
+            "torch": torch.__version__, "compiler": _compiler(), "code": code.hexdigest()[:16]}
+
+
+def key_of(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "calibration"
+                      ) -> Optional[Calibration]:
+    """The calibration the run predicts this machine with (see the module); None: none applies."""
+    if (cfg.calibration == "off" or cfg.topology.path or cfg.topology.name != "local"
+            or cfg.backend.name != "cpu" or exp.fits_topology):
+        return None
+    fp = fingerprint()
+    key = key_of(fp)
+    where = cache / key
+    if cfg.calibration == "auto" and (where / TOPOLOGY).exists():
+        meta = json.loads((where / FINGERPRINT).read_text())
+        return Calibration(key, where / TOPOLOGY, meta.get("created", "?"), False)
+    why = "calibration=refresh" if cfg.calibration == "refresh" else "none cached for this machine"
+    print(f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
+          f"cached in {where} for later runs) ...", flush=True)
+    started = time.monotonic()
+    _calibrate(where, fp, world_size)
+    took = time.monotonic() - started
+    print(f"calibrated in {took:.0f} s: {where / TOPOLOGY}", flush=True)
+    meta = json.loads((where / FINGERPRINT).read_text())
+    return Calibration(key, where / TOPOLOGY, meta["created"], True, took)
+
+
+def describe(found: Optional[Calibration], cfg) -> str:
+    """How a report names the calibration it used."""
+    if cfg.topology.path:
+        return f"topology.path={cfg.topology.path} (given)"
+    if found is None:
+        return (f"none (calibration={cfg.calibration}): the shipped figures of "
+                f"conf/topology/{cfg.topology.name}.yaml")
+    how = f"measured by this run in {found.took_s:.0f} s" if found.fresh else "cached"
+    return f"{found.key} ({how}, {found.created}): {found.path}"
+
+
+def _calibrate(where: Path, fp: dict, world_size: int) -> None:
+    where.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".calibrating-", dir=where.parent))
+    try:
+        settings = MeasureSettings(scale="quick", max_elements=1 << 25,
+                                   world_size=max(2, world_size), warmup=1, repeats=3,
+                                   csv_path=tmp / "results.csv", kernels_dir=tmp / "kernels")
+        experiments.get("calibrate").measure(settings)
+        created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        (tmp / FINGERPRINT).write_text(json.dumps({**fp, "created": created}, indent=2) + "\n")
+        if where.exists():
+            shutil.rmtree(where)
+        tmp.replace(where)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> int:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30)
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _compiler() -> str:
+    try:
+        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10)
+        return out.stdout.splitlines()[0] if out.stdout else "none"
+    except (OSError, subprocess.SubprocessError):
+        return "none"

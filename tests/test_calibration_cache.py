@@ -1,0 +1,61 @@
+"""Calibrated by default (suite.calibration): the fingerprint keys the cache, auto reuses a cached
+calibration without measuring, off and a given topology.path use none, refresh calibrates again
+(a real quick calibration on 2 ranks, once), and the report names the calibration used."""
+import json
+from pathlib import Path
+from types import SimpleNamespace as N
+
+import pytest
+
+import experiments
+from suite import calibration
+from suite.calibration import describe, fingerprint, key_of, local_calibration
+
+ADAM = experiments.get("adam_fusion")
+
+
+def _cfg(mode="auto", path=None, topology="local", backend="cpu"):
+    return N(calibration=mode, topology=N(path=path, name=topology), backend=N(name=backend))
+
+
+def test_fingerprint_names_the_machine_and_the_code():
+    fp = fingerprint()
+    assert set(fp) == {"cpu", "cores", "memory_gib", "torch", "compiler", "code"}
+    assert fp["cores"] >= 1 and fp["torch"] and len(fp["code"]) == 16
+    assert key_of(fp) == key_of(dict(fp)) != key_of({**fp, "torch": "0.0"})
+
+
+def test_auto_reuses_a_cached_calibration(tmp_path, monkeypatch):
+    where = tmp_path / key_of(fingerprint())
+    where.mkdir()
+    (where / "topology.yaml").write_text("name: local\n")
+    (where / "fingerprint.json").write_text(json.dumps({"created": "then"}))
+    monkeypatch.setattr(calibration, "_calibrate", lambda *a: pytest.fail("recalibrated"))
+    found = local_calibration(_cfg(), ADAM, 2, cache=tmp_path)
+    assert found.path == where / "topology.yaml" and not found.fresh
+    assert found.key in describe(found, _cfg()) and "cached" in describe(found, _cfg())
+
+
+@pytest.mark.parametrize("cfg,exp", [
+    (_cfg("off"), ADAM), (_cfg(path="/x/topology.yaml"), ADAM), (_cfg(topology="dgx2"), ADAM),
+    (_cfg(backend="sim"), ADAM), (_cfg(), experiments.get("calibrate"))])
+def test_no_calibration_where_none_applies(tmp_path, cfg, exp):
+    assert local_calibration(cfg, exp, 2, cache=tmp_path) is None
+    assert not list(tmp_path.iterdir())
+    text = describe(None, cfg)
+    assert ("given" in text) if cfg.topology.path else ("shipped figures" in text)
+
+
+def test_refresh_calibrates_for_real_and_replaces_the_cache(tmp_path, capfd):
+    where = tmp_path / key_of(fingerprint())
+    where.mkdir()
+    (where / "stale").write_text("old")
+    found = local_calibration(_cfg("refresh"), ADAM, 2, cache=tmp_path)
+    out = capfd.readouterr().out  # the progress bar comes from rank 0, another process
+    assert "calibrating this machine first (calibration=refresh" in out and "calibrate [" in out
+    assert found.fresh and found.took_s > 0 and found.path == where / "topology.yaml"
+    assert not (where / "stale").exists() and (where / "calibration.json").exists()
+    assert json.loads((where / "fingerprint.json").read_text())["cores"] == fingerprint()["cores"]
+    assert [p.name for p in tmp_path.iterdir()] == [where.name]  # no temporary folder left
+    again = local_calibration(_cfg(), ADAM, 2, cache=tmp_path)
+    assert not again.fresh and again.created == found.created
