@@ -44,6 +44,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 class RingComm:
     """`codegen.runtime.comm` over gloo (no streams: every call has completed when it returns)."""
+    reads_peers = False  # kernels cannot read the peers' data (see shm_comm.ShmComm)
 
     def __init__(self, group: comm.Group, streams=None):
         self.group = group
@@ -78,6 +79,7 @@ class RingComm:
 
 class LibraryComm:
     """torch.distributed's collectives (NCCL or gloo), chunks ordered by the runner's streams."""
+    reads_peers = False
 
     def __init__(self, group: comm.Group, streams):
         self.group, self.streams, self.pg = group, streams, group.pg

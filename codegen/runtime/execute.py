@@ -21,7 +21,8 @@ the caller's current stream and leaves that stream waiting for all of the step's
 
 Fused collectives and overlaps run chunk by chunk (`codegen.runtime.pipelined`) where the
 composite allows it; other composites run their parts one after the other: the same result,
-without the overlap. `compute_ms` is the host time spent in kernel and matmul calls since
+without the overlap. On a transport whose kernels may read the peers' data (comm=shm), a fused
+all-reduce runs `codegen.shm_fuse`'s kernels, built here (`peer_steps`). `compute_ms` is the host time spent in kernel and matmul calls since
 construction (on a backend with streams: the time to issue them).
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ class PlanRunner:
     def __init__(self, plan: Plan, rank: int, kernels: Mapping[str, Callable], groups: Groups,
                  backend: Backend = CPU, fused: bool = True,
                  tensors: Optional[Mapping[str, torch.Tensor]] = None):
-        self.plan, self.rank, self.kernels, self.fused = plan, rank, kernels, fused
+        self.plan, self.rank, self.kernels, self.fused = plan, rank, dict(kernels), fused
         self.backend = backend
         self.stage, self.tp = divmod(rank, plan.P)
         self.streams = backend.streams()
@@ -64,6 +65,7 @@ class PlanRunner:
             for s in walk(plan.steps) if isinstance(s, Compute) and s.kernel.name in kernels
             and kernels[s.kernel.name].workspace_bytes}
         self.compute_ms = 0.0
+        self.peer_steps = pipelined.peer_steps(self)  # fused steps whose kernels read the peers
 
     # -- data in and out ------------------------------------------------------------------------
     def load(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -120,13 +122,15 @@ class PlanRunner:
             raise NotImplementedError(f"rule for {type(s).__name__} not implemented")
         rule(self, s)
 
-    def compute(self, s: Compute, begin: int, end: int, zero: bool = True) -> None:
-        """Kernel s on elements [begin, end) of its loop, on the current stream."""
+    def compute(self, s: Compute, begin: int, end: int, zero: bool = True,
+                bufs: Optional[Mapping[int, torch.Tensor]] = None) -> None:
+        """Kernel s on elements [begin, end) of its loop, on the current stream (`bufs`: tensors
+        in place of the runner's buffers, by id: shared memory for `pipelined.peer_fused`)."""
         k = s.kernel
         if zero:
             for _, b in k.reduces:
                 self.bufs[b].zero_()
-        args = [self.bufs[b] for b in k.args()]
+        args = [(bufs or {}).get(b, self.bufs.get(b)) for b in k.args()]
         ws = self.workspaces.get(s.id)
         self.timed(lambda: self.kernels[k.name](begin, end, self.tp, args, ws))
 

@@ -16,6 +16,9 @@ it is done), so the CPU and the GPU run the same composites in the same order of
 - `overlapped_send(r, o)`: `ol(RS, fuse(P2P-C-AG))`: stage `src` reduce-scatters in chunks and sends
   each reduced chunk to its peer on the next stage at once; the next stage runs the kernels on each
   chunk as it arrives and starts its all-gather.
+- `peer_fused(r, f, ps)`: on comm=shm, `fused_all_reduce` with the reduction inside the kernels
+  (`codegen.shm_fuse`): they read the peers' gradient chunks from shared memory and write the
+  gathered outputs where the peers read them.
 `fusable(plan, f)` / `overlappable(plan, o)` say which composites run this way; others run their
 parts one after the other (same result, no overlap).
 """
@@ -25,7 +28,8 @@ from typing import Optional
 
 import torch
 
-from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, P2P, Plan
+from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, P2P, Plan, walk
+from ..shm_fuse import PeerStep, peer_step
 
 
 def _is_scalar_sync(plan: Plan, s) -> bool:
@@ -107,7 +111,53 @@ def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
             r.timed(lambda: torch.matmul(a2[lo:lo + k], r.bufs[mm.b], out=out2[lo:lo + k]))
 
 
+def peer_steps(r) -> dict[int, PeerStep]:
+    """{fused step id: its PeerStep} where the runner's communicator lets kernels read the peers'
+    slots (comm=shm), their kernels built into `r.kernels`; {} elsewhere."""
+    if not r.comm.reads_peers:
+        return {}
+    steps = {f.id: peer_step(r.plan, f) for f in walk(r.plan.steps)
+             if isinstance(f, FusedCollective) and isinstance(f.steps[0], Collective)
+             and r.mine(f.steps[0].stage)}
+    steps = {i: ps for i, ps in steps.items() if ps is not None}
+    missing = {s.kernel.name: s.kernel for ps in steps.values() for s in ps.kernels
+               if s.kernel.name not in r.kernels}
+    if missing:
+        r.kernels.update(r.backend.build(list(missing.values())))
+    return steps
+
+
+def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
+    """CoCoNeT's fused all-reduce over shared memory: each member copies its gradient chunk by
+    chunk into its slot; its kernel reads chunk c of its block from every member's slot, reduces
+    it, updates its slice and writes the all-gathers' sources into its own slot, where the peers
+    read them (the all-gather is a read)."""
+    C, rs = f.chunks, ps.head
+    ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op,
+                                        C, reduce=False).start(send=False)
+    gathers = [r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C,
+                                        in_slot=True) for ag in ps.gathers]
+    bufs = dict(zip(ps.peer_buffers, ring.peers()))
+    bufs.update({ag.src: g.slot for ag, g in zip(ps.gathers, gathers)})
+    ring.send_chunk(0)
+    for c in range(C):
+        if c + 1 < C:
+            ring.send_chunk(c + 1)
+        ring.wait_chunk(c)
+        for s in ps.kernels:
+            n = s.kernel.numel
+            r.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0), bufs=bufs)
+        for g in gathers:
+            g.start_chunk(c)
+    ring.wait()
+    for ag, g in zip(ps.gathers, gathers):
+        r.bufs[ag.src].view(-1).copy_(g.slot)  # this member's slice, as the other paths leave it
+        g.wait()
+
+
 def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -> None:
+    if producer is None and f.id in r.peer_steps:
+        return peer_fused(r, f, r.peer_steps[f.id])
     rs, C, streams = f.steps[0], f.chunks, r.streams
     if producer is not None:
         streams.after_other(streams.compute)  # the matmul's inputs are ready

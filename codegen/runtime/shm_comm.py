@@ -92,6 +92,7 @@ class Lane:
 
 class ShmComm:
     """Collectives and point-to-point over shared memory among the members of `group`."""
+    reads_peers = True  # a fused step's kernels may read the peers' slots themselves
 
     def __init__(self, group: comm.Group, streams=None, timeout_s: float | None = None):
         self.group, P, me = group, group.size, group.me
@@ -190,11 +191,16 @@ class ShmComm:
         ln.end()
 
     # -- chunk by chunk ------------------------------------------------------------------------
-    def reduce_scatter_chunks(self, x, out, op: str, chunks: int) -> "ShmReduceScatter":
-        return ShmReduceScatter(self, x, out, op, chunks)
+    def reduce_scatter_chunks(self, x, out, op: str, chunks: int,
+                              reduce: bool = True) -> "ShmReduceScatter":
+        """With `reduce=False` `wait_chunk(c)` only waits for chunk c of every member; the
+        caller's kernel reduces it, reading `peers()` (out is left alone)."""
+        return ShmReduceScatter(self, x, out, op, chunks, reduce)
 
-    def all_gather_chunks(self, src, out, chunks: int) -> "ShmAllGather":
-        return ShmAllGather(self, src, out, chunks)
+    def all_gather_chunks(self, src, out, chunks: int, in_slot: bool = False) -> "ShmAllGather":
+        """With `in_slot=True` the caller writes its source into `slot` (a kernel's output) and
+        `start_chunk(c)` only posts it; src is then a buffer of the source's shape."""
+        return ShmAllGather(self, src, out, chunks, in_slot)
 
     def p2p(self, x, out, src: int, dst: int, chunks: int) -> "ShmP2P":
         return ShmP2P(self, x, out, src, dst, chunks)
@@ -203,14 +209,19 @@ class ShmComm:
 class ShmReduceScatter:
     """x: P blocks of out's size; chunk c of every block posted, then reduced into out."""
 
-    def __init__(self, c: ShmComm, x, out, op: str, chunks: int):
-        self.c, self.x, self.out, self.op, self.C = c, x, out, op, chunks
+    def __init__(self, c: ShmComm, x, out, op: str, chunks: int, reduce: bool = True):
+        self.c, self.x, self.out, self.op, self.C, self.reduce = c, x, out, op, chunks, reduce
         self.k = comm.chunk_size(out.numel(), chunks)
         self.ln = c.lane(x.numel() * x.element_size(), "reduce_scatter")
         self.base, self.sent, self.reduced = self.ln.posts, 0, [False] * chunks
 
     def blocks(self, member: int) -> torch.Tensor:
         return self.ln.view(member, self.x).view(self.c.group.size, self.C, self.k)
+
+    def peers(self) -> list[torch.Tensor]:
+        """Every member's block `me` as it wrote it (n elements each, in member order)."""
+        me = self.c.group.me
+        return [self.blocks(i)[me].view(-1) for i in range(self.c.group.size)]
 
     def start(self, send: bool = True) -> "ShmReduceScatter":
         if send:
@@ -231,6 +242,9 @@ class ShmReduceScatter:
         me, k = self.c.group.me, self.k
         if not self.reduced[c]:
             self.ln.wait_posts(self.base + c + 1, f"reduce_scatter chunk {c}")
+            if not self.reduce:
+                self.reduced[c] = True
+                return c * k, (c + 1) * k
             parts = [self.blocks(i)[me, c] for i in range(self.c.group.size)]
             self.c._reduce(self.out[c * k:(c + 1) * k], parts, self.op)
             self.reduced[c] = True
@@ -245,18 +259,23 @@ class ShmReduceScatter:
 class ShmAllGather:
     """Chunk c of src posted by `start_chunk(c)`; `wait()` reads every member's chunks."""
 
-    def __init__(self, c: ShmComm, src, out, chunks: int):
-        self.c, self.src, self.out, self.C = c, src, out, chunks
+    def __init__(self, c: ShmComm, src, out, chunks: int, in_slot: bool = False):
+        self.c, self.src, self.out, self.C, self.in_slot = c, src, out, chunks, in_slot
         self.k = comm.chunk_size(src.numel(), chunks)
         self.ln = c.lane(src.numel() * src.element_size(), "all_gather")
         self.base, self.started = self.ln.posts, 0
+
+    @property
+    def slot(self) -> torch.Tensor:
+        """This member's slot, where its peers read its source (src's dtype and element count)."""
+        return self.ln.view(self.c.group.me, self.src)
 
     def start_chunk(self, c: int) -> None:
         if c != self.started:
             raise ValueError(f"shm all_gather: chunk {c} started before chunk {self.started}")
         k = self.k
-        self.ln.view(self.c.group.me, self.src)[c * k:(c + 1) * k].copy_(
-            self.src[c * k:(c + 1) * k])
+        if not self.in_slot:
+            self.slot[c * k:(c + 1) * k].copy_(self.src[c * k:(c + 1) * k])
         self.started += 1
         self.ln.post(f"all_gather chunk {c}", wait=False)
 
