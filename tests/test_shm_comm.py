@@ -6,12 +6,15 @@ import glob
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import dsl
+from cost_model.topology import load_topology
+from cost_model.workload import simulate
 from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import FusedCollective
@@ -183,3 +186,11 @@ def test_fused_adam_over_shared_memory_matches_the_interpreter(no_leaks):
                                                timeout_s=300)):
         assert steps, "the peer-reading kernel did not run"
         assert dsl.runs_agree(got, expect[rank], bounds[rank])
+
+
+def test_the_cost_models_shm_topology_loads_and_predicts_the_fused_step_faster():
+    path = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "local_shm.yaml"
+    shm_topo, gloo_topo = load_topology("local", path=str(path)), load_topology("local")
+    assert shm_topo.library.bandwidth_gbps > gloo_topo.library.bandwidth_gbps
+    plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 1 << 24}, 2)
+    assert simulate(plan, shm_topo).time_us < simulate(plan, gloo_topo).time_us
