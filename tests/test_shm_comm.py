@@ -13,8 +13,6 @@ import pytest
 import torch
 
 import dsl
-from cost_model.topology import load_topology
-from cost_model.workload import simulate
 from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import FusedCollective
@@ -26,6 +24,8 @@ from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import RankError, launch
 from codegen.runtime.shm_comm import ShmComm
 from codegen.shm_fuse import peer_step
+from cost_model.topology import load_topology
+from cost_model.workload import simulate
 from experiments import adam_fusion, lamb_fusion
 
 
