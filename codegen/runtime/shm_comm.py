@@ -102,6 +102,9 @@ class ShmComm:
             raise ValueError(f"comm=shm needs every rank of the group on one host; hosts: "
                              f"{sorted(set(hosts))}")
         self.timeout_s = timeout_s or group.timeout_s
+        if "MASTER_PORT" not in os.environ:
+            raise ValueError("comm=shm names its segments by the rendezvous port: MASTER_PORT "
+                             "must be set (the launcher and torchrun set it)")
         self.base = (shm.prefix(os.environ["MASTER_PORT"]) +
                      f"g{group.ranks[0]}x{P}-c{next(_ids)}-")
         nbytes = shm.Board.nbytes(P)
