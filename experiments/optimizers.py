@@ -56,8 +56,10 @@ class DataParallelBaseline:
         self.w, self.m, self.v, self.g = t["w"], t["m"], t["v"], t["g"].reshape(-1)
         self.world, self.t, self.compute_ms = ctx.world_size, int(self.hp["step"]) - 1, 0.0
         self.groups = ctx.groups
-        # the run's transport (gloo, NCCL, shared memory), as the schedules use it
-        self.comm = ctx.backend.communicator(ctx.groups.world, NO_STREAMS)
+        # the run's transport (gloo, NCCL, shared memory), as the schedules use it; none for a
+        # baseline built without ranks (only `local_step` runs then)
+        self.comm = (ctx.backend.communicator(ctx.groups.world, NO_STREAMS)
+                     if ctx.groups is not None else None)
 
     def step(self) -> None:
         self.comm.all_reduce(self.g, "sum")
