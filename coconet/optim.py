@@ -12,13 +12,17 @@ Contract
   (`coconet.buckets`): each `p.data` becomes a view of its bucket, so the all-gather writes the
   updated weights into the model's parameters with no copy. Each bucket's step is compiled once
   (`coconet.step.compile_many`: one module for all buckets).
-- `step()` is collective: for each bucket, this rank's gradients are copied into the bucket's
-  gradient buffer (a parameter without `.grad` counts as a zero gradient), and the generated step
-  runs: reduce-scatter of the gradient (summed, then averaged over the P ranks as DDP does), the
-  update kernel on this rank's slice, all-gather of the weights. The hyper-parameters are read
-  from the bucket's param group at every step, so learning-rate schedulers work; `zero_grad` is
-  torch's. m and v exist only as this rank's slices: 1/P of the state of `torch.optim.Adam`
-  (`state_bytes()`); `p.grad` is left as it was.
+- Gradients live in flat buckets too: each `p.grad` is a view of its gradient bucket, so
+  backward accumulates into it (as DDP's `gradient_as_bucket_view=True`); `zero_grad()` zeroes
+  the buckets and keeps the views (`set_to_none` is ignored). A `.grad` replaced by another
+  tensor is copied in at the next step; a parameter without `.grad` counts as a zero gradient.
+- `step()` is collective: for each bucket the generated step runs: reduce-scatter of the gradient
+  (summed, then averaged over the P ranks as DDP does), the update kernel on this rank's slice,
+  all-gather of the weights. The reduce-scatter works in the gradient bucket, so after `step()`
+  the gradients are consumed: call `zero_grad()` before the next backward (every training loop
+  does). The hyper-parameters are read from the bucket's param group at every step, so
+  learning-rate schedulers work. m and v exist only as this rank's slices: 1/P of the state of
+  `torch.optim.Adam` (`state_bytes()`).
 - `state_dict()` is collective and returns the gathered state in `torch.optim.Adam`'s format
   (per parameter id: `step`, `exp_avg`, `exp_avg_sq` of the parameter's shape; `param_groups` with
   parameter ids), on every rank; `sharded_state_dict()` is local: this rank's slices per bucket and
@@ -63,12 +67,15 @@ class _Bucket:
         return flat[s.offset:s.offset + s.numel].view_as(self.params[k])
 
     def gather_grads(self) -> None:
+        """Each p.grad into the bucket (nothing to do where it already is a view of it), and
+        p.grad a view of the bucket from then on."""
         for k, p in enumerate(self.params):
             dst = self.view(self.g, k)
             if p.grad is None:
                 dst.zero_()
-            else:
+            elif p.grad.data_ptr() != dst.data_ptr():
                 dst.copy_(p.grad)
+            p.grad = dst
 
 
 class FusedOptimizer(torch.optim.Optimizer):
@@ -76,7 +83,7 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults: dict, program, *, group=None,
                  bucket_cap_numel: Optional[int] = 1 << 22, chunks: int = 4,
-                 backend: str = "cpu"):
+                 backend="cpu"):
         self._buckets: list[_Bucket] = []
         super().__init__(params, defaults)
         self._group = Group.world() if group is None else Group.of(group)
@@ -97,6 +104,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 dist.broadcast(b.w, src=self._group.ranks[0], group=group)
                 for k, p in enumerate(b.params):
                     p.data = b.view(b.w, k)
+                    p.grad = b.view(b.g, k)
         items = [(program, programs.sliced_schedule, {"N": b.spec.numel},
                   {"w": b.w, "g": b.g, "m": b.m, "v": b.v}) for b in self._buckets]
         steps = compile_many(items, group=group, backend=backend, chunks=chunks)
@@ -108,6 +116,15 @@ class FusedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{type(self).__name__}: param groups cannot be added after "
                              "construction (the buckets are compiled then)")
         super().add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradient buckets; every p.grad stays a zeroed view of its bucket, so backward
+        accumulates into the bucket (set_to_none is ignored, as with DDP's
+        gradient_as_bucket_view)."""
+        for b in self._buckets:
+            b.g.zero_()
+            for k, p in enumerate(b.params):
+                p.grad = b.view(b.g, k)
 
     def hyper(self, group: dict) -> dict:
         """The step's 0-d inputs from a param group (lr, betas, eps, ...)."""
@@ -130,6 +147,14 @@ class FusedOptimizer(torch.optim.Optimizer):
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (m and v slices; the step counters aside)."""
         return sum(b.m.numel() * b.m.element_size() * 2 for b in self._buckets)
+
+    def buffer_bytes(self) -> int:
+        """Bytes of the step's buffers on this rank besides the parameters, their gradients (the
+        gradient buckets) and the state: the Plan's own (the reduced gradient slice, the
+        updated slice, ...)."""
+        own = {id(t) for b in self._buckets for t in (b.w, b.g, b.m, b.v)}
+        return sum(t.numel() * t.element_size() for b in self._buckets
+                   for t in b.step.runner.bufs.values() if id(t) not in own)
 
     def _groups_dict(self) -> list[dict]:
         out, pid = [], 0
@@ -209,7 +234,7 @@ class FusedAdam(FusedOptimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, *, group=None,
-                 bucket_cap_numel: Optional[int] = 1 << 22, chunks: int = 4, backend: str = "cpu"):
+                 bucket_cap_numel: Optional[int] = 1 << 22, chunks: int = 4, backend="cpu"):
         if weight_decay:
             raise ValueError("FusedAdam: weight_decay is not supported (the Adam program has no "
                              "L2 term); use FusedLAMB's decoupled weight decay")
@@ -231,7 +256,7 @@ class FusedLAMB(FusedOptimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.01, *, group=None,
-                 bucket_cap_numel: Optional[int] = None, chunks: int = 4, backend: str = "cpu"):
+                 bucket_cap_numel: Optional[int] = None, chunks: int = 4, backend="cpu"):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
                                   "weight_decay": weight_decay},
                          programs.lamb_program(), group=group, bucket_cap_numel=bucket_cap_numel,

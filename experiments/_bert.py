@@ -166,6 +166,35 @@ def param_groups(model: nn.Module, hp: dict) -> list[dict]:
             {"params": rest}]
 
 
+def activation_bytes(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Bytes autograd keeps for the backward of one forward at this micro-batch: the distinct
+    storages of the tensors saved for backward (`saved_tensors_hooks`), parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_of(module, inputs, targets)
+    loss.backward()
+    module.zero_grad(set_to_none=True)
+    return sum(seen.values())
+
+
+def memory_bytes(module: nn.Module, opt) -> dict[str, int]:
+    """This rank's bytes besides activations, from tensor sizes: parameters, gradients, the
+    communication buffers (DDP's gradient buckets: one copy of the gradients, torch's default
+    gradient_as_bucket_view=False; the fused step's Plan buffers: its gradients are views of its
+    buckets already) and the optimizer state (`state_bytes`)."""
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    comm = opt.buffer_bytes() if isinstance(opt, coconet.FusedOptimizer) else params
+    return {"params": params, "grads": params, "comm": comm, "state": state_bytes(opt)}
+
+
 def state_bytes(opt) -> int:
     """Optimizer-state bytes this rank holds (tensors in its state; for ZeRO its shard's)."""
     if isinstance(opt, coconet.FusedOptimizer):

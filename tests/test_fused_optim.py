@@ -8,7 +8,8 @@ One launch of 2 ranks runs every distributed check (`_rank`) and returns what th
   (Adam) and 20 (LAMB) steps within 1e-5 relative; optimizer state per rank 1/P of torch's;
 - state_dict round trips, gathered and sharded, resume bit-identically; the gathered one loads
   into torch.optim.Adam and continues as the fused one does;
-- zero_grad: grads set to None count as zeros.
+- gradients: views of the buckets that zero_grad zeroes and backward fills; a replaced .grad is
+  copied in, a None one counts as zeros.
 """
 from __future__ import annotations
 
@@ -111,17 +112,32 @@ def _round_trip(rank):
     return ref, resumed
 
 
+def _after(rank, how):
+    """Weights after 2 steps and then one more step prepared `how`."""
+    model = B.Encoder(SIZE, seed=1)
+    opt = FusedAdam(model.parameters(), lr=HP["lr"])
+    _train(model, opt, rank, 2)
+    opt.zero_grad()
+    params = list(model.parameters())
+    views = all(p.grad is not None and not p.grad.any() for p in params)
+    if how in ("views", "replaced"):
+        B.loss_of(model, *B.batch(SIZE, 0, 7, rank, MICRO_BATCH)).backward()
+        bucket = opt._buckets[0].g
+        views &= all(p.grad.data_ptr() >= bucket.data_ptr() for p in params) and bool(bucket.any())
+    if how == "replaced":
+        for p in params:
+            p.grad = p.grad.clone()
+    if how == "none":
+        for p in params:
+            p.grad = None
+    opt.step()
+    return views, torch.cat([p.detach().reshape(-1) for p in params])
+
+
 def _zero_grad_check(rank):
-    runs = []
-    for set_to_none in (True, False):
-        model = B.Encoder(SIZE, seed=1)
-        opt = FusedAdam(model.parameters(), lr=HP["lr"])
-        _train(model, opt, rank, 2)
-        opt.zero_grad(set_to_none=set_to_none)
-        none = all(p.grad is None for p in model.parameters())
-        opt.step()
-        runs.append((none, torch.cat([p.detach().reshape(-1) for p in model.parameters()])))
-    return runs[0][0], not runs[1][0], torch.equal(runs[0][1], runs[1][1])
+    got = {how: _after(rank, how) for how in ("views", "replaced", "none", "zero")}
+    return (got["views"][0] and got["zero"][0], torch.equal(got["views"][1], got["replaced"][1]),
+            torch.equal(got["none"][1], got["zero"][1]))
 
 
 def _rank(rank, world):
@@ -171,6 +187,8 @@ def test_state_dict_round_trips_resume_identically(ranks):
         assert np.allclose(resumed["torch.optim.Adam"], ref, rtol=1e-5, atol=0)
 
 
-def test_zero_grad_set_to_none_counts_as_zero(ranks):
+def test_grads_are_bucket_views_and_zero_grad_zeroes_them(ranks):
+    """zero_grad leaves zeroed views that backward accumulates into; a replaced .grad is copied
+    in (the same step); a parameter without .grad counts as a zero gradient."""
     for r in ranks:
         assert r["zero_grad"] == (True, True, True)
