@@ -6,7 +6,7 @@
     rows = predict.predictions(exp, PredictSettings(...))  # the cost model's rows
 
 The shipped experiments (`registry.SHIPPED`: adam_fusion, lamb_fusion, model_parallel,
-pipeline_parallel, calibrate, collectives, validate, autotune) register when this package is imported; a user's
+pipeline_parallel, calibrate, collectives, validate, autotune, training) register when this package is imported; a user's
 experiment registers from its own module (`registry.load_module`, `experiment.module=...` on the
 command line). See `experiments.api` for what an experiment fills in and `experiments.harness` for
 how it is measured.

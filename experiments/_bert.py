@@ -11,7 +11,8 @@ first-order Markov chain over the vocabulary (learnable, so the loss falls), 15%
 replaced by the mask token 0 and predicted (cross-entropy over those positions only). Each rank
 draws its own micro-batch of every step from (seed, step, rank): the same data for every config.
 
-Configurations (`CONFIGS`), each `make(model, optimizer, hp) -> (module, opt)`:
+Configurations (`CONFIGS`), each `make(model, optimizer, hp, backend=None) -> (module, opt)`
+(`backend`: the fused optimizers' `codegen.runtime.backend`, its transport; DDP uses gloo):
 - `ddp`: torch DDP + `torch.optim.Adam(fused=True)` (or `LAMB`, below): DDP's bucketed
   all-reduce, the full optimizer state on every rank;
 - `zero`: torch's `ZeroRedundancyOptimizer` over the same optimizer class, under DDP (the
@@ -133,11 +134,11 @@ def torch_optimizer(optimizer: str, params, hp: dict, **extra):
                 weight_decay=hp["weight_decay"], **extra)
 
 
-def _ddp(model, optimizer, hp):
+def _ddp(model, optimizer, hp, backend=None):
     return DDP(model), torch_optimizer(optimizer, param_groups(model, hp), hp)
 
 
-def _zero(model, optimizer, hp):
+def _zero(model, optimizer, hp, backend=None):
     cls = torch.optim.Adam if optimizer == "adam" else LAMB
     kw = {"fused": True} if optimizer == "adam" else {"weight_decay": hp["weight_decay"]}
     first, *rest = param_groups(model, hp)
@@ -148,9 +149,11 @@ def _zero(model, optimizer, hp):
     return DDP(model), opt
 
 
-def _fused(model, optimizer, hp):
+def _fused(model, optimizer, hp, backend="cpu"):
     cls = coconet.FusedAdam if optimizer == "adam" else coconet.FusedLAMB
-    kw = {} if optimizer == "adam" else {"weight_decay": hp["weight_decay"]}
+    kw = {"backend": backend or "cpu"}
+    if optimizer == "lamb":
+        kw["weight_decay"] = hp["weight_decay"]
     return model, cls(param_groups(model, hp), lr=hp["lr"], betas=hp["betas"], eps=hp["eps"], **kw)
 
 

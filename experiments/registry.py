@@ -23,7 +23,8 @@ from pathlib import Path
 from .api import Experiment
 
 SHIPPED = ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel", "calibrate",
-           "collectives", "validate", "autotune")
+           "collectives", "validate", "autotune",
+           "training")
 _REGISTRY: dict[str, Experiment] = {}
 _SOURCES: dict[str, str] = {}  # name -> the user's module spec that registered it
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .figures import _save, breakdown_figure, colour, plt
 from .tables import _size
+from .training import training_section
 from .validation import validation_section
 
 KEYS = ["schedule", "world_size", "size", "shape"]
@@ -217,6 +218,8 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
     """report.md's predicted part: speedup tables per topology, predicted vs measured."""
     if experiment == "validate":
         return validation_section(df, out_dir)
+    if experiment == "training":
+        return training_section(df, out_dir)
     rows = df[(df.experiment == experiment) & (df.source == "predicted")]
     if rows.empty:
         return ""

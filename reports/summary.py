@@ -34,8 +34,8 @@ def _first(rows):
 
 
 def _cell(part, schedule: str, column: str, fmt: str) -> str:
-    hit = part[part.schedule == schedule]
-    return "" if hit.empty or hit[column].isna().all() else fmt.format(float(hit[column].iloc[0]))
+    hit = part[part.schedule == schedule][column].dropna() if column in part else part.iloc[0:0]
+    return "" if hit.empty else fmt.format(float(hit.iloc[0]))
 
 
 def schedule_summary(df, experiment: str) -> Table:

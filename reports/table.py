@@ -20,6 +20,9 @@ step has several). Rows of published or paper figures (source `published` / `pap
 collectives name their transport in `comm` (gloo, shm, nccl). Measured program rows say where the
 ranks ran: `nodes` and `ranks_per_node` (torchrun --nnodes x --nproc_per_node; 1 x world size when
 the suite starts its own ranks).
+experiment=training adds `optimizer`, `step` and `loss` (loss curves), `micro_batch`,
+`samples_per_s` (throughput) and the bootstrap 95% intervals `*_lo`, `*_hi` of the median time,
+throughput and speedup, `state_bytes`, `memory_bytes` and `memory_cap_bytes` (bytes per rank).
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -35,7 +38,10 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "speedup_lo", "speedup_hi", "rounds", "stopped", "verified", "compute_ms",
            "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps", "algo", "proto", "nodes",
            "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
-           "caveat", "nccl_version", "date", "comm", "ranks_per_node")
+           "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
+           "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "time_ms_lo",
+           "time_ms_hi", "speedup_lo", "speedup_hi", "state_bytes", "memory_bytes",
+           "memory_cap_bytes")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
