@@ -24,7 +24,7 @@ from suite_fakes import toy
 
 TESTS = Path(__file__).resolve().parent
 KNOWN = ("known: adam_fusion, autotune, calibrate, collectives, lamb_fusion, model_parallel, paper, "
-         "pipeline_parallel, validate")
+         "pipeline_parallel, training, validate")
 
 
 def suite_cmd(*args: str, toy_run: bool = False, wrong: bool = False,
