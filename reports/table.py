@@ -21,8 +21,8 @@ collectives name their transport in `comm` (gloo, shm, nccl). Measured program r
 ranks ran: `nodes` and `ranks_per_node` (torchrun --nnodes x --nproc_per_node; 1 x world size when
 the suite starts its own ranks).
 experiment=training adds `optimizer`, `step` and `loss` (loss curves), `micro_batch`,
-`samples_per_s` (throughput) and the bootstrap 95% intervals `*_lo`, `*_hi` of the median time,
-throughput and speedup, `state_bytes`, `memory_bytes` and `memory_cap_bytes` (bytes per rank).
+`samples_per_s` (throughput) with its bootstrap 95% interval `samples_per_s_lo`, `_hi` (beside
+those of the time and the speedup), `state_bytes`, `memory_bytes` and `memory_cap_bytes` (bytes per rank).
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -39,9 +39,8 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps", "algo", "proto", "nodes",
            "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
            "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
-           "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "time_ms_lo",
-           "time_ms_hi", "speedup_lo", "speedup_hi", "state_bytes", "memory_bytes",
-           "memory_cap_bytes")
+           "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
+           "memory_bytes", "memory_cap_bytes")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
