@@ -17,7 +17,7 @@ template <class T> static inline T cc_min(T a, T b) { return (a < b || a != a) ?
 template <class T> static inline T cc_idiv(T a, T b) { return b == 0 ? T(0) : T(a / (b == 0 ? T(1) : b)); }
 template <class T> static inline T cc_ipow(T a, T b) {
   if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
-  using U = typename std::make_unsigned<T>::type;
+  typedef unsigned long long U;  // the product mod 2^64, truncated: T's wrap-around
   U r = 1, x = static_cast<U>(a);
   for (; b; b >>= 1) { if (b & 1) r *= x; x *= x; }
   return static_cast<T>(r);
@@ -62,61 +62,6 @@ static inline uint16_t cc_bf16_store(float f) {
   const uint16_t nan = static_cast<uint16_t>((u >> 16) | 0x40u);
   const uint16_t rounded = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   return f != f ? nan : rounded;
-}
-
-void adam_k1_0a68a7b042(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 10, "adam_k1_0a68a7b042 takes 10 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b35 = bufs[8].data_ptr<float>();
-  float* b53 = bufs[9].data_ptr<float>();
-  const int64_t ro4194304 = rank * 4194304;
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v35 = b35[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v52 = b1[e + ro4194304];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v2);  // t11
-    const float v40 = (v12 * v37);  // t13
-    const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v3);  // t15
-    const float v44 = (v16 * v37);  // t17
-    const float v45 = (v44 * v37);  // t18
-    const float v46 = (v43 + v45);  // v.next
-    const float v47 = std::sqrt(v46);  // t24
-    const float v48 = (v47 / v25);  // t26
-    const float v49 = (v48 + v7);  // t27
-    const float v50 = (v41 / v49);  // t29
-    const float v51 = (v28 * v50);  // t30
-    const float v53 = (v52 - v51);  // t31
-    const float v57 = v41;  // m.new
-    const float v58 = v46;  // v.new
-    b53[e] = v53;
-    b2[e] = v57;
-    b3[e] = v58;
-  }
 }
 
 void adam_k1_103a3f1ea6(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
@@ -171,114 +116,6 @@ void adam_k1_103a3f1ea6(int64_t begin, int64_t end, int64_t rank, std::vector<at
     b41[e] = v41;
     b46[e] = v46;
     b53[e] = v53;
-  }
-}
-
-void adam_k1_143bfe543d(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_143bfe543d takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
-  }
-}
-
-void adam_k1_4069cc3bd5(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_4069cc3bd5 takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
   }
 }
 
@@ -337,8 +174,8 @@ void adam_k1_549c574637(int64_t begin, int64_t end, int64_t rank, std::vector<at
   }
 }
 
-void adam_k1_6c00116648(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 10, "adam_k1_6c00116648 takes 10 buffers");
+void adam_k1_730ff76d12(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
+  TORCH_CHECK(bufs.size() == 12, "adam_k1_730ff76d12 takes 12 buffers");
   float* b1 = bufs[0].data_ptr<float>();
   float* b2 = bufs[1].data_ptr<float>();
   float* b3 = bufs[2].data_ptr<float>();
@@ -348,8 +185,10 @@ void adam_k1_6c00116648(int64_t begin, int64_t end, int64_t rank, std::vector<at
   float* b7 = bufs[6].data_ptr<float>();
   float* b8 = bufs[7].data_ptr<float>();
   float* b35 = bufs[8].data_ptr<float>();
-  float* b53 = bufs[9].data_ptr<float>();
-  const int64_t ro2097152 = rank * 2097152;
+  float* b41 = bufs[9].data_ptr<float>();
+  float* b46 = bufs[10].data_ptr<float>();
+  float* b53 = bufs[11].data_ptr<float>();
+  const int64_t ro24 = rank * 24;
   const float v4 = b4[0];
   const float v5 = b5[0];
   const float v6 = b6[0];
@@ -367,14 +206,14 @@ void adam_k1_6c00116648(int64_t begin, int64_t end, int64_t rank, std::vector<at
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
     const float v35 = b35[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v52 = b1[e + ro2097152];
+    const float v38 = b2[e + ro24];
+    const float v42 = b3[e + ro24];
+    const float v52 = b1[e + ro24];
     const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v2);  // t11
+    const float v39 = (v5 * v38);  // t11
     const float v40 = (v12 * v37);  // t13
     const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v3);  // t15
+    const float v43 = (v6 * v42);  // t15
     const float v44 = (v16 * v37);  // t17
     const float v45 = (v44 * v37);  // t18
     const float v46 = (v43 + v45);  // v.next
@@ -384,228 +223,9 @@ void adam_k1_6c00116648(int64_t begin, int64_t end, int64_t rank, std::vector<at
     const float v50 = (v41 / v49);  // t29
     const float v51 = (v28 * v50);  // t30
     const float v53 = (v52 - v51);  // t31
-    const float v57 = v41;  // m.new
-    const float v58 = v46;  // v.new
+    b41[e] = v41;
+    b46[e] = v46;
     b53[e] = v53;
-    b2[e] = v57;
-    b3[e] = v58;
-  }
-}
-
-void adam_k1_6eadf585c1(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_6eadf585c1 takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
-  }
-}
-
-void adam_k1_7a12e9a9d8(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_7a12e9a9d8 takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
-  }
-}
-
-void adam_k1_83ada311f7(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 10, "adam_k1_83ada311f7 takes 10 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b35 = bufs[8].data_ptr<float>();
-  float* b53 = bufs[9].data_ptr<float>();
-  const int64_t ro524288 = rank * 524288;
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v35 = b35[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v52 = b1[e + ro524288];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v2);  // t11
-    const float v40 = (v12 * v37);  // t13
-    const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v3);  // t15
-    const float v44 = (v16 * v37);  // t17
-    const float v45 = (v44 * v37);  // t18
-    const float v46 = (v43 + v45);  // v.next
-    const float v47 = std::sqrt(v46);  // t24
-    const float v48 = (v47 / v25);  // t26
-    const float v49 = (v48 + v7);  // t27
-    const float v50 = (v41 / v49);  // t29
-    const float v51 = (v28 * v50);  // t30
-    const float v53 = (v52 - v51);  // t31
-    const float v57 = v41;  // m.new
-    const float v58 = v46;  // v.new
-    b53[e] = v53;
-    b2[e] = v57;
-    b3[e] = v58;
-  }
-}
-
-void adam_k1_8e71c44682(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_8e71c44682 takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
   }
 }
 
@@ -719,61 +339,6 @@ void adam_k1_963be9aa3d(int64_t begin, int64_t end, int64_t rank, std::vector<at
   }
 }
 
-void adam_k1_99c6d9d0be(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 10, "adam_k1_99c6d9d0be takes 10 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b35 = bufs[8].data_ptr<float>();
-  float* b53 = bufs[9].data_ptr<float>();
-  const int64_t ro1048576 = rank * 1048576;
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v35 = b35[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v52 = b1[e + ro1048576];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v2);  // t11
-    const float v40 = (v12 * v37);  // t13
-    const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v3);  // t15
-    const float v44 = (v16 * v37);  // t17
-    const float v45 = (v44 * v37);  // t18
-    const float v46 = (v43 + v45);  // v.next
-    const float v47 = std::sqrt(v46);  // t24
-    const float v48 = (v47 / v25);  // t26
-    const float v49 = (v48 + v7);  // t27
-    const float v50 = (v41 / v49);  // t29
-    const float v51 = (v28 * v50);  // t30
-    const float v53 = (v52 - v51);  // t31
-    const float v57 = v41;  // m.new
-    const float v58 = v46;  // v.new
-    b53[e] = v53;
-    b2[e] = v57;
-    b3[e] = v58;
-  }
-}
-
 void adam_k1_a4b3d13635(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 12, "adam_k1_a4b3d13635 takes 12 buffers");
   float* b1 = bufs[0].data_ptr<float>();
@@ -826,61 +391,6 @@ void adam_k1_a4b3d13635(int64_t begin, int64_t end, int64_t rank, std::vector<at
     b41[e] = v41;
     b46[e] = v46;
     b53[e] = v53;
-  }
-}
-
-void adam_k1_d47d16721a(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 10, "adam_k1_d47d16721a takes 10 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b35 = bufs[8].data_ptr<float>();
-  float* b53 = bufs[9].data_ptr<float>();
-  const int64_t ro16777216 = rank * 16777216;
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v35 = b35[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v52 = b1[e + ro16777216];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v2);  // t11
-    const float v40 = (v12 * v37);  // t13
-    const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v3);  // t15
-    const float v44 = (v16 * v37);  // t17
-    const float v45 = (v44 * v37);  // t18
-    const float v46 = (v43 + v45);  // v.next
-    const float v47 = std::sqrt(v46);  // t24
-    const float v48 = (v47 / v25);  // t26
-    const float v49 = (v48 + v7);  // t27
-    const float v50 = (v41 / v49);  // t29
-    const float v51 = (v28 * v50);  // t30
-    const float v53 = (v52 - v51);  // t31
-    const float v57 = v41;  // m.new
-    const float v58 = v46;  // v.new
-    b53[e] = v53;
-    b2[e] = v57;
-    b3[e] = v58;
   }
 }
 
@@ -939,62 +449,8 @@ void adam_k1_d5da2991cc(int64_t begin, int64_t end, int64_t rank, std::vector<at
   }
 }
 
-void adam_k1_f49e83575c(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_f49e83575c takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
-  }
-}
-
-void adam_k1_f5b7680275(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 10, "adam_k1_f5b7680275 takes 10 buffers");
+void adam_k1_e5c958db86(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
+  TORCH_CHECK(bufs.size() == 12, "adam_k1_e5c958db86 takes 12 buffers");
   float* b1 = bufs[0].data_ptr<float>();
   float* b2 = bufs[1].data_ptr<float>();
   float* b3 = bufs[2].data_ptr<float>();
@@ -1004,8 +460,10 @@ void adam_k1_f5b7680275(int64_t begin, int64_t end, int64_t rank, std::vector<at
   float* b7 = bufs[6].data_ptr<float>();
   float* b8 = bufs[7].data_ptr<float>();
   float* b35 = bufs[8].data_ptr<float>();
-  float* b53 = bufs[9].data_ptr<float>();
-  const int64_t ro8388608 = rank * 8388608;
+  float* b41 = bufs[9].data_ptr<float>();
+  float* b46 = bufs[10].data_ptr<float>();
+  float* b53 = bufs[11].data_ptr<float>();
+  const int64_t ro3000 = rank * 3000;
   const float v4 = b4[0];
   const float v5 = b5[0];
   const float v6 = b6[0];
@@ -1023,14 +481,14 @@ void adam_k1_f5b7680275(int64_t begin, int64_t end, int64_t rank, std::vector<at
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
     const float v35 = b35[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v52 = b1[e + ro8388608];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v2);  // t11
+    const float v38 = b2[e + ro3000];
+    const float v42 = b3[e + ro3000];
+    const float v52 = b1[e + ro3000];
+    const float v37 = (v35 * 0.25f);  // t10
+    const float v39 = (v5 * v38);  // t11
     const float v40 = (v12 * v37);  // t13
     const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v3);  // t15
+    const float v43 = (v6 * v42);  // t15
     const float v44 = (v16 * v37);  // t17
     const float v45 = (v44 * v37);  // t18
     const float v46 = (v43 + v45);  // v.next
@@ -1040,31 +498,131 @@ void adam_k1_f5b7680275(int64_t begin, int64_t end, int64_t rank, std::vector<at
     const float v50 = (v41 / v49);  // t29
     const float v51 = (v28 * v50);  // t30
     const float v53 = (v52 - v51);  // t31
-    const float v57 = v41;  // m.new
-    const float v58 = v46;  // v.new
+    b41[e] = v41;
+    b46[e] = v46;
     b53[e] = v53;
-    b2[e] = v57;
-    b3[e] = v58;
+  }
+}
+
+void adam_k1_e6d6c8fe9e(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
+  TORCH_CHECK(bufs.size() == 12, "adam_k1_e6d6c8fe9e takes 12 buffers");
+  float* b1 = bufs[0].data_ptr<float>();
+  float* b2 = bufs[1].data_ptr<float>();
+  float* b3 = bufs[2].data_ptr<float>();
+  float* b4 = bufs[3].data_ptr<float>();
+  float* b5 = bufs[4].data_ptr<float>();
+  float* b6 = bufs[5].data_ptr<float>();
+  float* b7 = bufs[6].data_ptr<float>();
+  float* b8 = bufs[7].data_ptr<float>();
+  float* b35 = bufs[8].data_ptr<float>();
+  float* b41 = bufs[9].data_ptr<float>();
+  float* b46 = bufs[10].data_ptr<float>();
+  float* b53 = bufs[11].data_ptr<float>();
+  const int64_t ro12 = rank * 12;
+  const float v4 = b4[0];
+  const float v5 = b5[0];
+  const float v6 = b6[0];
+  const float v7 = b7[0];
+  const float v8 = b8[0];
+  const float v12 = (1.0f - v5);  // t12
+  const float v16 = (1.0f - v6);  // t16
+  const float v20 = std::pow(v5, v8);  // t20
+  const float v21 = (1.0f - v20);  // t21
+  const float v22 = std::pow(v6, v8);  // t22
+  const float v23 = (1.0f - v22);  // t23
+  const float v25 = std::sqrt(v23);  // t25
+  const float v28 = (v4 / v21);  // t28
+  const int nt = at::get_num_threads();
+  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
+  for (int64_t e = begin; e < end; ++e) {
+    const float v35 = b35[e];
+    const float v38 = b2[e + ro12];
+    const float v42 = b3[e + ro12];
+    const float v52 = b1[e + ro12];
+    const float v37 = (v35 * 0.25f);  // t10
+    const float v39 = (v5 * v38);  // t11
+    const float v40 = (v12 * v37);  // t13
+    const float v41 = (v39 + v40);  // m.next
+    const float v43 = (v6 * v42);  // t15
+    const float v44 = (v16 * v37);  // t17
+    const float v45 = (v44 * v37);  // t18
+    const float v46 = (v43 + v45);  // v.next
+    const float v47 = std::sqrt(v46);  // t24
+    const float v48 = (v47 / v25);  // t26
+    const float v49 = (v48 + v7);  // t27
+    const float v50 = (v41 / v49);  // t29
+    const float v51 = (v28 * v50);  // t30
+    const float v53 = (v52 - v51);  // t31
+    b41[e] = v41;
+    b46[e] = v46;
+    b53[e] = v53;
+  }
+}
+
+void adam_k1_f08a13a7dd(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
+  TORCH_CHECK(bufs.size() == 12, "adam_k1_f08a13a7dd takes 12 buffers");
+  float* b1 = bufs[0].data_ptr<float>();
+  float* b2 = bufs[1].data_ptr<float>();
+  float* b3 = bufs[2].data_ptr<float>();
+  float* b4 = bufs[3].data_ptr<float>();
+  float* b5 = bufs[4].data_ptr<float>();
+  float* b6 = bufs[5].data_ptr<float>();
+  float* b7 = bufs[6].data_ptr<float>();
+  float* b8 = bufs[7].data_ptr<float>();
+  float* b35 = bufs[8].data_ptr<float>();
+  float* b41 = bufs[9].data_ptr<float>();
+  float* b46 = bufs[10].data_ptr<float>();
+  float* b53 = bufs[11].data_ptr<float>();
+  const int64_t ro6000 = rank * 6000;
+  const float v4 = b4[0];
+  const float v5 = b5[0];
+  const float v6 = b6[0];
+  const float v7 = b7[0];
+  const float v8 = b8[0];
+  const float v12 = (1.0f - v5);  // t12
+  const float v16 = (1.0f - v6);  // t16
+  const float v20 = std::pow(v5, v8);  // t20
+  const float v21 = (1.0f - v20);  // t21
+  const float v22 = std::pow(v6, v8);  // t22
+  const float v23 = (1.0f - v22);  // t23
+  const float v25 = std::sqrt(v23);  // t25
+  const float v28 = (v4 / v21);  // t28
+  const int nt = at::get_num_threads();
+  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
+  for (int64_t e = begin; e < end; ++e) {
+    const float v35 = b35[e];
+    const float v38 = b2[e + ro6000];
+    const float v42 = b3[e + ro6000];
+    const float v52 = b1[e + ro6000];
+    const float v37 = (v35 * 0.5f);  // t10
+    const float v39 = (v5 * v38);  // t11
+    const float v40 = (v12 * v37);  // t13
+    const float v41 = (v39 + v40);  // m.next
+    const float v43 = (v6 * v42);  // t15
+    const float v44 = (v16 * v37);  // t17
+    const float v45 = (v44 * v37);  // t18
+    const float v46 = (v43 + v45);  // v.next
+    const float v47 = std::sqrt(v46);  // t24
+    const float v48 = (v47 / v25);  // t26
+    const float v49 = (v48 + v7);  // t27
+    const float v50 = (v41 / v49);  // t29
+    const float v51 = (v28 * v50);  // t30
+    const float v53 = (v52 - v51);  // t31
+    b41[e] = v41;
+    b46[e] = v46;
+    b53[e] = v53;
   }
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("adam_k1_0a68a7b042", &adam_k1_0a68a7b042, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_103a3f1ea6", &adam_k1_103a3f1ea6, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_143bfe543d", &adam_k1_143bfe543d, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_4069cc3bd5", &adam_k1_4069cc3bd5, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_549c574637", &adam_k1_549c574637, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_6c00116648", &adam_k1_6c00116648, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_6eadf585c1", &adam_k1_6eadf585c1, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_7a12e9a9d8", &adam_k1_7a12e9a9d8, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_83ada311f7", &adam_k1_83ada311f7, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_8e71c44682", &adam_k1_8e71c44682, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("adam_k1_730ff76d12", &adam_k1_730ff76d12, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_92258168c6", &adam_k1_92258168c6, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_963be9aa3d", &adam_k1_963be9aa3d, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_99c6d9d0be", &adam_k1_99c6d9d0be, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_a4b3d13635", &adam_k1_a4b3d13635, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_d47d16721a", &adam_k1_d47d16721a, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_d5da2991cc", &adam_k1_d5da2991cc, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_f49e83575c", &adam_k1_f49e83575c, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_f5b7680275", &adam_k1_f5b7680275, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("adam_k1_e5c958db86", &adam_k1_e5c958db86, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("adam_k1_e6d6c8fe9e", &adam_k1_e6d6c8fe9e, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("adam_k1_f08a13a7dd", &adam_k1_f08a13a7dd, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -17,7 +17,7 @@ template <class T> static inline T cc_min(T a, T b) { return (a < b || a != a) ?
 template <class T> static inline T cc_idiv(T a, T b) { return b == 0 ? T(0) : T(a / (b == 0 ? T(1) : b)); }
 template <class T> static inline T cc_ipow(T a, T b) {
   if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
-  using U = typename std::make_unsigned<T>::type;
+  typedef unsigned long long U;  // the product mod 2^64, truncated: T's wrap-around
   U r = 1, x = static_cast<U>(a);
   for (; b; b >>= 1) { if (b & 1) r *= x; x *= x; }
   return static_cast<T>(r);
