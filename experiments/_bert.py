@@ -7,7 +7,8 @@ initialisation from `seed`; dropout 0, so that two runs from the same initialisa
 differ only by floating-point order. Sizes: `ModelSize(layers, hidden, heads, vocab, seq)`.
 
 Data (`batch(size, seed, step, rank, micro_batch)`): synthetic sequences from a fixed random
-first-order Markov chain over the vocabulary (learnable, so the loss falls), 15% of positions
+first-order Markov chain over the vocabulary, skewed towards low token ids (learnable, so the
+loss falls), 15% of positions
 replaced by the mask token 0 and predicted (cross-entropy over those positions only). Each rank
 draws its own micro-batch of every step from (seed, step, rank): the same data for every config.
 
@@ -70,9 +71,12 @@ class Encoder(nn.Module):
 
 
 def _chain(size: ModelSize, seed: int) -> torch.Tensor:
-    """The Markov chain's transition matrix (each token has a few likely successors)."""
+    """The Markov chain's transition matrix: each token has a few likely successors, and low
+    token ids are likelier (a Zipf-like bias), so a model learns the frequencies within a few
+    steps and the successors after that."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(size.vocab, size.vocab, generator=g) * 3.0
+    logits -= 1.5 * torch.log(torch.arange(1, size.vocab + 1, dtype=torch.float32))
     return torch.softmax(logits, dim=1)
 
 
