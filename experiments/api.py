@@ -114,6 +114,8 @@ class MeasureSettings:
     max_rounds: int = 20  # ... and at most (defaults: scale=smoke's; the suite passes the scale's)
     point_budget_s: float = 1.0  # wall seconds per point before the rounds stop unconverged
     ci_pct: float = 2.5  # rounds stop when every speedup's 95% interval is within +-ci_pct%
+    # points already measured (resume): (world size, sorted (symbol, value) pairs), skipped
+    skip: frozenset = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)

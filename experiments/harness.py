@@ -114,12 +114,15 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
     if not exp.has_program:
         raise ValueError(f"experiment {exp.name} has no DSL program to measure")
     schedules = dict(settings.schedules if settings.schedules is not None else exp.schedules())
-    points = [dict(b) for b in (settings.points or exp.points(settings.scale,
-                                                              settings.max_elements))]
+    every = [dict(b) for b in (settings.points or exp.points(settings.scale,
+                                                             settings.max_elements))]
     rows: list[dict] = []
     for world in exp.measure_worlds or (settings.world_size,):
+        todo = [b for b in every if (world, tuple(sorted(b.items()))) not in settings.skip]
+        if not todo:
+            continue
         plans = tuple(tuple((name, p, lower(p, b, world, fused_chunks=FUSED_CHUNKS))
-                            for name, p in schedules.items()) for b in points)
+                            for name, p in schedules.items()) for b in todo)
         kernels = list({k.name: k for pl in plans for _, _, plan in pl
                         for k in plan.kernels()}.values())
         print(f"building {len(kernels)} kernels ...", flush=True)
@@ -127,7 +130,7 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
         target.precompile(kernels)
         target.write_sources(kernels, settings.kernels_dir, exp.name)
         spec = Spec(exp.name, registry.source_of(exp.name), world,
-                    tuple(tuple(b.items()) for b in points), plans, budget_of(settings),
+                    tuple(tuple(b.items()) for b in todo), plans, budget_of(settings),
                     str(settings.csv_path), settings.seed, settings.backend, settings.comm)
         rows += run_ranks(rank_main, world, args=(spec, kernels), timeout_s=settings.timeout_s)[0]
     return rows

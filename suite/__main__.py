@@ -5,7 +5,8 @@ A user's experiment (`experiment=NAME experiment.module=SPEC`) is named through 
 (`suite.cli.prevalidate`: one line on stderr and exit 2 for bad input), then Hydra composes the
 configuration, makes the run directory and calls `suite.run.run` once per job (several with `-m`,
 on SLURM with `hydra/launcher=slurm`: hydra_plugins/coconet_suite/slurm_launcher.py); the exit
-status is the worst job's (1: a schedule failed; 3: a job failed or was cancelled).
+status is the worst job's (1: a schedule failed; 3: a rank or a job failed or was cancelled;
+130 / 143: interrupted by SIGINT / SIGTERM, the report written from the rows so far).
 """
 import sys
 
@@ -17,6 +18,7 @@ from . import CONF_DIR, PROJECT_ROOT
 from .cli import prevalidate, user_experiment_overrides
 from .config import register
 from .errors import SuiteError, fail
+from .interrupt import install
 from .run import run
 from .slurm import SWEPT
 
@@ -50,6 +52,7 @@ def main() -> None:
     except SuiteError as e:
         fail(e)
     register()
+    install()  # SIGINT / SIGTERM: the report from the rows so far, exit 130 / 143
     job()
     sys.exit(max(statuses + [j.status for j in SWEPT], default=0))
 

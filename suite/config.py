@@ -139,6 +139,9 @@ class Config:
     # The local topology (suite.calibration): auto, the calibration cached for this machine
     # (calibrating first when none matches); refresh, calibrate again; off, the shipped figures.
     calibration: str = "auto"
+    # Continue the run directory: skip the points its results.csv already holds with the same
+    # settings (suite.resume); the earlier file is kept, numbered, as on every re-run.
+    resume: bool = False
     # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
     # a topology the experiment's paper setting already predicts on is not repeated.
     predict_also: List[ExtraTopology] = field(default_factory=list)

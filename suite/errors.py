@@ -1,4 +1,5 @@
-"""Errors of the entry point: bad input that ends the run with one line on stderr and exit 2."""
+"""Errors of the entry point: bad input ends the run with one line on stderr and exit 2 (`fail`),
+a failure while running (a rank died) with one line and exit 3 (`fail_run`)."""
 
 import sys
 from typing import NoReturn
@@ -18,3 +19,9 @@ def fail(error: Exception) -> NoReturn:
     """End the run for bad input: one line on stderr, exit status 2."""
     print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
     sys.exit(2)
+
+
+def fail_run(error: Exception) -> NoReturn:
+    """End the run for a failure while it ran (a rank died, hung or raised): one line, exit 3."""
+    print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+    sys.exit(3)

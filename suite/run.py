@@ -31,10 +31,11 @@ verification (the report is still written), 2 for bad input (`fail`: one line on
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Union
+from typing import NoReturn, Union
 
 import pandas as pd
 
@@ -53,11 +54,13 @@ from reports.table import append_row, read_table
 
 from .calibration import describe, local_calibration
 from .config import Config, extra_topologies, topology_of, validate
-from .errors import SuiteError, fail
+from .errors import SuiteError, fail, fail_run
 from .generate import generate
+from .interrupt import Interrupted, received
 from .load import check_settings, derive_experiment, load_experiment, load_programs
 from .paper import run_paper
 from .report import render_report, write_report
+from .resume import done_points, keep_earlier_results, restart_with, resume_rows, write_settings
 from .verification import Check, verify_schedules
 
 
@@ -76,34 +79,91 @@ def run(cfg: Config, out_dir: Union[str, Path]) -> int:
 
 
 def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
-    """One experiment (not `paper`): its steps, its report and its verdict."""
+    """One experiment (not `paper`): its steps, its report and its verdict. Interrupted (SIGINT,
+    SIGTERM: suite.interrupt), it writes the report from the rows so far and exits 130 / 143;
+    a rank that died ends it with exit 3 (the report written too)."""
+    out_dir, stopped, found, rows, checks = Path(out_dir), None, None, [], []
     try:
         validate(cfg)
         exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
-        exp = derive_experiment(cfg, exp, topology_of(cfg), Path(out_dir))
+        exp = derive_experiment(cfg, exp, topology_of(cfg), out_dir)
         reference, schedules = load_programs(exp, cfg)
-        checks = []
         backend = runtime_backend(cfg)
         if reference is not None:
             check_settings(cfg, reference, schedules)
+        elif cfg.backend.name != "cpu" and exp.needs_measurement:
+            raise SuiteError(f"experiment {exp.name} measures this machine: it needs backend=cpu")
+        kept = start_results(cfg, exp, schedules, out_dir)
+    except (SuiteError, dsl.DSLError, BuildError) as e:
+        fail(e)
+    try:
+        if reference is not None:
             show_programs(schedules)
             checks = verify(cfg, exp, reference, schedules)
             if backend is not None:
-                generate(cfg, exp, schedules, backend, Path(out_dir))
-        elif cfg.backend.name != "cpu" and exp.needs_measurement:
-            raise SuiteError(f"experiment {exp.name} measures this machine: it needs backend=cpu")
-        set_aside_old_results(Path(out_dir))
+                generate(cfg, exp, schedules, backend, out_dir)
         found = local_calibration(cfg, exp, cfg.world_size)
         calibrated = cfg if found is None else replace(
             cfg, topology=replace(cfg.topology, path=str(found.path)))
-        rows = measure(cfg, exp, schedules, backend, Path(out_dir))
-        predict(calibrated, exp, schedules, Path(out_dir), rows)
-    except (SuiteError, dsl.DSLError, RankError, BuildError) as e:
+        skip = done_points(kept, list(schedules), exp) if kept else frozenset()
+        rows = kept + measure(cfg, exp, schedules, backend, out_dir, skip)
+        predict(calibrated, exp, schedules, out_dir, rows)
+    except Interrupted as e:
+        stopped = e
+    except RankError as e:
+        stopped = Interrupted(received()) if received() else e
+    except (SuiteError, dsl.DSLError, BuildError) as e:
         fail(e)
-    path = report(cfg, exp, schedules, checks, Path(out_dir), describe(found, cfg))
-    print(final_summary(exp.name, Path(out_dir), bool(calibrated.topology.path)
+    path = report(cfg, exp, schedules, checks, out_dir, describe(found, cfg))
+    if stopped is not None:
+        end_early(stopped, exp, cfg, out_dir, path)
+    print(final_summary(exp.name, out_dir, bool(calibrated.topology.path)
                         or exp.fits_topology), flush=True)
     return Outcome(summarize(checks, rows, path), checks, path)
+
+
+def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) -> list[dict]:
+    """Earlier results kept numbered; with resume=true, the measured rows to keep (suite.resume)."""
+    settings = {"experiment": exp.name, "scale": dataclasses.asdict(cfg.scale),
+                "seed": cfg.seed, "backend": cfg.backend.name, "comm": cfg.backend.comm,
+                "world_size": cfg.world_size, "schedules": sorted(schedules),
+                "sizes": cfg.experiment.sizes}
+    kept = resume_rows(out_dir, settings) if cfg.resume else []
+    keep_earlier_results(out_dir)
+    write_settings(out_dir, settings)
+    restart_with(out_dir, kept)
+    if cfg.resume:
+        print(f"resume: {len(kept)} measured rows kept from the earlier run", flush=True)
+    return kept
+
+
+def end_early(stopped: BaseException, exp: Experiment, cfg: Config, out_dir: Path,
+              path: Path) -> NoReturn:
+    """The line that says how far the run got, then its exit status (130/143, or 3)."""
+    if isinstance(stopped, Interrupted):
+        done, planned = points_measured(exp, out_dir), points_planned(cfg, exp)
+        print(f"interrupted after {done} of {planned if planned else '?'} points; report "
+              f"(from the rows so far): {path}", file=sys.stderr, flush=True)
+        sys.exit(stopped.status)
+    print(f"report (from the rows so far): {path}", flush=True)
+    fail_run(stopped)
+
+
+def points_measured(exp: Experiment, out_dir: Path) -> int:
+    csv = out_dir / "results.csv"
+    if not csv.exists():
+        return 0
+    df = read_table(csv)
+    df = df[(df.source == "measured") & (df.experiment == exp.name)]
+    return len(df.drop_duplicates(["world_size", "size", "shape"]))
+
+
+def points_planned(cfg: Config, exp: Experiment) -> int:
+    """Points the measurement would make (0 when the experiment measures on its own)."""
+    if not exp.has_program:
+        return 0
+    points = cfg.experiment.sizes or exp.points(cfg.scale.name, cfg.scale.max_elements)
+    return len(points) * len(exp.measure_worlds or (cfg.world_size,))
 
 
 def show_programs(schedules: dict[str, dsl.Program]) -> None:
@@ -119,15 +179,6 @@ def verify(cfg: Config, exp: Experiment, reference: dsl.Program,
                             show=lambda line: print(line, flush=True))
 
 
-def set_aside_old_results(out_dir: Path) -> None:
-    """A run into a directory that has results keeps them as results.previous.csv."""
-    old = out_dir / "results.csv"
-    if old.exists():
-        old.replace(out_dir / "results.previous.csv")
-        print(f"kept the directory's earlier results as {out_dir / 'results.previous.csv'}",
-              flush=True)
-
-
 def runtime_backend(cfg: Config):
     """The backend the run's ranks use (codegen.runtime.backend), None for backend=sim."""
     if cfg.backend.name == "sim":
@@ -138,7 +189,8 @@ def runtime_backend(cfg: Config):
         raise SuiteError(f"backend: {e}") from None
 
 
-def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Path) -> list[dict]:
+def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Path,
+            skip: frozenset = frozenset()) -> list[dict]:
     """Measured rows on the run's backend: the experiment's own measure, else the harness."""
     if backend is None or not exp.measurable:
         print(f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local "
@@ -158,7 +210,7 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                points=[dict(b) for b in cfg.experiment.sizes or []] or None,
                                min_rounds=cfg.scale.min_rounds,
                                max_rounds=cfg.scale.max_rounds, point_budget_s=cfg.scale.budget_s,
-                               ci_pct=cfg.scale.ci_pct)
+                               ci_pct=cfg.scale.ci_pct, skip=skip)
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
           "scale)", flush=True)

@@ -185,7 +185,10 @@ def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn, stack
                parent) -> None:
     """Body of a spawned rank: init gloo, run fn, send ('ok', value) or ('err', ...) back.
     SIGUSR1 dumps every thread's Python stack into `stacks_path` (read by the parent on a
-    timeout); the rank ends itself when its parent is gone."""
+    timeout); the rank ends itself when its parent is gone. A terminal's Ctrl-C reaches every
+    process of its group: the ranks ignore SIGINT and leave it to the parent, which stops them
+    (no traceback from each rank)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with(parent)
     stacks = open(stacks_path, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)

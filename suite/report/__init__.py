@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .verification import Check, format_bindings, format_error
+from ..verification import Check, format_bindings, format_error
 
 
 def render_report(*, experiment: str, figure: str, settings: Mapping[str, object],

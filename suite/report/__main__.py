@@ -1,0 +1,45 @@
+"""`python -m suite.report DIR`: rebuild a run's report (report.md, report.html, figures/, tables/)
+from its results.csv and its recorded configuration (DIR/.hydra/config.yaml), re-running nothing
+but the schedules' printing (the verification table is not re-made: it says so). Bad input (no
+such run directory, no results) is one line on stderr and exit 2."""
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..config import Config
+from ..errors import SuiteError, fail
+from ..load import load_experiment, load_programs
+from ..run import final_summary, report
+
+
+def rebuild(run_dir: Path) -> Path:
+    conf = run_dir / ".hydra" / "config.yaml"
+    if not (run_dir / "results.csv").exists() or not conf.exists():
+        raise SuiteError(f"{run_dir} is not a run directory with results (needs results.csv and "
+                         ".hydra/config.yaml)")
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                                  OmegaConf.load(conf)))
+    except (OmegaConfBaseException, ValueError) as e:
+        raise SuiteError(f"{conf}: {e}") from None
+    exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
+    _, schedules = load_programs(exp, cfg)
+    path = report(cfg, exp, schedules, [], run_dir,
+                  "as recorded in the run (report rebuilt by python -m suite.report)")
+    print(final_summary(exp.name, run_dir), flush=True)
+    return path
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        fail(SuiteError("usage: python -m suite.report RUN_DIR"))
+    try:
+        print(f"report: {rebuild(Path(argv[0]))}", flush=True)
+    except SuiteError as e:
+        fail(e)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

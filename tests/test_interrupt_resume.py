@@ -1,0 +1,123 @@
+"""Faults in a real run (`python -m suite`, 2 gloo ranks, adam_fusion at smoke scale): SIGINT and
+SIGTERM of the entry point, SIGKILL of a rank, and resume. Each checks the exit status, the one
+line that says what happened, that the rows measured before are kept, that the report is written,
+and that no process of the run is left."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+POINTS = 5  # adam_fusion at smoke: 2^12 .. 2^16
+SCHEDULES = 6  # the baseline and five schedules
+
+
+def _start(run_dir: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "suite", "experiment=adam_fusion", "scale=smoke",
+           "calibration=off", "verify.world_sizes=[2]", f"hydra.run.dir={run_dir}", *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _measured(run_dir: Path, name: str = "results.csv") -> list[dict]:
+    path = run_dir / name
+    if not path.exists():
+        return []
+    return [r for r in csv.DictReader(path.open()) if r["source"] == "measured"]
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        out |= {int(k) for k in kids}
+        todo += [int(k) for k in kids]
+    return out
+
+
+def _alive(pids: set[int]) -> set[int]:
+    left = set()
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.add(p)
+    return left
+
+
+def _run_until_measured(run_dir: Path, rows: int, *extra: str) -> tuple[subprocess.Popen, set]:
+    """Start a run and wait until results.csv holds `rows` measured rows; its processes."""
+    proc = _start(run_dir, *extra)
+    deadline = time.monotonic() + 600
+    while len(_measured(run_dir)) < rows:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no point measured in 600 s"
+        time.sleep(0.2)
+    ranks = _descendants(proc.pid)
+    assert ranks, "the run has no rank processes"
+    return proc, ranks
+
+
+def _ended(proc: subprocess.Popen, ranks: set) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=120)
+    time.sleep(2)  # orphans are reaped by init
+    assert not _alive(ranks | {proc.pid}), "processes of the run left behind"
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_ranks_keeps_the_rows_and_writes_the_report(tmp_path, sig, status):
+    proc, ranks = _run_until_measured(tmp_path, SCHEDULES)
+    proc.send_signal(sig)
+    code, err = _ended(proc, ranks)
+    assert code == status, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and lines[-1].startswith("interrupted after "), err
+    done = int(lines[-1].split()[2])
+    assert 1 <= done <= POINTS and f"of {POINTS} points" in lines[-1]
+    rows = _measured(tmp_path)
+    assert len(rows) >= done * SCHEDULES
+    report = (tmp_path / "report.md").read_text()
+    assert "## Measured" in report
+
+
+def test_a_killed_rank_ends_the_run_with_exit_3_and_the_rows_kept(tmp_path):
+    proc, ranks = _run_until_measured(tmp_path, SCHEDULES)
+    os.kill(max(ranks), signal.SIGKILL)  # a rank (the parent's children are the ranks)
+    code, err = _ended(proc, ranks)
+    assert code == 3, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: rank ") and "Traceback" not in err
+    assert len(_measured(tmp_path)) >= SCHEDULES
+    assert (tmp_path / "report.md").exists()
+
+
+def test_resume_skips_the_points_measured_and_keeps_every_earlier_file(tmp_path):
+    proc, ranks = _run_until_measured(tmp_path, SCHEDULES)
+    proc.send_signal(signal.SIGINT)
+    assert _ended(proc, ranks)[0] == 130
+    before = _measured(tmp_path)
+    resumed = _start(tmp_path, "resume=true")
+    out, err = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, err
+    assert f"resume: {len(before)} measured rows kept" in out
+    after = _measured(tmp_path)
+    assert len(after) == POINTS * SCHEDULES  # every point once: none measured twice
+    assert after[:len(before)] == before  # the earlier rows, as they were
+    assert _measured(tmp_path, "results.1.csv") == before  # the interrupted file, kept
+    other = _start(tmp_path, "resume=true", "seed=1")  # other settings: refused before any work
+    _, err = other.communicate(timeout=300)
+    assert other.returncode == 2 and err.strip().startswith("error: resume=true:") \
+        and len(err.strip().splitlines()) == 1
