@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import tempfile
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -35,7 +37,7 @@ import experiments
 from . import CONF_DIR
 from .config import Config, register, validate
 from .errors import SuiteError, one_line
-from .load import load_experiment
+from .load import check_experiment, load_experiment
 
 INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--info", "--shell-completion", "-sc",
               "--experimental-rerun")
@@ -63,7 +65,9 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
             for group in GROUPS:
                 _check_option(group, getattr(cfg, group).name, conf_dir)
             validate(cfg)
+            check_experiment(cfg)
             first = first or cfg
+    check_run_dir(args.overrides)
     return first
 
 
@@ -178,3 +182,21 @@ def _check_group_overrides(overrides: list[str], conf_dir: Path) -> None:
         key, _, value = line.lstrip("+~").partition("=")
         if value and (conf_dir / key).is_dir():
             _check_option(key, value, conf_dir)
+
+
+def check_run_dir(overrides: Sequence[str]) -> None:
+    """`hydra.run.dir=DIR` must be a directory this user can create or write into."""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    if not given or "${" in given[-1]:
+        return
+    path = Path(given[-1]).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise SuiteError(f"hydra.run.dir={given[-1]} is a file, not a directory")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    try:  # a real try (root passes os.access checks, /proc refuses anyway)
+        os.rmdir(tempfile.mkdtemp(prefix=".suite-probe-", dir=probe))
+    except OSError as e:
+        raise SuiteError(f"hydra.run.dir={given[-1]} cannot be written ({probe}: "
+                         f"{e.strerror or e})") from None

@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Dict, List, Optional
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
@@ -170,6 +172,8 @@ def validate(cfg: Config) -> None:
     if not 1 <= cfg.scale.min_rounds <= cfg.scale.max_rounds:
         raise SuiteError(f"scale.min_rounds={cfg.scale.min_rounds}, scale.max_rounds="
                          f"{cfg.scale.max_rounds} are impossible; need 1 <= min <= max")
+    if not 0 <= cfg.seed < 2 ** 32:
+        raise SuiteError(f"seed={cfg.seed} is out of range; seeds are integers in [0, 2^32)")
     if cfg.calibration not in ("auto", "refresh", "off"):
         raise SuiteError(f"calibration={cfg.calibration!r} is not one of auto, refresh, off")
     if cfg.scale.warmup < 0:
@@ -195,8 +199,16 @@ def topology_of(cfg: Config) -> Topology:
     conf = cfg.topology
     try:
         if conf.path:
+            top = yaml.safe_load(Path(conf.path).read_text()) if Path(conf.path).is_file() else {}
+            if not isinstance(top, dict):
+                raise SuiteError(f"bad topology file {conf.path}: its top level is a "
+                                 f"{type(top).__name__}, not a mapping of the topology's fields")
             return load_topology(path=conf.path)
         data = {k: v for k, v in dataclasses.asdict(conf).items() if k != "path"}
         return Topology.from_dict(data)
     except TopologyError as e:
         raise SuiteError(f"bad topology: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, OSError, ValueError, TypeError,
+            AttributeError, KeyError) as e:  # a file that does not parse as a topology
+        raise SuiteError(f"bad topology file {conf.path}: {type(e).__name__}: "
+                         f"{one_line(e)}") from None

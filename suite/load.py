@@ -11,12 +11,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
+import numpy as np
+
 import dsl
 import experiments
+from codegen.lower import lower
+from dsl.equivalence import symbols
 from experiments import Experiment
 
 from .config import Config
 from .errors import SuiteError, one_line
+
+MEMORY_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def load_experiment(name: str, module: str | None = None) -> Experiment:
@@ -63,6 +71,9 @@ def load_programs(exp: Experiment, cfg: Config) -> tuple[dsl.Program, dict[str, 
         return None, {}
     reference, schedules = exp.program(), dict(exp.schedules())
     wanted = cfg.experiment.schedules
+    if wanted is not None and not wanted:
+        raise SuiteError("experiment.schedules is empty; name at least one schedule, or null for "
+                         "all")
     if wanted is not None:
         for name in wanted:
             if name not in schedules:
@@ -79,3 +90,62 @@ def check_settings(cfg: Config, reference: dsl.Program, schedules: dict[str, dsl
             if ws % program.stages:
                 raise SuiteError(f"world size {ws} is not divisible by the {program.stages} "
                                  f"pipeline stages of {program.name}")
+
+
+def check_sizes(cfg: Config, exp: Experiment, reference: dsl.Program,
+                schedules: dict[str, dsl.Program]) -> None:
+    """Every point to measure or predict (experiment.sizes, else the scale's sweep) binds exactly
+    the program's size symbols to positive integers that every schedule lowers with at the run's
+    world size (divisible as its layouts and chunks require), and fits in this machine's memory;
+    a measuring run has at least one point."""
+    given = cfg.experiment.sizes
+    points = given or exp.points(cfg.scale.name, cfg.scale.max_elements)
+    if not points and cfg.backend.name != "sim" and exp.baseline is not None:
+        raise SuiteError(f"no point of {exp.name} to measure: scale.max_elements="
+                         f"{cfg.scale.max_elements} is below its smallest size")
+    wanted = symbols(reference) - {"P"}
+    for b in points or []:
+        b = dict(b)
+        if set(b) != wanted:
+            raise SuiteError(f"experiment.sizes entry {b} must bind exactly {sorted(wanted)} of "
+                             f"{exp.name}'s program")
+        bad = {k: v for k, v in b.items() if not isinstance(v, int) or v < 1}
+        if bad:
+            raise SuiteError(f"experiment.sizes entry {b}: sizes must be positive integers")
+        for name, program in schedules.items():
+            for ws in (exp.measure_worlds or (cfg.world_size,)) if cfg.backend.name != "sim" \
+                    else (cfg.world_size,):
+                try:
+                    lower(program, b, ws)
+                except (dsl.DSLError, ValueError, KeyError, ZeroDivisionError) as e:
+                    raise SuiteError(f"size {b} on {ws} ranks does not fit schedule {name}: "
+                                     f"{one_line(e)}") from None
+        need = _bytes(reference, b) * (len(schedules) + 2)
+        if cfg.backend.name == "cpu" and need > MEMORY_BYTES:
+            raise SuiteError(f"size {b} needs about {need / 2**30:.0f} GiB for its "
+                             f"{len(schedules)} schedules and the baseline; this machine has "
+                             f"{MEMORY_BYTES / 2**30:.0f} GiB")
+
+
+def _bytes(program: dsl.Program, b: dict) -> int:
+    """Bytes of the program's global inputs at bindings b (a lower bound of a point's memory)."""
+    total = 0
+    for i in program.inputs:
+        n = 1
+        for d in i.value.type.shape:
+            n *= int(d.evaluate({**b, "P": 1})) if hasattr(d, "evaluate") else int(d)
+        total += n * np.dtype(i.value.type.dtype.numpy).itemsize
+    return total
+
+
+def check_experiment(cfg: Config) -> Experiment:
+    """Everything about the run's experiment checkable before any work: its name (and module),
+    schedules, world sizes and sizes (one line each: SuiteError)."""
+    exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
+    if exp.derive is not None:  # made from a target at run time (autotune): checked then
+        return exp
+    reference, schedules = load_programs(exp, cfg)
+    if reference is not None:
+        check_settings(cfg, reference, schedules)
+        check_sizes(cfg, exp, reference, schedules)
+    return exp

@@ -57,7 +57,8 @@ from .config import Config, extra_topologies, topology_of, validate
 from .errors import SuiteError, fail, fail_run
 from .generate import generate
 from .interrupt import Interrupted, received
-from .load import check_settings, derive_experiment, load_experiment, load_programs
+from .load import (check_settings, check_sizes, derive_experiment, load_experiment,
+                   load_programs)
 from .paper import run_paper
 from .report import render_report, write_report
 from .resume import done_points, keep_earlier_results, restart_with, resume_rows, write_settings
@@ -91,6 +92,7 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         backend = runtime_backend(cfg)
         if reference is not None:
             check_settings(cfg, reference, schedules)
+            check_sizes(cfg, exp, reference, schedules)
         elif cfg.backend.name != "cpu" and exp.needs_measurement:
             raise SuiteError(f"experiment {exp.name} measures this machine: it needs backend=cpu")
         kept = start_results(cfg, exp, schedules, out_dir)
