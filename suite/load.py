@@ -138,9 +138,12 @@ def _bytes(program: dsl.Program, b: dict) -> int:
     return total
 
 
-def check_experiment(cfg: Config) -> Experiment:
+def check_experiment(cfg: Config) -> Experiment | None:
     """Everything about the run's experiment checkable before any work: its name (and module),
-    schedules, world sizes and sizes (one line each: SuiteError)."""
+    schedules, world sizes and sizes (one line each: SuiteError). experiment=paper (a list of
+    runs) is checked run by run when it runs."""
+    if cfg.experiment.runs:
+        return None
     exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
     if exp.derive is not None:  # made from a target at run time (autotune): checked then
         return exp

@@ -46,9 +46,10 @@ def test_trials_follow_scale_unless_overridden():
 
 
 def test_typed_overrides():
-    cfg = prevalidate(["experiment=model_parallel", "experiment.sizes=[{B: 8, S: 1024, H: 3072}]",
+    cfg = prevalidate(["experiment=model_parallel",
+                       "experiment.sizes=[{B: 8, S: 1024, H: 3072, K: 3072}]",
                        "experiment.schedules=[MM-AR-C]", "verify.world_sizes=[2,4,8]"])
-    assert cfg.experiment.sizes == [{"B": 8, "S": 1024, "H": 3072}]
+    assert cfg.experiment.sizes == [{"B": 8, "S": 1024, "H": 3072, "K": 3072}]
     assert cfg.experiment.schedules == ["MM-AR-C"] and cfg.verify.world_sizes == [2, 4, 8]
 
 

@@ -7,6 +7,7 @@ tests independent of experiments/; the last tests run the real ones at smoke sca
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -124,9 +125,11 @@ def test_dsl_error_is_one_line(tmp_path, monkeypatch, capsys):
     assert err == ["error: schedule AR-C at P=2, N=8: N=7 is not divisible by P=2; second line"]
 
 
-def test_unknown_schedule(monkeypatch):
-    monkeypatch.setattr(suite.run, "load_experiment", lambda name, module=None: toy())
-    cfg = prevalidate(["experiment.schedules=[AR-C,nope]"])
+def test_unknown_schedule():
+    with pytest.raises(SuiteError, match="unknown schedule 'nope' for adam_fusion; known: AR-C"):
+        prevalidate(["experiment.schedules=[AR-C,nope]"])  # refused before any work
+    cfg = prevalidate(["experiment.schedules=[AR-C]"])
+    cfg = replace(cfg, experiment=replace(cfg.experiment, schedules=["AR-C", "nope"]))
     with pytest.raises(SuiteError, match="unknown schedule 'nope' for toy; known: AR-C"):
         suite.run.load_programs(toy(), cfg)
 
