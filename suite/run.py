@@ -20,7 +20,7 @@
       predict   the cost model (experiments.predict): backend=cpu, the measured points on the
                 local topology (calibrated; `topology.path=FILE` for another) and the
                 paper's setting; backend=sim, the chosen topology alone; rows to results.csv
-      report    out_dir/report.md (suite.report) and report.html, figures/<experiment>.png,
+      report    out_dir/report.md (suite.report_md) and report.html, figures/<experiment>.png,
                 figures/predicted_vs_measured.png, tables/*.csv|tex (reports/); then a short
                 summary table (reports.summary) and the report's path are printed
 
@@ -60,7 +60,7 @@ from .interrupt import Interrupted, received
 from .load import (check_settings, check_sizes, derive_experiment, load_experiment,
                    load_programs)
 from .paper import run_paper
-from .report import render_report, write_report
+from .report_md import render_report, write_report
 from .resume import done_points, keep_earlier_results, restart_with, resume_rows, write_settings
 from .verification import Check, verify_schedules
 
