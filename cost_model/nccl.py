@@ -1,29 +1,47 @@
 """NCCL's own collective cost model and tuner: (algorithm x protocol) -> time, the fastest picked.
 
-Follows NCCL 2.20.3 (src/graph/tuning.cc: `ncclTopoTuneModel`, `ncclTopoGetAlgoTime`; tables
-transcribed below with their NCCL names), written afresh. For one call of a collective of
-`nbytes` (nccl-tests' size: the whole array for reduce_scatter / all_gather) on `ranks` GPUs
-over `nodes` nodes of a topology whose `nccl` section gives NCCL's graph (channels, per-channel
-bandwidths, NVLS, CollNet):
+Follows NCCL 2.20.3 (src/graph/tuning.cc: `ncclTopoTuneModel`, `ncclTopoGetAlgoTime`; src/enqueue.cc:
+the channels and chunks a call uses; tables transcribed below with their NCCL names), written
+afresh. For one call of a collective of `nbytes` (nccl-tests' size: the whole array for
+reduce_scatter / all_gather) on `ranks` GPUs over `nodes` nodes of a topology whose `nccl` section
+gives NCCL's graph (channels, per-channel bandwidths, NVLS, CollNet):
 
-    time_us = latency + nbytes / (1000 * bandwidth) + fill
-    latency = base[algo][proto] + hops x hw latency per link class (NVLink, PCI, network)
+    time_us  = latency + nbytes / (1000 * bandwidth x used) + pipeline
+    latency  = base[algo][proto] + hops x hw latency per link class (NVLink, PCI, network)
     bandwidth (algorithm bandwidth, GB/s) = channels x per-channel bw, capped and scaled per
-              protocol (LL: 1/4 of the ring, at most llMaxBw; LL128: 92%, at most a per-channel
-              cap; tree: 92% and its own caps), then x nranks/nsteps (ring), 5/6 (NVLS) or 1/2
-              (tree, CollNet) to turn NCCL's bus bandwidth into the algorithm's
-    fill    = 2 sqrt(fill_us x depth x nbytes / bandwidth): the pipeline's fill and drain with
-              optimal chunking (a chunk costs fill_us beyond its bytes, `depth` stages: a ring's
-              nsteps, a tree's hops up and down, NVLS's 2). `fill_us` is the topology's one
-              fitted constant (0: NCCL's own linear model).
+               protocol (LL: 1/4 of the ring, at most llMaxBw; LL128: 92%, at most a per-channel
+               cap; tree: 92% and its own caps), then x nranks/nsteps (ring) or 1/2 (tree,
+               CollNet) to turn NCCL's bus bandwidth into the algorithm's. NVLS (all_reduce):
+               x 15/16 x n/(n+1) for n GPUs a node: through NVLink SHARP each GPU's port carries
+               the whole buffer up (the switch reduces it) and 1/n of it back (the switch
+               multicasts each shard), i.e. S (n+1)/n per S reduced, at 15/16 of the channels'
+               rate; at n = 8 that is NCCL's own 5/6, and it gives the measured drop to ~370
+               GB/s busbw at 4 GPUs (NCCL 2.20's tuner keeps 5/6 at every n).
+               NVLS reduce_scatter / all_gather: x 15/16 (the buffer crosses each port once).
+    used     = the share of the communicator's channels and threads NCCL runs a small call on
+               (enqueue.cc: `while (nBytes < nc*nt*threadThreshold) nc--`, then nt /= 2; the
+               communicator has twice the graph's channels, at half the rate each: ncclTopoPostset).
+    pipeline = the cost of NCCL's pipeline beyond latency and wire, per protocol:
+               Simple ring: `slice_us` per slice a channel works through in sequence (NCCL's
+               chunks: 512 KiB steps, 4 a chunk in 2 slices for all_reduce / reduce_scatter /
+               all_gather, so (nsteps x 2) slices per loop of channels x ranks x 2 MiB; 1 a chunk
+               for broadcast / reduce, chained through the ranks);
+               LL, LL128 (every 8 / 128 bytes carry their own flag), tree, NVLS, CollNet (chunk
+               sizes NCCL adapts to the size): the fill and drain of a pipeline with optimal
+               chunking, 2 sqrt(fill_us x depth x wire), `depth` stages (a ring's nsteps, a tree's
+               hops up and down, NVLS's 2).
+               `fill_us` and `slice_us` are the topology's two fitted constants, one value each
+               for the whole system (0: NCCL's own linear model).
 
 `pick(kind, nbytes, ranks, nodes, nc, algo, proto)` is the tuner: the (algorithm, protocol) of
 least time among those NCCL enables for the collective on that communicator, restricted to a
 forced algorithm / protocol where it is available (NCCL_ALGO / NCCL_PROTO; NCCL falls back to
-its own choice where a forced one does not apply). `p2p_us` is a send/recv (NCCL's Simple
-protocol over the GPU's NVLink channels inside a node, over its NIC rail across nodes).
-`ports(per_node, group)` are the DES resources a collective call holds: every member's switch ports
-and, across nodes, each node's NIC rails. Units: us, bytes, GB/s (1e9 B/s).
+its own choice where a forced one does not apply). `parts(...)` splits one (algorithm, protocol)'s
+time into its fixed part and the coefficients of `sqrt(fill_us)` and `slice_us` (the fit's
+input). `p2p_us` is a send/recv (NCCL's Simple protocol over the GPU's NVLink channels inside a
+node, over its NIC rail across nodes). `ports(per_node, group)` are the DES resources a collective
+call holds: every member's switch ports and, across nodes, each node's NIC rails. Units: us, bytes,
+GB/s (1e9 B/s).
 """
 from __future__ import annotations
 
@@ -67,6 +85,14 @@ TREE_CORRECTION = {
              .9, .9),
 }
 # which algorithms NCCL runs each collective with (ncclTopoTuneModel's `continue`s)
+# enqueue.cc / device headers: threads and per-thread work before a call takes another channel
+MAX_CHANNELS = 32                                       # MAXCHANNELS
+MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}        # NCCL_{LL,LL128,SIMPLE}_MAX_NTHREADS
+THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}        # NCCL_*_THREAD_THRESHOLD (ring LL: x nranks)
+SIMPLE_STEP_BYTES = (4 << 20) // 8                      # DEFAULT_BUFFSIZE / NCCL_STEPS
+CHUNK_STEPS = {"all_reduce": 4, "reduce_scatter": 4, "all_gather": 4, "broadcast": 1, "reduce": 1}
+SLICE_STEPS = {"all_reduce": 2, "reduce_scatter": 2, "all_gather": 2, "broadcast": 1, "reduce": 1}
+NVLS_PROTOCOL = 15 / 16  # NVLS's share of its channels' rate: 5/6 = 15/16 x 8/9 at 8 GPUs
 ALGOS_FOR = {"all_reduce": NCCL_ALGOS, "reduce_scatter": ("ring", "nvls", "collnet_direct"),
              "all_gather": ("ring", "nvls", "collnet_direct"), "broadcast": ("ring",),
              "reduce": ("ring",)}
@@ -155,7 +181,9 @@ def bandwidth_gbps(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc:
     if algo == "ring":
         nsteps = _steps(kind, ranks, nodes)[0]
         return bus * ranks / nsteps
-    return bus * (5 / 6 if algo.startswith("nvls") else 0.5)
+    if algo.startswith("nvls"):
+        return bus * NVLS_PROTOCOL * (ppn / (ppn + 1) if kind == "all_reduce" else 1.0)
+    return bus * 0.5
 
 
 def latency_us(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc: Nccl) -> float:
@@ -194,9 +222,45 @@ def depth(kind: str, algo: str, ranks: int, nodes: int) -> int:
     return 2  # nvls, collnet: up to the switch and back
 
 
-def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
-            nc: Nccl) -> Call:
-    """One call's time as NCCL estimates it (ncclTopoGetAlgoTime), plus the pipeline fill."""
+def comm_channels(nc: Nccl) -> int:
+    """The communicator's channels: the graph's, duplicated (ncclTopoPostset), at most 32."""
+    return min(MAX_CHANNELS, 2 * nc.channels)
+
+
+def used(kind: str, algo: str, proto: str, nbytes: float, ranks: int, nc: Nccl) -> tuple[int, float]:
+    """(channels, share of the communicator's bandwidth) a call runs on (enqueue.cc: a small call
+    drops channels, then halves its threads, until each thread has its threshold's bytes)."""
+    if algo.startswith(("nvls", "collnet")):
+        return (nc.nvls_channels if algo.startswith("nvls") else comm_channels(nc)), 1.0
+    full = comm_channels(nc)
+    n, nt = full, MAX_THREADS[proto]
+    threshold = THREAD_THRESHOLD[proto] * (ranks if algo == "ring" and proto == LL else 1)
+    while nbytes < n * nt * threshold:
+        if n >= 2:
+            n -= 1
+        elif nt % 128 == 0:
+            nt //= 2
+        else:
+            break
+    return n, (n / full) * (nt / MAX_THREADS[proto])
+
+
+def slices(kind: str, nbytes: float, ranks: int, nodes: int, channels: int) -> int:
+    """The Simple ring's slices one channel works through in sequence (its chunks: enqueue.cc,
+    all_reduce.h / all_gather.h / reduce_scatter.h / broadcast.h's loops)."""
+    chunk = SIMPLE_STEP_BYTES * CHUNK_STEPS[kind]
+    per_chunk = CHUNK_STEPS[kind] // SLICE_STEPS[kind]
+    if kind in ("broadcast", "reduce"):  # a chain through the ranks, chunk after chunk
+        loops = max(1, math.ceil(nbytes / (channels * chunk)))
+        return loops * per_chunk + ranks - 2
+    loops = max(1, math.ceil(nbytes / (channels * ranks * chunk)))
+    return loops * _steps(kind, ranks, nodes)[0] * per_chunk
+
+
+def estimate(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
+             nc: Nccl) -> tuple[float, float]:
+    """NCCL's own estimate (ncclTopoGetAlgoTime): (latency us, bandwidth GB/s), the tree's
+    correction and the multi-node ring's plateau applied; the tuner compares lat + bytes / bw."""
     bw = bandwidth_gbps(kind, algo, proto, ranks, nodes, nc)
     lat = latency_us(kind, algo, proto, ranks, nodes, nc)
     log_size = int(math.log2(max(nbytes, 64) / 64))
@@ -205,23 +269,56 @@ def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: 
     if (algo == "ring" and proto == SIMPLE and nodes > 1 and kind == "all_reduce"
             and nbytes / (nc.channels * ranks) >= 64):
         lat *= 1.9 if nc.arch == "volta" else 1.4  # the ring's plateau
+    return lat, bw
+
+
+def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
+          nc: Nccl) -> tuple[float, float, float, float, float]:
+    """(fixed us, coefficient of sqrt(fill_us), coefficient of slice_us, latency, bandwidth):
+    time_us = fixed + a sqrt(fill_us) + b slice_us, the bandwidth the one the call reaches."""
+    lat, bw = estimate(kind, nbytes, algo, proto, ranks, nodes, nc)
+    channels, share = used(kind, algo, proto, nbytes, ranks, nc)
+    bw *= share
     wire = nbytes / (1000.0 * bw)
-    fill = 2.0 * math.sqrt(nc.fill_us * depth(kind, algo, ranks, nodes) * wire)
-    return Call(algo, proto, lat + wire + fill, lat, bw)
+    if algo == "ring" and proto == SIMPLE:
+        return lat + wire, 0.0, float(slices(kind, nbytes, ranks, nodes, channels)), lat, bw
+    if proto == LL:  # every 8 bytes forwarded as they land: no chunk to fill a pipeline with
+        return lat + wire, 0.0, 0.0, lat, bw
+    return lat + wire, 2.0 * math.sqrt(depth(kind, algo, ranks, nodes) * wire), 0.0, lat, bw
 
 
-@lru_cache(maxsize=65536)
-def pick(kind: str, nbytes: float, ranks: int, nodes: int, nc: Nccl,
-         algo: Optional[str] = None, proto: Optional[str] = None) -> Call:
-    """The tuner: the fastest enabled (algorithm, protocol), within a forced algorithm /
+def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
+            nc: Nccl) -> Call:
+    """One call's time: NCCL's estimate (ncclTopoGetAlgoTime) at the channels the call uses,
+    plus its pipeline's cost (the fill, or the Simple ring's slices)."""
+    fixed, a, b, lat, bw = parts(kind, nbytes, algo, proto, ranks, nodes, nc)
+    return Call(algo, proto, fixed + a * math.sqrt(nc.fill_us) + b * nc.slice_us, lat, bw)
+
+
+def candidates(kind: str, ranks: int, nodes: int, nc: Nccl, algo: Optional[str] = None,
+               proto: Optional[str] = None) -> list[tuple[str, str]]:
+    """The pairs the tuner chooses among: NCCL's enabled ones, within a forced algorithm /
     protocol where the collective has it."""
     pairs = enabled(kind, ranks, nodes, nc)
     if algo and any(a == algo for a, _ in pairs):
         pairs = [(a, p) for a, p in pairs if a == algo]
     if proto and any(p == proto for _, p in pairs):
         pairs = [(a, p) for a, p in pairs if p == proto]
-    calls = [time_us(kind, nbytes, a, p, ranks, nodes, nc) for a, p in pairs]
-    return min(calls, key=lambda c: c.time_us)
+    return pairs
+
+
+@lru_cache(maxsize=65536)
+def pick(kind: str, nbytes: float, ranks: int, nodes: int, nc: Nccl,
+         algo: Optional[str] = None, proto: Optional[str] = None) -> Call:
+    """The tuner: the enabled (algorithm, protocol) of least estimate (NCCL's lat + bytes / bw),
+    within a forced algorithm / protocol where the collective has it; the call's time is then
+    what it takes (`time_us`: at the channels it uses, with its pipeline's cost)."""
+    def nccl_us(pair):
+        lat, bw = estimate(kind, nbytes, pair[0], pair[1], ranks, nodes, nc)
+        return lat + nbytes / (1000.0 * bw)
+
+    a, p = min(candidates(kind, ranks, nodes, nc, algo, proto), key=nccl_us)
+    return time_us(kind, nbytes, a, p, ranks, nodes, nc)
 
 
 def call(kind: str, nbytes: float, group, topo: Topology, algo: Optional[str] = None) -> Call:

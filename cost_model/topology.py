@@ -45,8 +45,10 @@ message and kernel sizes in bytes.
   inside a node) and `bw_inter_gbps` (the node's NICs, across nodes), the `intra_link` class for the
   per-hop latencies (nvlink | pci), NVLink SHARP (`nvls`, with its graph's `nvls_channels` x
   `nvls_bw_gbps`), CollNet/SHARP in the network (`collnet`), the host's `net_overhead_us` per
-  network step, and `fill_us`: the one constant fitted to published measurements per system (the
-  per-chunk cost of a collective's pipeline, `nccl.time_us`). Absent: the DES's own algorithms
+  network step, and the two constants fitted to published measurements per system (one value
+  each for the whole system, `nccl.time_us`): `fill_us`, the per-chunk cost of the fine-grained
+  pipelines (LL, LL128, tree, NVLS, CollNet), and `slice_us`, the per-slice cost of the Simple
+  protocol's ring. Absent: the DES's own algorithms
   (CPU ranks). `algo` / `proto`: force NCCL's algorithm / protocol (NCCL_ALGO / NCCL_PROTO), where
   the collective has it (else the tuner picks, as NCCL falls back).
 - `step_overhead_us`: what one step of a program (its operations back to back on every rank,
@@ -193,6 +195,7 @@ class Nccl:
     collnet: bool = False
     net_overhead_us: float = field(default=1.0, metadata=_positive(False))
     fill_us: float = field(default=0.0, metadata=_positive(False))
+    slice_us: float = field(default=0.0, metadata=_positive(False))
     version: str = "2.20.3"
 
 

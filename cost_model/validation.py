@@ -8,10 +8,11 @@ for NCCL's default, bytes as nccl-tests counts them, busbw in GB/s, source URL, 
 topology (the DES, the tuner's pick or the forced algorithm, as nccl-tests times one call) and
 returns its time, busbw (nccl-tests' factor: all_reduce 2(n-1)/n, reduce_scatter / all_gather
 (n-1)/n, broadcast / reduce 1), the algorithm and protocol and the error against the published
-busbw (predicted / published - 1). `fit_fill(system)` is how a topology's fitted constant
-`nccl.fill_us` is found: the value on a 0.01 us grid with the least sum of squared relative
-busbw errors over the system's published points (least squares; nothing is fitted per point;
-the closed form, equal to the DES for one collective alone, keeps it fast). `paper_results()` reads
+busbw (predicted / published - 1). `fit_pipeline(system)` is how a topology's two fitted
+constants `nccl.fill_us` and `nccl.slice_us` are found: the pair on a 0.01 us grid with the least
+sum of squared relative busbw errors over the system's published points (least squares; nothing
+is fitted per point; the tuner's pick does not depend on them, and the call's time is affine in
+sqrt(fill_us) and slice_us, `nccl.parts`, so the grid is one array operation per point). `paper_results()` reads
 `data/paper_results.csv` (the paper's published speedups, with where they come from and the
 caveat). Bad data raises `ValueError` naming the row.
 """
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
+from . import nccl
 from .closed_form import choose, collective_us
 from .collectives import CollSpec, nccl_call
 from .topology import NCCL_ALGOS, Topology, load_topology
@@ -114,23 +118,28 @@ def error(pred: Prediction, p: Point) -> float:
     return pred.busbw_gbps / p.busbw_gbps - 1.0
 
 
-def fit_fill(system: str, points: Optional[list[Point]] = None, top_us: float = 2.0) -> float:
-    """The `nccl.fill_us` (0.01 us grid, 0 .. top_us) with the least squared relative busbw
-    error over the system's published points."""
+def fit_pipeline(system: str, points: Optional[list[Point]] = None, top_fill_us: float = 5.0,
+                 top_slice_us: float = 10.0) -> tuple[float, float]:
+    """The (`nccl.fill_us`, `nccl.slice_us`), each on a 0.01 us grid, with the least sum of
+    squared relative busbw errors over the system's published points (one pair for the system)."""
     mine = [p for p in (points or published()) if p.system == system]
     if not mine:
         raise ValueError(f"no published points for {system}")
-    best = None
-    base = [topology_for(p) for p in mine]
-    for k in range(int(round(top_us * 100)) + 1):
-        fill = k / 100
-        squares = 0.0
-        for p, topo in zip(mine, base):
-            topo = dataclasses.replace(topo, nccl=dataclasses.replace(topo.nccl, fill_us=fill))
-            squares += error(predict_point(p, topo, des=False), p) ** 2
-        if best is None or squares < best[0] - 1e-12:
-            best = (squares, fill)
-    return best[1]
+    fill = np.round(np.arange(0, top_fill_us + 1e-9, 0.01), 2)[:, None]
+    slice_ = np.round(np.arange(0, top_slice_us + 1e-9, 0.01), 2)[None, :]
+    root = np.sqrt(fill)
+    squares = np.zeros((fill.size, slice_.size))
+    for p in mine:
+        topo = topology_for(p)
+        ranks, nodes = nccl.communicator(topo, range(p.gpus))
+        a, pr = nccl.pick(p.collective, float(p.bytes), ranks, nodes, topo.nccl, p.algo or None,
+                          topo.proto).label.split("/")
+        fixed, ca, cb, _, _ = nccl.parts(p.collective, p.bytes, a, pr, ranks, nodes, topo.nccl)
+        best = fixed + ca * root + cb * slice_
+        busbw = p.bytes / (best * 1e3) * FACTOR[p.collective](ranks)
+        squares += (busbw / p.busbw_gbps - 1.0) ** 2
+    i, j = np.unravel_index(np.argmin(squares), squares.shape)
+    return float(fill[i, 0]), float(slice_[0, j])
 
 
 def paper_results(path: Optional[Path] = None) -> list[dict]:

@@ -22,16 +22,17 @@ LIMIT_LARGE, LIMIT_SMALL, LIMIT_MEDIAN = 10.0, 25.0, 5.0  # % (the issue's thres
 # Why a system's points can fall outside: the model's structure, not the data (printed where
 # that system has points outside the thresholds).
 WHY = {
-    "dgx_a100": "NCCL's cost per call is latency + bytes / bandwidth (+ one fitted pipeline-fill "
-                "term); the published A100 curve sags between 16 and 128 MiB (109 GB/s at 16 MiB, "
-                "174 at 128 MiB, then 214 at 256 MiB) more than any single per-system constant of "
-                "that form follows while also matching 1 MiB and the plateau: the fit (least "
-                "squares) trades the 1 MiB point against the mid sizes. NCCL's own 2.20 tuner, "
-                "with no fill term, is off by +55% at 16 MiB.",
-    "dgx_h100": "NCCL's NVLS bandwidth (5/6 of its NVLS graph's, whatever the GPU count) is one "
-                "figure for every GPU count, so predicted busbw grows as 2(n-1)/n; the "
-                "maintainer's ~370 GB/s for 4 GPUs means NVLS's algorithm bandwidth is lower at 4 "
-                "GPUs (247 GB/s) than at 5-8 (262-275), which that structure cannot follow.",
+    "dgx_a100": "the published ND A100 v4 curve's marginal bandwidth between 1 and 16 MiB (the "
+                "time added by each doubling) is 103-139 GB/s busbw, where NCCL's LL128 model "
+                "(the protocol NCCL picks there) has 221: NCCL's own LL128 latency (40.6 us) and "
+                "bandwidth, with a fill term of one constant for the system, come out low at 2 "
+                "MiB and high at 16 MiB. At 128 MiB the curve sags (174 GB/s, then 214 at 256 "
+                "MiB: the time from 128 to 256 MiB implies 277 GB/s, above the 232 plateau), "
+                "which no model whose bandwidth is at most the plateau follows.",
+    "dgx_h100": "the Azure ND H100 v5 run (NCCL 2.18.5) sits at its per-call floor of 42 us "
+                "from 64 KiB to 1 MiB (the same time at both), where the ND H200 v5 run (NCCL "
+                "2.20.5, the same NVLink 4 / NVSwitch 3 fabric) takes 34.6 us at 1 MiB: the two "
+                "published 1 MiB points differ by 21%, and the model (51 GB/s) sits between.",
 }
 MIB = 1 << 20
 
