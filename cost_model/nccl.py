@@ -18,6 +18,9 @@ gives NCCL's graph (channels, per-channel bandwidths, NVLS, CollNet):
                rate; at n = 8 that is NCCL's own 5/6, and it gives the measured drop to ~370
                GB/s busbw at 4 GPUs (NCCL 2.20's tuner keeps 5/6 at every n).
                NVLS reduce_scatter / all_gather: x 15/16 (the buffer crosses each port once).
+               Where the topology gives `ll128_bw_gbps` (fitted: the ring's LL128 rate a channel of
+               the graph reaches), a ring's LL128 call runs at most at that per channel, though
+               the tuner, as NCCL's, still weighs it with NCCL's table (perChMaxRingLL128Bws).
     used     = the share of the communicator's channels and threads NCCL runs a small call on
                (enqueue.cc: `while (nBytes < nc*nt*threadThreshold) nc--`, then nt /= 2; the
                communicator has twice the graph's channels, at half the rate each: ncclTopoPostset).
@@ -277,6 +280,8 @@ def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: in
     """(fixed us, coefficient of sqrt(fill_us), coefficient of slice_us, latency, bandwidth):
     time_us = fixed + a sqrt(fill_us) + b slice_us, the bandwidth the one the call reaches."""
     lat, bw = estimate(kind, nbytes, algo, proto, ranks, nodes, nc)
+    if algo == "ring" and proto == LL128 and nc.ll128_bw_gbps:  # the ring's measured LL128 rate
+        bw = min(bw, nc.channels * nc.ll128_bw_gbps * ranks / _steps(kind, ranks, nodes)[0])
     channels, share = used(kind, algo, proto, nbytes, ranks, nc)
     bw *= share
     wire = nbytes / (1000.0 * bw)

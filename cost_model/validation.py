@@ -8,11 +8,12 @@ for NCCL's default, bytes as nccl-tests counts them, busbw in GB/s, source URL, 
 topology (the DES, the tuner's pick or the forced algorithm, as nccl-tests times one call) and
 returns its time, busbw (nccl-tests' factor: all_reduce 2(n-1)/n, reduce_scatter / all_gather
 (n-1)/n, broadcast / reduce 1), the algorithm and protocol and the error against the published
-busbw (predicted / published - 1). `fit_pipeline(system)` is how a topology's two fitted
-constants `nccl.fill_us` and `nccl.slice_us` are found: the pair on a 0.01 us grid with the least
-sum of squared relative busbw errors over the system's published points (least squares; nothing
-is fitted per point; the tuner's pick does not depend on them, and the call's time is affine in
-sqrt(fill_us) and slice_us, `nccl.parts`, so the grid is one array operation per point). `paper_results()` reads
+busbw (predicted / published - 1). `fit_pipeline(system)` is how a topology's fitted constants
+`nccl.fill_us`, `nccl.slice_us` (and `nccl.ll128_bw_gbps` where the file fits it) are found: the
+values on a grid with the least sum of squared relative busbw errors over the system's published
+points (least squares; nothing is fitted per point; the tuner's pick does not depend on them and
+a call's time is affine in sqrt(fill_us) and slice_us, `nccl.parts`, so the grid is a few array
+operations per point). `paper_results()` reads
 `data/paper_results.csv` (the paper's published speedups, with where they come from and the
 caveat). Bad data raises `ValueError` naming the row.
 """
@@ -119,27 +120,40 @@ def error(pred: Prediction, p: Point) -> float:
 
 
 def fit_pipeline(system: str, points: Optional[list[Point]] = None, top_fill_us: float = 5.0,
-                 top_slice_us: float = 10.0) -> tuple[float, float]:
-    """The (`nccl.fill_us`, `nccl.slice_us`), each on a 0.01 us grid, with the least sum of
-    squared relative busbw errors over the system's published points (one pair for the system)."""
+                 top_slice_us: float = 10.0) -> tuple[float, float, Optional[float]]:
+    """The system's fitted constants (`nccl.fill_us`, `nccl.slice_us`, `nccl.ll128_bw_gbps`):
+    fill and slice on a 0.01 us grid, the LL128 rate on a 0.1 GB/s grid from 1 to NCCL's table
+    (fitted only where the topology file gives one; else None), with the least sum of squared
+    relative busbw errors over the system's published points. The tuner's pick does not depend
+    on them, so each point's time depends on slice_us (a Simple ring) or on fill_us and the LL128
+    rate (the rest), and the two sums are minimized apart (exactly)."""
     mine = [p for p in (points or published()) if p.system == system]
     if not mine:
         raise ValueError(f"no published points for {system}")
-    fill = np.round(np.arange(0, top_fill_us + 1e-9, 0.01), 2)[:, None]
-    slice_ = np.round(np.arange(0, top_slice_us + 1e-9, 0.01), 2)[None, :]
-    root = np.sqrt(fill)
-    squares = np.zeros((fill.size, slice_.size))
+    fill = np.round(np.arange(0, top_fill_us + 1e-9, 0.01), 2)
+    slice_ = np.round(np.arange(0, top_slice_us + 1e-9, 0.01), 2)
+    fitted_ll128 = load_topology(system).nccl.ll128_bw_gbps is not None
+    top_ll128 = nccl.RING_LL128_PER_CH[nccl.ARCH_INDEX[load_topology(system).nccl.arch]][0]
+    ll128 = (list(np.round(np.arange(1.0, top_ll128 + 1e-9, 0.1), 1)) if fitted_ll128
+             else [None])
+    sq_slice = np.zeros(slice_.size)
+    sq_fill = np.zeros((len(ll128), fill.size))
     for p in mine:
         topo = topology_for(p)
         ranks, nodes = nccl.communicator(topo, range(p.gpus))
         a, pr = nccl.pick(p.collective, float(p.bytes), ranks, nodes, topo.nccl, p.algo or None,
                           topo.proto).label.split("/")
-        fixed, ca, cb, _, _ = nccl.parts(p.collective, p.bytes, a, pr, ranks, nodes, topo.nccl)
-        best = fixed + ca * root + cb * slice_
-        busbw = p.bytes / (best * 1e3) * FACTOR[p.collective](ranks)
-        squares += (busbw / p.busbw_gbps - 1.0) ** 2
-    i, j = np.unravel_index(np.argmin(squares), squares.shape)
-    return float(fill[i, 0]), float(slice_[0, j])
+        factor = p.bytes * FACTOR[p.collective](ranks) / 1e3 / p.busbw_gbps
+        for k, rate in enumerate(ll128):
+            nc = dataclasses.replace(topo.nccl, ll128_bw_gbps=rate)
+            fixed, ca, cb, _, _ = nccl.parts(p.collective, p.bytes, a, pr, ranks, nodes, nc)
+            if cb:
+                sq_slice += (factor / (fixed + cb * slice_) - 1.0) ** 2
+                break
+            sq_fill[k] += (factor / (fixed + ca * np.sqrt(fill)) - 1.0) ** 2
+    k, i = np.unravel_index(np.argmin(sq_fill), sq_fill.shape)
+    rate = None if ll128[k] is None else float(ll128[k])
+    return float(fill[i]), float(slice_[np.argmin(sq_slice)]), rate
 
 
 def paper_results(path: Optional[Path] = None) -> list[dict]:

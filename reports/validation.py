@@ -22,13 +22,11 @@ LIMIT_LARGE, LIMIT_SMALL, LIMIT_MEDIAN = 10.0, 25.0, 5.0  # % (the issue's thres
 # Why a system's points can fall outside: the model's structure, not the data (printed where
 # that system has points outside the thresholds).
 WHY = {
-    "dgx_a100": "the published ND A100 v4 curve's marginal bandwidth between 1 and 16 MiB (the "
-                "time added by each doubling) is 103-139 GB/s busbw, where NCCL's LL128 model "
-                "(the protocol NCCL picks there) has 221: NCCL's own LL128 latency (40.6 us) and "
-                "bandwidth, with a fill term of one constant for the system, come out low at 2 "
-                "MiB and high at 16 MiB. At 128 MiB the curve sags (174 GB/s, then 214 at 256 "
-                "MiB: the time from 128 to 256 MiB implies 277 GB/s, above the 232 plateau), "
-                "which no model whose bandwidth is at most the plateau follows.",
+    "dgx_a100": "at 1 MiB NCCL's tuner (its own estimate) takes LL: 15 us + 31 us on the wire "
+                "where the Azure run took 50.7 us (its floor: 43-48 us from 1 KiB to 512 KiB); "
+                "LL128 would take 55 us, -9%. At 128 MiB the published curve sags (174 GB/s, "
+                "then 214 at 256 MiB: the time from 128 to 256 MiB implies 277 GB/s, above the "
+                "232 plateau), which no model whose bandwidth is at most the plateau follows.",
     "dgx_h100": "the Azure ND H100 v5 run (NCCL 2.18.5) sits at its per-call floor of 42 us "
                 "from 64 KiB to 1 MiB (the same time at both), where the ND H200 v5 run (NCCL "
                 "2.20.5, the same NVLink 4 / NVSwitch 3 fabric) takes 34.6 us at 1 MiB: the two "

@@ -232,3 +232,19 @@ def test_predicted_rows_split_time_into_compute_hidden_and_exposed():
         assert r["algo"].count(";") == r["proto"].count(";")
     fused = next(r for r in rows if r["schedule"] == "fuse(RS-C-AG)+as_slice")
     assert fused["overlapped_ms"] > 0  # its chunks' kernels run under the next chunks' calls
+
+
+def test_a_fitted_ll128_rate_is_what_the_call_runs_at_not_what_the_tuner_weighs():
+    topo = load_topology("dgx_a100")
+    nc = topo.nccl
+    assert nc.ll128_bw_gbps is not None
+    nbytes = 16 << 20
+    got = nccl.call("all_reduce", nbytes, range(8), topo)
+    assert got.label == "ring/LL128"  # NCCL's table (0.92 x 240 GB/s) makes LL128 the pick
+    lat, bw = nccl.estimate("all_reduce", nbytes, "ring", "LL128", 8, 1, nc)
+    assert bw == pytest.approx(240 * 0.92 * 8 / 14)
+    runs_at = nc.channels * nc.ll128_bw_gbps * 8 / 14
+    assert got.time_us == pytest.approx(lat + nbytes / (1e3 * runs_at))
+    table = dataclasses.replace(nc, ll128_bw_gbps=None, fill_us=0.0)
+    assert nccl.time_us("all_reduce", nbytes, "ring", "LL128", 8, 1, table).time_us == \
+        pytest.approx(lat + nbytes / (1e3 * bw))
