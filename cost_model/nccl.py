@@ -24,16 +24,18 @@ gives NCCL's graph (channels, per-channel bandwidths, NVLS, CollNet):
     used     = the share of the communicator's channels and threads NCCL runs a small call on
                (enqueue.cc: `while (nBytes < nc*nt*threadThreshold) nc--`, then nt /= 2; the
                communicator has twice the graph's channels, at half the rate each: ncclTopoPostset).
-    pipeline = the cost of NCCL's pipeline beyond latency and wire, per protocol:
+    pipeline = the cost of NCCL's pipeline beyond latency and wire, per algorithm and protocol:
                Simple ring: `slice_us` per slice a channel works through in sequence (NCCL's
                chunks: 512 KiB steps, 4 a chunk in 2 slices for all_reduce / reduce_scatter /
                all_gather, so (nsteps x 2) slices per loop of channels x ranks x 2 MiB; 1 a chunk
                for broadcast / reduce, chained through the ranks);
-               LL, LL128 (every 8 / 128 bytes carry their own flag), tree, NVLS, CollNet (chunk
-               sizes NCCL adapts to the size): the fill and drain of a pipeline with optimal
-               chunking, 2 sqrt(fill_us x depth x wire), `depth` stages (a ring's nsteps, a tree's
-               hops up and down, NVLS's 2).
-               `fill_us` and `slice_us` are the topology's two fitted constants, one value each
+               NVLS, NVLS tree, CollNet (chunks NCCL sizes by the call, 16 KiB .. 128 KiB for
+               NVLS): the fill and drain of a pipeline with optimal chunking, 2 sqrt(fill_us x
+               depth x wire), `depth` stages (NVLS's 2, a tree's hops up and down);
+               LL, LL128 (every 8 / 128 bytes carry their own flag, forwarded as they land) and
+               tree (NCCL's own mid-size correction, treeCorrectionFactor): none, NCCL's
+               estimate as it stands (the A100 curve's LL128 time is linear in its size).
+               `fill_us` and `slice_us` are fitted to published measurements, one value each
                for the whole system (0: NCCL's own linear model).
 
 `pick(kind, nbytes, ranks, nodes, nc, algo, proto)` is the tuner: the (algorithm, protocol) of
@@ -215,14 +217,11 @@ def latency_us(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc: Ncc
 
 
 def depth(kind: str, algo: str, ranks: int, nodes: int) -> int:
-    """Pipeline stages a chunk goes through (the fill term's depth)."""
-    if algo == "ring":
-        return _steps(kind, ranks, nodes)[0]
-    if algo == "tree":
-        return 2 * (ranks // nodes - 1 + int(math.log2(nodes)))
+    """Pipeline stages a chunk of NVLS / CollNet goes through (the fill term's depth): up to the
+    switch and back, and for NVLS tree the inter-node tree's hops up and down."""
     if algo == "nvls_tree":
         return 2 + 2 * int(math.log2(nodes))
-    return 2  # nvls, collnet: up to the switch and back
+    return 2
 
 
 def comm_channels(nc: Nccl) -> int:
@@ -287,9 +286,9 @@ def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: in
     wire = nbytes / (1000.0 * bw)
     if algo == "ring" and proto == SIMPLE:
         return lat + wire, 0.0, float(slices(kind, nbytes, ranks, nodes, channels)), lat, bw
-    if proto == LL:  # every 8 bytes forwarded as they land: no chunk to fill a pipeline with
-        return lat + wire, 0.0, 0.0, lat, bw
-    return lat + wire, 2.0 * math.sqrt(depth(kind, algo, ranks, nodes) * wire), 0.0, lat, bw
+    if algo.startswith(("nvls", "collnet")):  # chunks NCCL sizes by the call: a fill
+        return lat + wire, 2.0 * math.sqrt(depth(kind, algo, ranks, nodes) * wire), 0.0, lat, bw
+    return lat + wire, 0.0, 0.0, lat, bw  # LL, LL128, tree: NCCL's estimate as it stands
 
 
 def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,

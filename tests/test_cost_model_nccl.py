@@ -58,11 +58,15 @@ def test_each_algorithm_and_protocol_against_hand_computed_times(kind, algo, pro
 
 
 def test_the_fill_term_is_the_pipelines_optimal_chunking():
-    # ring LL128, 4 ranks: 6 stages; wire MB / (18.4 x 4/6 GB/s); fill = 2 sqrt(1 us x 6 x wire)
-    filled = dataclasses.replace(SMALL, fill_us=1.0, slice_us=5.0)  # slices: Simple only
-    wire = MB / (1e3 * 18.4 * 4 / 6)
-    got = nccl.time_us("all_reduce", MB, "ring", "LL128", 4, 1, filled).time_us
-    assert got == pytest.approx(14.0 + 6 * 1.9 + wire + 2 * (6 * wire) ** 0.5)
+    # NVLS, 4 GPUs: 2 stages (up to the switch and back); wire MB / (20 x 15/16 x 4/5 GB/s);
+    # fill = 2 sqrt(1 us x 2 x wire). LL, LL128 and tree stay NCCL's estimate; slices: Simple only
+    filled = dataclasses.replace(SMALL, fill_us=1.0, slice_us=5.0)
+    wire = MB / (1e3 * 20 * 15 / 16 * 4 / 5)
+    got = nccl.time_us("all_reduce", MB, "nvls", "Simple", 4, 1, filled).time_us
+    assert got == pytest.approx(23.0 + wire + 2 * (2 * wire) ** 0.5)
+    for algo, proto in [("ring", "LL128"), ("ring", "LL"), ("tree", "Simple")]:
+        assert nccl.time_us("all_reduce", MB, algo, proto, 4, 1, filled).time_us == \
+            nccl.time_us("all_reduce", MB, algo, proto, 4, 1, SMALL).time_us
 
 
 def test_the_simple_ring_pays_per_slice_of_nccls_chunks():
