@@ -5,7 +5,8 @@ Layers, as in ASTRA-sim:
   `load_topology(name, nodes, path) -> Topology`, `Topology.from_dict`, `dump_topology`;
   `TopologyError` names the field at fault.
 - `nccl`: NCCL's own cost model and tuner (NCCL 2.20.3's tuning.cc: algorithm x protocol ->
-  latency + bytes / bandwidth, plus one fitted pipeline-fill constant per system), which every
+  latency + bytes / bandwidth, the pick; enqueue.cc: the channels and chunks a call runs on, with
+  a per-slice and a pipeline-fill cost fitted per system), which every
   collective and P2P on a GPU topology (one with an `nccl` section) costs, in the DES and the
   closed form alike (`pick`, `call`, `time_us`, `p2p_us`).
 - `network`: links and ports as SimPy resources, compute with the overlap slowdowns, the trace
