@@ -151,7 +151,8 @@ def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
             g.start_chunk(c)
     ring.wait()
     for ag, g in zip(ps.gathers, gathers):
-        r.bufs[ag.src].view(-1).copy_(g.slot)  # this member's slice, as the other paths leave it
+        if ag.src in ps.kept:  # this member's slice, where a later step or the caller reads it
+            r.bufs[ag.src].view(-1).copy_(g.slot)
         g.wait()
 
 

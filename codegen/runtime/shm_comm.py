@@ -5,9 +5,11 @@ segment it writes and its peers map and read (`codegen.runtime.shm`). An operati
 free lane (the same on every member: they issue the same operations in the same order), waits
 until its peers have finished reading that lane's previous operation, writes its input into its
 slot, posts, and reads what it needs from its peers' slots:
-- all_reduce: write x; each member reduces its 1/P slice in place in its own slot (reading the
-  peers' slices); post; every member reads the P reduced slices (the all-gather is a read).
-- reduce_scatter: write x; out = the reduction of block `me` over the slots.
+- all_reduce: write the peers' slices of x; each member reduces its own slice in place in x
+  (reading the peers' slots) and writes it into its slot; post; every member reads the P-1
+  reduced slices of its peers (the all-gather is a read).
+- reduce_scatter: write the peers' blocks of x; out = the reduction of block `me` (its own from
+  x, the peers' from their slots).
 - all_gather, broadcast, reduce, all_to_all: write, post, read what the kind says.
 - chunked: `reduce_scatter_chunks` posts chunk c of every block with `send_chunk(c)` and reduces
   it in `wait_chunk(c)`; `all_gather_chunks` posts chunk c in `start_chunk(c)` and reads every
@@ -146,12 +148,16 @@ class ShmComm:
         P, me, n = self.group.size, self.group.me, x.numel()
         ln = self.lane(n * x.element_size(), "all_reduce")
         mine = ln.view(me, x)
-        mine.copy_(x)
+        for i in self.peers:  # only what the peers read: their slices of x
+            lo, hi = bounds(n, P, i)
+            mine[lo:hi].copy_(x[lo:hi])
         ln.post("all_reduce: inputs")
         lo, hi = bounds(n, P, me)
-        self._reduce(mine[lo:hi], [ln.view(i, x)[lo:hi] for i in range(P)], op)
+        self._reduce(x[lo:hi], [x[lo:hi] if i == me else ln.view(i, x)[lo:hi]
+                                for i in range(P)], op)
+        mine[lo:hi].copy_(x[lo:hi])
         ln.post("all_reduce: reduced slices")
-        for i in range(P):
+        for i in self.peers:
             lo, hi = bounds(n, P, i)
             x[lo:hi].copy_(ln.view(i, x)[lo:hi])
         ln.end()
@@ -222,9 +228,15 @@ class ShmReduceScatter:
         return self.ln.view(member, self.x).view(self.c.group.size, self.C, self.k)
 
     def peers(self) -> list[torch.Tensor]:
-        """Every member's block `me` as it wrote it (n elements each, in member order)."""
+        """Every member's block `me` as it wrote it (n elements each, in member order): the
+        peers' in their slots, this member's own in x (never copied to its slot)."""
         me = self.c.group.me
-        return [self.blocks(i)[me].view(-1) for i in range(self.c.group.size)]
+        return [self.own() if i == me else self.blocks(i)[me].view(-1)
+                for i in range(self.c.group.size)]
+
+    def own(self) -> torch.Tensor:
+        me, n = self.c.group.me, self.out.numel()
+        return self.x.view(-1)[me * n:(me + 1) * n]
 
     def start(self, send: bool = True) -> "ShmReduceScatter":
         if send:
@@ -233,22 +245,28 @@ class ShmReduceScatter:
         return self
 
     def send_chunk(self, c: int) -> None:
+        """Chunk c of the blocks the peers reduce (this member's own block stays in x)."""
         if c != self.sent:
             raise ValueError(f"shm reduce_scatter: chunk {c} sent before chunk {self.sent}")
-        self.blocks(self.c.group.me)[:, c].copy_(self.x.view(-1, self.C, self.k)[:, c])
+        me, P, k = self.c.group.me, self.c.group.size, self.k
+        mine, xs = self.blocks(me), self.x.view(P, self.C, k)
+        if me > 0:
+            mine[:me, c].copy_(xs[:me, c])
+        if me + 1 < P:
+            mine[me + 1:, c].copy_(xs[me + 1:, c])
         self.sent += 1
         self.ln.post(f"reduce_scatter chunk {c}", wait=False)
 
     def wait_chunk(self, c: int) -> tuple[int, int]:
         while self.sent <= c:
             self.send_chunk(self.sent)
-        me, k = self.c.group.me, self.k
+        k = self.k
         if not self.reduced[c]:
             self.ln.wait_posts(self.base + c + 1, f"reduce_scatter chunk {c}")
             if not self.reduce:
                 self.reduced[c] = True
                 return c * k, (c + 1) * k
-            parts = [self.blocks(i)[me, c] for i in range(self.c.group.size)]
+            parts = [p.view(self.C, k)[c] for p in self.peers()]
             self.c._reduce(self.out[c * k:(c + 1) * k], parts, self.op)
             self.reduced[c] = True
         return c * k, (c + 1) * k
