@@ -10,10 +10,12 @@ rank; all_gather: the output), f32, powers of two from 1 KiB to 1 GiB (measured:
 scale's max_elements x 4 bytes; smoke: every fourth power). Rows: `schedule` = the collective,
 `size` = bytes, `time_ms`, `algbw_gbps` = bytes / time, `busbw_gbps` = algbw x the nccl-tests
 factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e9 bytes/s).
-Measured: the run's backend's communicator (with backend.comm=shm: shared memory, then gloo in the
-same run, side by side; rows name it in `comm`) (cpu: `comm.all_reduce`, gloo's, and the rings over
+Measured: the run's backend's communicator (cpu: `comm.all_reduce`, gloo's, and the rings over
 send/recv for reduce_scatter and all_gather; cuda: NCCL's), timed by `harness.time_point` with the
-backend's clock, each result
+backend's clock; with comm=shm, gloo and shared memory in the same run, each (size, collective)
+timed in interleaved rounds (at most min(scale.budget_s, POINT_BUDGET_S) s per point), rows naming
+the transport in `comm`, a shm row's `speedup` (`speedup_lo/hi`: its 95% interval) gloo's time
+over its own, paired per round. Each result
 checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
 collective alone in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm;
 the library's for the kinds the runtime leaves to it), on all the topology's devices (local:
@@ -23,6 +25,7 @@ GPU topologies).
 from __future__ import annotations
 
 import time
+from typing import Callable, Optional
 
 import torch
 
@@ -37,8 +40,10 @@ from reports.table import append_row
 from .api import Experiment
 from .harness import time_point
 from .registry import register
+from .rounds import Budget, interleave
 
 NAME = "collectives"
+POINT_BUDGET_S = 5.0  # interleaved rounds (several transports): at most this long per point
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 FACTOR = {"all_reduce": lambda P: 2 * (P - 1) / P, "reduce_scatter": lambda P: (P - 1) / P,
           "all_gather": lambda P: (P - 1) / P}
@@ -83,10 +88,10 @@ def table(measured: list[dict], predicted: list[dict] = ()) -> str:
     cols = sorted({(r["schedule"], src(r)) for r in rows},
                   key=lambda c: (KINDS.index(c[0]), c[1]))
     by = {(r["schedule"], src(r), r["size"]): r for r in rows}
-    head = f"{'bytes':>12} " + " ".join(f"{k[:14] + ' ' + s[:10]:>25}" for k, s in cols)
+    head = f"{'bytes':>12} " + " ".join(f"{k[:14] + ' ' + s[:13]:>28}" for k, s in cols)
     lines = [head + "   (busbw GB/s)"]
     for b in sorted({r["size"] for r in rows}):
-        cells = [f"{by[(k, s, b)]['busbw_gbps']:25.3f}" if (k, s, b) in by else f"{'':>25}"
+        cells = [f"{by[(k, s, b)]['busbw_gbps']:28.3f}" if (k, s, b) in by else f"{'':>28}"
                  for k, s in cols]
         lines.append(f"{b:>12} " + " ".join(cells))
     return "\n".join(lines)
@@ -94,55 +99,85 @@ def table(measured: list[dict], predicted: list[dict] = ()) -> str:
 
 # -- measured on local ranks --------------------------------------------------------------------
 def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
-              backend_name: str = "cpu", comms: tuple = (None,)) -> list[dict]:
+              backend_name: str = "cpu", comms: tuple = (None,),
+              budget: Optional[Budget] = None, seed: int = 0) -> list[dict]:
     """Every collective at every size through the backend's communicator for each transport in
     `comms` (None: the backend's default; cpu: the rings over gloo; cuda: NCCL), timed with the
-    backend's clock; rows name the transport in `comm`."""
-    out = []
+    backend's clock; rows name the transport in `comm`. One transport: `time_point` (warm-up,
+    repeats). Several (comm=shm: gloo, then shm): each (size, collective) timed in interleaved
+    rounds (`experiments.rounds.interleave` with `budget`), the first transport the reference
+    whose paired per-round time ratio over each other's is that one's `speedup` (with its 95%
+    interval); the reference's own rows have speedup 1."""
+    targets = []
     for comm in comms:
-        out += _measure_comm(rank, world, szs, warmup, repeats, backend_name, comm)
-    return out
-
-
-def _measure_comm(rank, world, szs, warmup, repeats, backend_name, comm) -> list[dict]:
-    backend = backends.get(backend_name, **({"comm": comm} if comm else {}))
-    c = backend.communicator(backend.groups().world, backends.NO_STREAMS)
-    label = "gloo" if comm in ("ring", "library") else comm or "default"
+        backend = backends.get(backend_name, **({"comm": comm} if comm else {}))
+        label = "gloo" if comm in ("ring", "library") else comm or "default"
+        targets.append((label, backend, backend.communicator(backend.groups().world,
+                                                             backends.NO_STREAMS)))
+    backend, clock = targets[0][1], targets[0][1].clock()
     out = []
     for b in szs:
         n = b // 4
         if n % world:
             continue
-        full = backend.buffer((n,), torch.float32)
+        full = backend.buffer((n,), torch.float32)  # shared by the transports, used in turn
         part = backend.buffer((n // world,), torch.float32)
-        ops = {"all_reduce": lambda: c.all_reduce(full, "sum"),
-               "reduce_scatter": lambda: c.reduce_scatter(full, part, "sum"),
-               "all_gather": lambda: c.all_gather(part, full)}
         for kind in KINDS:
-            full.fill_(rank + 1)
-            part.fill_(rank + 1)
-            ops[kind]()
-            expect = {"all_reduce": world * (world + 1) / 2,
-                      "reduce_scatter": world * (world + 1) / 2}.get(kind)
-            got = full if kind != "reduce_scatter" else part
-            ok = bool((got == expect).all()) if expect is not None else bool(
-                (full.view(world, -1) == torch.arange(1, world + 1, device=full.device)
-                 .view(-1, 1)).all())
-            t = time_point(ops[kind], warmup, repeats, backend.clock())
-            out.append(row(kind, b, t.median_ms, world, "measured", backend.name, "local",
-                           time_ms_min=round(t.min_ms, 6), time_ms_max=round(t.max_ms, 6),
-                           verified=ok, comm=label))
+            ops = {label: _op(kind, c, full, part) for label, _, c in targets}
+            ok = {label: _check(kind, ops[label], full, part, rank, world) for label in ops}
+            if len(targets) == 1:
+                (label, op), = ops.items()
+                t = time_point(op, warmup, repeats, clock)
+                out.append(row(kind, b, t.median_ms, world, "measured", backend.name, "local",
+                               time_ms_min=round(t.min_ms, 6), time_ms_max=round(t.max_ms, 6),
+                               verified=ok[label], comm=label))
+                continue
+            ref = targets[0][0]
+            fns = {("baseline" if label == ref else label): op for label, op in ops.items()}
+            rounds = interleave(fns, budget or Budget(warmup=warmup), key=(seed, kind, b),
+                                clock=clock)
+            for label in ops:
+                name = "baseline" if label == ref else label
+                t, x = rounds.time(name), rounds.speedup(name)
+                out.append(row(kind, b, t.median, world, "measured", backend.name, "local",
+                               time_ms_min=round(min(rounds.times_ms[name]), 6),
+                               time_ms_max=round(max(rounds.times_ms[name]), 6),
+                               time_ms_lo=round(t.lo, 6), time_ms_hi=round(t.hi, 6),
+                               speedup=round(x.median, 4), speedup_lo=round(x.lo, 4),
+                               speedup_hi=round(x.hi, 4), rounds=rounds.rounds,
+                               stopped=rounds.stopped, verified=ok[label], comm=label))
     return out
+
+
+def _op(kind: str, c, full, part) -> Callable[[], None]:
+    return {"all_reduce": lambda: c.all_reduce(full, "sum"),
+            "reduce_scatter": lambda: c.reduce_scatter(full, part, "sum"),
+            "all_gather": lambda: c.all_gather(part, full)}[kind]
+
+
+def _check(kind: str, op, full, part, rank: int, world: int) -> bool:
+    """One call on inputs rank + 1 everywhere: reduced elements P(P+1)/2, gathered blocks i+1."""
+    full.fill_(rank + 1)
+    part.fill_(rank + 1)
+    op()
+    if kind == "all_gather":
+        return bool((full.view(world, -1) == torch.arange(1, world + 1, device=full.device)
+                     .view(-1, 1)).all())
+    got = full if kind == "all_reduce" else part
+    return bool((got == world * (world + 1) / 2).all())
 
 
 def measure(settings) -> list[dict]:
     szs = sizes(settings.scale, settings.max_elements * 4)
     start = time.perf_counter()
-    # comm=shm: shared memory and gloo side by side, in one run
-    comms = (settings.comm, "ring") if settings.comm == "shm" else (settings.comm,)
+    # comm=shm: gloo and shared memory side by side, in one run, in interleaved rounds
+    comms = ("ring", settings.comm) if settings.comm == "shm" else (settings.comm,)
+    budget = Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
+                    max_rounds=max(settings.min_rounds, settings.max_rounds),
+                    budget_s=min(settings.point_budget_s, POINT_BUDGET_S), ci_pct=settings.ci_pct)
     rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
                                                            settings.repeats, settings.backend,
-                                                           comms),
+                                                           comms, budget, settings.seed),
                      timeout_s=settings.timeout_s)[0]
     for r in rows:
         append_row(settings.csv_path, r)

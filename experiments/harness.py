@@ -27,6 +27,9 @@ when it differs. Then per point:
   matmuls (rank average per call), `comm_ms` = time_ms - compute_ms, and an `ol(...)` schedule's
   `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
 
+With comm=shm the library baseline also runs on gloo (`GLOO_BASELINE`, its own row), timed in
+the same rounds, and every row adds `speedup_gloo` (`_lo`, `_hi`): its paired speedup over it.
+
 Rank 0 appends each row to `settings.csv_path` as soon as it is measured and prints it with a
 progress bar (`publish`). The rows are the results table's (see DESIGN.md); `speedup` is over the
 baseline at the same point. The experiment reaches the ranks by name (and, for a user's module,
@@ -60,6 +63,7 @@ from .rounds import Budget, interleave
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 FUSED_CHUNKS = 4  # chunks of a fused collective
+GLOO_BASELINE = "baseline(gloo)"  # comm=shm: the library baseline on gloo, in the same rounds
 
 
 # -- timing and publishing (shared with calibrate and collectives) --------------------------------
@@ -182,6 +186,11 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     del ref
     timed = {"baseline": exp.baseline(BaselineContext(**ctx, exact=False))}
     verified = {"baseline": baseline_ok}
+    if spec.comm == "shm":  # the library baseline on gloo as well, timed in the same rounds
+        gloo = backends.get(spec.backend, comm="ring")
+        timed[GLOO_BASELINE] = exp.baseline(BaselineContext(**{**ctx, "backend": gloo},
+                                                            exact=False))
+        verified[GLOO_BASELINE] = baseline_ok
     for name, scheduled, plan in plans:
         runner = PlanRunner(plan, rank, kernels, groups, backend)
         runner.load(distribute(scheduled, globals_, world, b)[rank])
@@ -280,6 +289,11 @@ def _row(experiment, backend, schedule, world, size, shape, dtype, rounds, ok, c
          hidden) -> dict:
     t, x = rounds.time(schedule), rounds.speedup(schedule)
     samples = rounds.times_ms[schedule]
+    gloo = {}
+    if GLOO_BASELINE in rounds.times_ms:  # comm=shm: the speedup over gloo's baseline too
+        xg = rounds.speedup(schedule, GLOO_BASELINE)
+        gloo = {"speedup_gloo": round(xg.median, 4), "speedup_gloo_lo": round(xg.lo, 4),
+                "speedup_gloo_hi": round(xg.hi, 4)}
     return {"experiment": experiment, "schedule": schedule, "source": "measured", "backend": backend,
             "topology": "local", "world_size": world, "size": size, "shape": shape,
             "dtype": dtype, "time_ms": round(t.median, 4), "time_ms_min": round(min(samples), 4),
@@ -289,4 +303,4 @@ def _row(experiment, backend, schedule, world, size, shape, dtype, rounds, ok, c
             "stopped": rounds.stopped, "verified": ok, "compute_ms": round(compute, 4),
             "comm_ms": round(max(0.0, t.median - compute), 4),
             "overlapped_ms": "" if hidden is None else round(hidden, 4),
-            **dict(zip(("nodes", "ranks_per_node"), placement()))}
+            **gloo, **dict(zip(("nodes", "ranks_per_node"), placement()))}

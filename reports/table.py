@@ -17,7 +17,9 @@ step has several). Rows of published or paper figures (source `published` / `pap
 `reference` (URL, section), `note`, `caveat`, `nccl_version`, `date`, and for a paper's range
 `speedup_max`. experiment=validate adds `nodes`, `row_kind` (point | curve),
 `published_busbw_gbps` and `error_pct` (predicted / published busbw - 1, in %). Measured
-collectives name their transport in `comm` (gloo, shm, nccl). Measured program rows say where the
+collectives name their transport in `comm` (gloo, shm, nccl); measured program rows with comm=shm
+add `speedup_gloo` (`_lo`, `_hi`), the paired speedup over the library baseline on gloo, timed in
+the same rounds (its row: schedule `baseline(gloo)`). Measured program rows say where the
 ranks ran: `nodes` and `ranks_per_node` (torchrun --nnodes x --nproc_per_node; 1 x world size when
 the suite starts its own ranks).
 experiment=training adds `optimizer`, `step` and `loss` (loss curves), `micro_batch`,
@@ -40,7 +42,8 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
            "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
            "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
-           "memory_bytes", "memory_cap_bytes")
+           "memory_bytes", "memory_cap_bytes", "speedup_gloo", "speedup_gloo_lo",
+           "speedup_gloo_hi")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 
 import yaml
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from cost_model.topology import Topology, TopologyError, hydra_schema, load_topology
 
@@ -136,6 +136,9 @@ class Config:
     verify: VerifyConf = field(default_factory=VerifyConf)
     world_size: int = 2  # ranks for measurement
     seed: int = 0
+    # The ranks' transport, short for backend.comm: gloo (backend.comm=ring) | shm | library;
+    # null: the backend's own (conf/backend/*.yaml). backend.comm given as well wins.
+    comm: Optional[str] = None
     # The experiment an experiment made from another works on (experiment=autotune target=NAME).
     target: Optional[str] = None
     # The local topology (suite.calibration): auto, the calibration cached for this machine
@@ -149,9 +152,21 @@ class Config:
     predict_also: List[ExtraTopology] = field(default_factory=list)
 
 
+COMM_ALIASES = {"gloo": "ring"}  # comm=NAME -> backend.comm
+
+
+def transport(comm: Optional[str], default: str) -> str:
+    """backend.comm from the top-level `comm` (the resolver `${coconet.comm:${comm},DEFAULT}` in
+    conf/backend/*.yaml): the backend's default where comm is null."""
+    return default if comm is None else COMM_ALIASES.get(comm, comm)
+
+
 def register() -> None:
-    """Register the schema as `config_schema`, the first entry of conf/config.yaml's defaults."""
+    """Register the schema as `config_schema`, the first entry of conf/config.yaml's defaults,
+    and the `coconet.comm` resolver."""
     ConfigStore.instance().store(name="config_schema", node=Config)
+    if not OmegaConf.has_resolver("coconet.comm"):
+        OmegaConf.register_new_resolver("coconet.comm", transport)
 
 
 def validate(cfg: Config) -> None:
@@ -176,6 +191,10 @@ def validate(cfg: Config) -> None:
         raise SuiteError(f"seed={cfg.seed} is out of range; seeds are integers in [0, 2^32)")
     if cfg.calibration not in ("auto", "refresh", "off"):
         raise SuiteError(f"calibration={cfg.calibration!r} is not one of auto, refresh, off")
+    if cfg.comm is not None and transport(cfg.comm, "") != cfg.backend.comm:
+        raise SuiteError(f"comm={cfg.comm} and backend.comm={cfg.backend.comm} disagree; give "
+                         f"one (backend={cfg.backend.name} takes comm="
+                         f"{cfg.backend.comm if cfg.backend.name != 'cpu' else 'gloo|shm|library'})")
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
     topology_of(cfg)

@@ -33,3 +33,24 @@ def test_measured_on_local_ranks(tmp_path):
     rows = collectives.measure(settings)
     assert len(rows) == 3 * 2  # 1 KiB and 16 KiB
     assert all(r["verified"] and r["busbw_gbps"] > 0 for r in rows)
+
+
+def test_shm_and_gloo_interleaved_in_one_run(tmp_path):
+    """comm=shm: every (collective, size) timed on gloo and on shared memory in the same rounds;
+    the shm row's speedup is over gloo, paired per round, with its interval."""
+    settings = MeasureSettings(scale="smoke", max_elements=1 << 12, world_size=2, warmup=1,
+                               repeats=2, csv_path=tmp_path / "results.csv",
+                               kernels_dir=tmp_path / "kernels", comm="shm", min_rounds=3,
+                               max_rounds=5, point_budget_s=2.0)
+    rows = collectives.measure(settings)
+    assert len(rows) == 3 * 2 * 2  # 3 collectives x (1 KiB, 16 KiB) x (gloo, shm)
+    by = {(r["schedule"], r["size"], r["comm"]): r for r in rows}
+    for kind in collectives.KINDS:
+        for b in (1 << 10, 1 << 14):
+            gloo, shm = by[(kind, b, "gloo")], by[(kind, b, "shm")]
+            assert gloo["verified"] and shm["verified"]
+            assert gloo["rounds"] == shm["rounds"] >= 3  # the same rounds
+            assert gloo["speedup"] == 1.0
+            assert shm["speedup_lo"] <= shm["speedup"] <= shm["speedup_hi"]
+            assert shm["time_ms_lo"] <= shm["time_ms"] <= shm["time_ms_hi"]
+    assert "measured/shm" in collectives.table(rows) and "measured/gloo" in collectives.table(rows)
