@@ -29,6 +29,10 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
 - `library_<routine>` (a library routine on b bytes of gradient, e.g. `library_adam`: the
   baseline's torch fused Adam step): the device's `library_steps_us[routine]`, its median times.
 - `send`: not fitted; predicted and compared.
+- `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (comm=shm's collectives over POSIX
+  shared memory, measured when the calibration runs with comm=shm): `fit_shm` makes the topology
+  of that transport: the fitted one with its library link fitted to `shm_all_reduce` and its
+  ring link to `shm_reduce_scatter` and `shm_all_gather`, as `fit` fits gloo's.
 Achieved bandwidths are smoothed by a running median over neighbouring sizes before the curve
 is taken, so one noisy size does not bend it. `predict_ms(topo, m)` is the model's time for a
 measurement, for the calibration's own predicted-vs-measured table. Units: `time_ms` in ms,
@@ -50,6 +54,7 @@ FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_r
           "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute")
 LIBRARY = "library_"  # kinds library_<routine>: a library routine's time by bytes
 CHECKED = ("send",)
+SHM = "shm_"  # kinds shm_<collective>: comm=shm's collectives (fit_shm)
 
 
 @dataclass(frozen=True)
@@ -256,6 +261,36 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
                                source=source)
 
 
+def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
+            source: str = "") -> Topology:
+    """The topology of comm=shm: `fitted` (this machine's, from `fit`: device, overlap, step)
+    with its links replaced by shared memory's: the library link from `shm_all_reduce`, the ring
+    link from `shm_reduce_scatter` and `shm_all_gather`, each size's achieved bandwidth solved
+    for in the same closed forms as gloo's (`fit`). ValueError without shm measurements."""
+    ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
+    ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in ms if m.kind.startswith(SHM)]
+    if not ms:
+        raise ValueError("no shm_* measurements to fit comm=shm's links to")
+    P, group = world_size, tuple(range(world_size))
+    plain = dataclasses.replace(fitted, compute_slowdown=0.0, comm_slowdown=0.0)
+    per_step = P if fitted.intra.kind == "bus" else 1
+
+    def with_link(link):
+        return dataclasses.replace(plain, intra=dataclasses.replace(fitted.intra, link=link))
+
+    rings = {kind: (lambda b: b / P, lambda link, b, kind=kind: collective_us(
+        CollSpec(kind, b, group), "ring", with_link(link))) for kind in ("reduce_scatter",
+                                                                           "all_gather")}
+    # no per-message overhead: a chunk is a copy and a flag; the fixed cost is the latency
+    link = fit_link(ms, rings, per_step, 0.0, fitted.intra.link.rate_by)
+    library = fit_link(ms, {"all_reduce": (lambda b: b / P, lambda lk, b: collective_us(
+        CollSpec("all_reduce", b, group, library=True), "ring",
+        dataclasses.replace(plain, library=lk)))}, 2 * (P - 1) * per_step, 0.0,
+        fitted.library.rate_by if fitted.library else "message")
+    return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
+                               library=library, source=source or fitted.source)
+
+
 def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:
     """What a step costs beyond its operations timed alone: the median over sizes of
     sequence - sequence_comm - sequence_compute (measured side by side), at least 0 (us)."""
@@ -314,6 +349,8 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
         C = m.chunks
         return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], []) / 1e3
+    if m.kind.startswith(SHM):  # topo: fit_shm's
+        return predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(SHM):]))
     if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
         spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
         return collective_us(spec, "ring", topo) / 1e3

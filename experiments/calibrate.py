@@ -20,6 +20,9 @@ bytes (f32 buffers), powers of two up to the scale's largest:
 - `sequence`: a step's two operations back to back, no barrier between (gloo's all-reduce of b
   bytes, then the generated Adam kernel on b / 4 elements), interleaved repeat by repeat with
   `sequence_comm` and `sequence_compute` (each alone): what a step costs beyond its parts;
+- `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (with comm=shm): the same collectives
+  over shared memory (`codegen.runtime.shm_comm`), fitted into a second topology,
+  `topology_shm.yaml` (`cost_model.calibration.fit_shm`), the one comm=shm's runs predict with;
 - `overlap_compute`: the kernel while a large exchange is in flight (compute slowdown);
   `overlap_comm`: an exchange while kernels run on every rank (communication slowdown).
 
@@ -49,11 +52,11 @@ from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import Compute
 from codegen.runtime import comm
-from codegen.runtime.backend import CpuBackend, CpuKernel
+from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
 from codegen.runtime.measure import time_ranks
-from cost_model.calibration import Measurement, fit, predict_ms
+from cost_model.calibration import SHM, Measurement, fit, fit_shm, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.table import append_row
@@ -65,6 +68,7 @@ from .registry import register
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
+TOPOLOGY_SHM = "topology_shm.yaml"  # with comm=shm: the shared-memory transport's topology
 # scale "quick": the default sizes' range, every other size, one pass: what a run calibrates
 # with when none is cached for this machine (suite.calibration), in about 20 s
 SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1),
@@ -135,9 +139,13 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)},
                         CpuBackend().groups(plan.stages))
     overlap: dict[str, list[float]] = {}
+    shm = (CpuBackend(comm="shm").communicator(comm.Group.world(), NO_STREAMS)
+           if spec.get("shm") else None)
     bar = Progress([1] * spec["rounds"], label="calibrate")
     for k in range(spec["rounds"]):
         _communication(rank, world, spec, comm, record)
+        if shm is not None:
+            _shm_collectives(world, spec, shm, record)
         for n in spec["kernel_elements"]:
             args = _kernel_args(plan, step, n, runner)  # buffers of exactly n elements, as
             record("kernel", n * KERNEL_BYTES_PER_ELEMENT,  # a plan lowered at n has
@@ -204,6 +212,18 @@ def _communication(rank, world, spec, comm, record) -> None:
         record("copy", b, lambda: y.copy_(x))
 
 
+def _shm_collectives(world, spec, c, record) -> None:
+    """comm=shm's all_reduce, reduce_scatter and all_gather of b bytes (the whole array)."""
+    for b in spec["sizes"]:
+        n = b // 4
+        if n % world:
+            continue
+        x, part = torch.randn(n), torch.empty(n // world)
+        record("shm_all_reduce", b, lambda: c.all_reduce(x, "sum"))
+        record("shm_reduce_scatter", b, lambda: c.reduce_scatter(x, part, "sum"))
+        record("shm_all_gather", b, lambda: c.all_gather(part, x))
+
+
 def _overlap(spec, runner, step, comm) -> dict[str, list[float]]:
     """Alone and together, in turns: a kernel of K elements, an exchange of E bytes, and both
     started at once (the kernel runs while the exchange is in flight): the kernel's time inside,
@@ -252,6 +272,7 @@ def measure(settings) -> list[dict]:
             "warmup": max(1, settings.warmup),
             "repeats": max(3, settings.repeats), "plan": plan, "step": step,
             "matmuls": [128, 256] if small else [256, 512, 1024],
+            "shm": settings.comm == "shm",
             "overlap_exchange": 1 << (20 if small else 26), "overlap_kernel": 1 << (16 if small
                                                                                  else 24)}
     start = time.perf_counter()
@@ -267,6 +288,12 @@ def measure(settings) -> list[dict]:
     print(f"calibration: {len(raw)} measurements on {P} ranks in {took:.0f} s; fitted topology "
           f"written to {path}", flush=True)
     print(describe(topo), flush=True)
+    if spec["shm"]:
+        shm = fit_shm(raw, topo, P, source=source + ", comm=shm")
+        path = dump_topology(shm, out_dir / TOPOLOGY_SHM, header=shm.source + "\nUse it with: "
+                             f"python -m suite experiment=... comm=shm topology=local "
+                             f"topology.path={out_dir / TOPOLOGY_SHM}")
+        print(f"comm=shm: fitted topology written to {path}\n{describe(shm)}", flush=True)
     rows = [_row(m, "measured", "cpu", m["time_ms"]) for m in raw]
     for r in rows:
         append_row(settings.csv_path, r)
@@ -280,7 +307,10 @@ def predict(settings) -> list[dict]:
         return []
     raw = json.loads((out_dir / CALIBRATION).read_text())
     topo = load_topology(path=out_dir / TOPOLOGY)
-    return [_row(m, "predicted", "sim", predict_ms(topo, Measurement.of(m))) for m in raw]
+    shm = load_topology(path=out_dir / TOPOLOGY_SHM) if (out_dir / TOPOLOGY_SHM).exists() else None
+    return [_row(m, "predicted", "sim", predict_ms(shm if m["kind"].startswith(SHM) else topo,
+                                                   Measurement.of(m)))
+            for m in raw if shm is not None or not m["kind"].startswith(SHM)]
 
 
 def _row(m: dict, source: str, backend: str, time_ms: float) -> dict:

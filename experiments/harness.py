@@ -200,7 +200,8 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         timed[name] = runner
     for obj in timed.values():
         obj.compute_ms = 0.0
-    fns = {name: (obj.step if name == "baseline" else obj.run) for name, obj in timed.items()}
+    fns = {name: (obj.step if name in ("baseline", GLOO_BASELINE) else obj.run)
+           for name, obj in timed.items()}
     rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock)
     calls = max(1, spec.budget.warmup) + rounds.rounds * rounds.calls
     compute = dict(zip(fns, _rank_average([timed[n].compute_ms / calls for n in fns])))

@@ -13,7 +13,9 @@ first, says so, and shows calibrate's progress bar: a quick pass (experiments.ca
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
 written to a temporary folder and moved into place whole, so a crash leaves no half calibration. `calibration=refresh` calibrates again and replaces the cache;
 `calibration=off` uses the shipped figures (conf/topology/local.yaml, uncalibrated).
-`topology.path=FILE` always wins. Every report names the calibration it used (`describe`).
+With comm=shm the calibration also measures the shared-memory collectives and the run predicts
+with the topology fitted to them (topology_shm.yaml, beside topology.yaml; a cached calibration
+without it is measured again). `topology.path=FILE` always wins. Every report names the calibration it used (`describe`).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from . import CACHE_DIR, PROJECT_ROOT
 MODES = ("auto", "refresh", "off")
 CODE = ("experiments/calibrate.py", "cost_model/calibration.py")  # the calibration code's version
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
+TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
 
 
 @dataclass(frozen=True)
@@ -72,18 +75,20 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     fp = fingerprint()
     key = key_of(fp)
     where = cache / key
-    if cfg.calibration == "auto" and (where / TOPOLOGY).exists():
+    shm = cfg.backend.comm == "shm"
+    name = TOPOLOGY_SHM if shm else TOPOLOGY
+    if cfg.calibration == "auto" and (where / name).exists():
         meta = json.loads((where / FINGERPRINT).read_text())
-        return Calibration(key, where / TOPOLOGY, meta.get("created", "?"), False)
+        return Calibration(key, where / name, meta.get("created", "?"), False)
     why = "calibration=refresh" if cfg.calibration == "refresh" else "none cached for this machine"
     print(f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
           f"cached in {where} for later runs) ...", flush=True)
     started = time.monotonic()
-    _calibrate(where, fp, world_size)
+    _calibrate(where, fp, world_size, "shm" if shm else None)
     took = time.monotonic() - started
-    print(f"calibrated in {took:.0f} s: {where / TOPOLOGY}", flush=True)
+    print(f"calibrated in {took:.0f} s: {where / name}", flush=True)
     meta = json.loads((where / FINGERPRINT).read_text())
-    return Calibration(key, where / TOPOLOGY, meta["created"], True, took)
+    return Calibration(key, where / name, meta["created"], True, took)
 
 
 def describe(found: Optional[Calibration], cfg) -> str:
@@ -97,13 +102,14 @@ def describe(found: Optional[Calibration], cfg) -> str:
     return f"{found.key} ({how}, {found.created}): {found.path}"
 
 
-def _calibrate(where: Path, fp: dict, world_size: int) -> None:
+def _calibrate(where: Path, fp: dict, world_size: int, comm: Optional[str] = None) -> None:
     where.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".calibrating-", dir=where.parent))
     try:
         settings = MeasureSettings(scale="quick", max_elements=1 << 25,
                                    world_size=max(2, world_size), warmup=1, repeats=3,
-                                   csv_path=tmp / "results.csv", kernels_dir=tmp / "kernels")
+                                   csv_path=tmp / "results.csv", kernels_dir=tmp / "kernels",
+                                   comm=comm)
         experiments.get("calibrate").measure(settings)
         created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         (tmp / FINGERPRINT).write_text(json.dumps({**fp, "created": created}, indent=2) + "\n")

@@ -15,7 +15,8 @@ ADAM = experiments.get("adam_fusion")
 
 
 def _cfg(mode="auto", path=None, topology="local", backend="cpu"):
-    return N(calibration=mode, topology=N(path=path, name=topology), backend=N(name=backend))
+    return N(calibration=mode, topology=N(path=path, name=topology), backend=N(name=backend,
+                                                                             comm="ring"))
 
 
 def test_fingerprint_names_the_machine_and_the_code():

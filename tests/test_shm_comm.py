@@ -175,8 +175,9 @@ def _peer_adam(rank, world, plan, inputs):
     return sorted(runner.peer_steps), runner.outputs()
 
 
-def test_fused_adam_over_shared_memory_matches_the_interpreter(no_leaks):
-    world, b = 2, {"N": 1 << 12}
+@pytest.mark.parametrize("world,n", [(2, 1 << 12), (3, 3 << 10)])
+def test_fused_adam_over_shared_memory_matches_the_interpreter(no_leaks, world, n):
+    b = {"N": n}
     prog = adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"]
     plan = lower(prog, b, world, fused_chunks=4)
     build(plan.kernels())

@@ -1,0 +1,89 @@
+"""comm=shm's calibrated topology: `fit_shm` recovers the shared-memory links that made a set of
+measurements (pure), and with comm=shm a run predicts with topology_shm.yaml, calibrating (with
+comm=shm) when the cached calibration lacks it."""
+import dataclasses
+import json
+from types import SimpleNamespace as N
+
+import pytest
+
+import experiments
+from experiments import MeasureSettings, PredictSettings
+from cost_model.calibration import Measurement, fit, fit_shm, predict_ms
+from cost_model.topology import LinkClass, load_topology
+from suite import calibration
+from suite.calibration import fingerprint, key_of, local_calibration
+from tests.test_calibrate import synthetic, truth
+
+
+def shm_truth(base):
+    link = LinkClass(bandwidth_gbps=9.0, latency_us=150.0, rate_by="transfer",
+                     efficiency={1 << 20: 0.7, 1 << 23: 1.0, 1 << 25: 1.0, 1 << 27: 0.6})
+    lib = LinkClass(bandwidth_gbps=7.0, latency_us=250.0, rate_by="transfer",
+                    efficiency={1 << 20: 0.6, 1 << 23: 1.0, 1 << 25: 1.0, 1 << 27: 0.5})
+    return dataclasses.replace(base, library=lib, intra=dataclasses.replace(base.intra, link=link))
+
+
+def test_fit_shm_recovers_the_shared_memory_links():
+    gloo = truth()
+    t = shm_truth(gloo)
+    shm = [Measurement(f"shm_{k}", 1 << e, 0.0, 2) for e in range(12, 28)
+           for k in ("all_reduce", "reduce_scatter", "all_gather")]
+    shm = [dataclasses.replace(m, time_ms=predict_ms(t, dataclasses.replace(
+        m, kind=m.kind[4:]))) for m in shm]
+    ms = synthetic(gloo) + shm
+    fitted = fit(ms, load_topology("local"), 2)
+    got = fit_shm(ms, fitted, 2)
+    assert got.device == fitted.device and got.compute_slowdown == fitted.compute_slowdown
+    assert got.library.bandwidth_gbps == pytest.approx(7.0, rel=0.03)
+    assert got.intra.link.bandwidth_gbps == pytest.approx(9.0, rel=0.03)
+    assert got.library.latency_us == pytest.approx(250.0, rel=0.1)
+    for m in shm:  # and predicts them back (predict_ms reads shm_* kinds on fit_shm's topology)
+        assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=0.1), m
+    with pytest.raises(ValueError, match="no shm_"):
+        fit_shm(synthetic(gloo), fitted, 2)
+
+
+def _cfg(comm):
+    return N(calibration="auto", topology=N(path=None, name="local"),
+             backend=N(name="cpu", comm=comm))
+
+
+def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp_path,
+                                                                            monkeypatch):
+    adam = experiments.get("adam_fusion")
+    where = tmp_path / key_of(fingerprint())
+    where.mkdir()
+    (where / "topology.yaml").write_text("name: local\n")  # a calibration made without comm=shm
+    (where / "fingerprint.json").write_text(json.dumps({"created": "then"}))
+    asked = []
+
+    def calibrate(folder, fp, world, comm=None):
+        asked.append(comm)
+        (folder / "topology_shm.yaml").write_text("name: local\n")
+        (folder / "fingerprint.json").write_text(json.dumps({"created": "now"}))
+
+    monkeypatch.setattr(calibration, "_calibrate", calibrate)
+    assert local_calibration(_cfg("ring"), adam, 2, cache=tmp_path).path == where / "topology.yaml"
+    assert asked == []
+    found = local_calibration(_cfg("shm"), adam, 2, cache=tmp_path)
+    assert asked == ["shm"] and found.fresh and found.path == where / "topology_shm.yaml"
+    again = local_calibration(_cfg("shm"), adam, 2, cache=tmp_path)
+    assert asked == ["shm"] and not again.fresh
+
+
+def test_calibrate_with_comm_shm_writes_the_shm_topology(tmp_path):
+    exp = experiments.get("calibrate")
+    settings = MeasureSettings(scale="smoke", max_elements=1 << 16, world_size=2, warmup=1,
+                               repeats=3, csv_path=tmp_path / "results.csv",
+                               kernels_dir=tmp_path / "kernels", comm="shm")
+    rows = exp.measure(settings)
+    kinds = {r["schedule"] for r in rows}
+    assert {"shm_all_reduce", "shm_reduce_scatter", "shm_all_gather", "all_reduce"} <= kinds
+    gloo = load_topology(path=tmp_path / "topology.yaml")
+    shm = load_topology(path=tmp_path / "topology_shm.yaml")
+    assert shm.device == gloo.device and "comm=shm" in shm.source
+    assert shm.library != gloo.library
+    pred = exp.predict(PredictSettings(scale="smoke", backend="cpu", topology=gloo, world_size=2,
+                                       max_elements=1 << 16, measured=rows, out_dir=tmp_path))
+    assert len(pred) == len(rows) and all(r["time_ms"] > 0 for r in pred)
