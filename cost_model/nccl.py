@@ -18,12 +18,15 @@ gives NCCL's graph (channels, per-channel bandwidths, NVLS, CollNet):
                rate; at n = 8 that is NCCL's own 5/6, and it gives the measured drop to ~370
                GB/s busbw at 4 GPUs (NCCL 2.20's tuner keeps 5/6 at every n).
                NVLS reduce_scatter / all_gather: x 15/16 (the buffer crosses each port once).
-               Where the topology gives `ll128_bw_gbps` (fitted: the ring's LL128 rate a channel of
-               the graph reaches), a ring's LL128 call runs at most at that per channel, though
-               the tuner, as NCCL's, still weighs it with NCCL's table (perChMaxRingLL128Bws).
+               Where the topology gives `ll_bw_gbps` / `ll128_bw_gbps` (fitted: the ring's LL /
+               LL128 rate a channel of the graph reaches), a ring's LL / LL128 call runs at most
+               at that per channel, though the tuner, as NCCL's, still weighs it with NCCL's
+               tables (llMaxBws, perChMaxRingLL128Bws).
     used     = the share of the communicator's channels and threads NCCL runs a small call on
                (enqueue.cc: `while (nBytes < nc*nt*threadThreshold) nc--`, then nt /= 2; the
-               communicator has twice the graph's channels, at half the rate each: ncclTopoPostset).
+               communicator has twice the graph's channels, at half the rate each: ncclTopoPostset);
+               a call too small for even the fewest threads takes their threshold's time (the
+               wire time of nc x nt x threshold bytes: the floor of a small call).
     pipeline = the cost of NCCL's pipeline beyond latency and wire, per algorithm and protocol:
                Simple ring: `slice_us` per slice a channel works through in sequence (NCCL's
                chunks: 512 KiB steps, 4 a chunk in 2 slices for all_reduce / reduce_scatter /
@@ -229,11 +232,14 @@ def comm_channels(nc: Nccl) -> int:
     return min(MAX_CHANNELS, 2 * nc.channels)
 
 
-def used(kind: str, algo: str, proto: str, nbytes: float, ranks: int, nc: Nccl) -> tuple[int, float]:
-    """(channels, share of the communicator's bandwidth) a call runs on (enqueue.cc: a small call
-    drops channels, then halves its threads, until each thread has its threshold's bytes)."""
+def used(kind: str, algo: str, proto: str, nbytes: float, ranks: int,
+         nc: Nccl) -> tuple[int, float, float]:
+    """(channels, share of the communicator's bandwidth, bytes' worth of time) of a call
+    (enqueue.cc: a small call drops channels, then halves its threads, until each thread has its
+    threshold's bytes; below the last halving a thread still takes its threshold's time, so a
+    call's wire time is at least that of channels x threads x threshold bytes)."""
     if algo.startswith(("nvls", "collnet")):
-        return (nc.nvls_channels if algo.startswith("nvls") else comm_channels(nc)), 1.0
+        return (nc.nvls_channels if algo.startswith("nvls") else comm_channels(nc)), 1.0, nbytes
     full = comm_channels(nc)
     n, nt = full, MAX_THREADS[proto]
     threshold = THREAD_THRESHOLD[proto] * (ranks if algo == "ring" and proto == LL else 1)
@@ -244,7 +250,7 @@ def used(kind: str, algo: str, proto: str, nbytes: float, ranks: int, nc: Nccl) 
             nt //= 2
         else:
             break
-    return n, (n / full) * (nt / MAX_THREADS[proto])
+    return n, (n / full) * (nt / MAX_THREADS[proto]), max(nbytes, n * nt * threshold)
 
 
 def slices(kind: str, nbytes: float, ranks: int, nodes: int, channels: int) -> int:
@@ -279,11 +285,12 @@ def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: in
     """(fixed us, coefficient of sqrt(fill_us), coefficient of slice_us, latency, bandwidth):
     time_us = fixed + a sqrt(fill_us) + b slice_us, the bandwidth the one the call reaches."""
     lat, bw = estimate(kind, nbytes, algo, proto, ranks, nodes, nc)
-    if algo == "ring" and proto == LL128 and nc.ll128_bw_gbps:  # the ring's measured LL128 rate
-        bw = min(bw, nc.channels * nc.ll128_bw_gbps * ranks / _steps(kind, ranks, nodes)[0])
-    channels, share = used(kind, algo, proto, nbytes, ranks, nc)
+    rate = {LL: nc.ll_bw_gbps, LL128: nc.ll128_bw_gbps}.get(proto) if algo == "ring" else None
+    if rate:  # the ring's measured LL / LL128 rate per graph channel, where fitted
+        bw = min(bw, nc.channels * rate * ranks / _steps(kind, ranks, nodes)[0])
+    channels, share, work = used(kind, algo, proto, nbytes, ranks, nc)
     bw *= share
-    wire = nbytes / (1000.0 * bw)
+    wire = work / (1000.0 * bw)
     if algo == "ring" and proto == SIMPLE:
         return lat + wire, 0.0, float(slices(kind, nbytes, ranks, nodes, channels)), lat, bw
     if algo.startswith(("nvls", "collnet")):  # chunks NCCL sizes by the call: a fill

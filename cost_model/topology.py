@@ -48,8 +48,9 @@ message and kernel sizes in bytes.
   network step, and the two constants fitted to published measurements per system (one value
   each for the whole system, `nccl.time_us`): `fill_us`, the per-chunk cost of the fine-grained
   pipelines (LL128, tree, NVLS, CollNet), and `slice_us`, the per-slice cost of the Simple
-  protocol's ring; `ll128_bw_gbps` (None: NCCL's table): where fitted, the LL128 rate a ring
-  channel of the graph reaches, which the call runs at (NCCL's tuner still uses its table). Absent: the DES's own algorithms
+  protocol's ring; `ll_bw_gbps` / `ll128_bw_gbps` (None: NCCL's tables): where fitted, the LL /
+  LL128 rate a ring channel of the graph reaches, which the call runs at (NCCL's tuner still uses
+  its tables). Absent: the DES's own algorithms
   (CPU ranks). `algo` / `proto`: force NCCL's algorithm / protocol (NCCL_ALGO / NCCL_PROTO), where
   the collective has it (else the tuner picks, as NCCL falls back).
 - `step_overhead_us`: what one step of a program (its operations back to back on every rank,
@@ -197,6 +198,7 @@ class Nccl:
     net_overhead_us: float = field(default=1.0, metadata=_positive(False))
     fill_us: float = field(default=0.0, metadata=_positive(False))
     slice_us: float = field(default=0.0, metadata=_positive(False))
+    ll_bw_gbps: Optional[float] = field(default=None, metadata=_positive())
     ll128_bw_gbps: Optional[float] = field(default=None, metadata=_positive())
     version: str = "2.20.3"
 

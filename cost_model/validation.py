@@ -9,11 +9,10 @@ topology (the DES, the tuner's pick or the forced algorithm, as nccl-tests times
 returns its time, busbw (nccl-tests' factor: all_reduce 2(n-1)/n, reduce_scatter / all_gather
 (n-1)/n, broadcast / reduce 1), the algorithm and protocol and the error against the published
 busbw (predicted / published - 1). `fit_pipeline(system)` is how a topology's fitted constants
-`nccl.fill_us`, `nccl.slice_us` (and `nccl.ll128_bw_gbps` where the file fits it) are found: the
-values on a grid with the least sum of squared relative busbw errors over the system's published
-points (least squares; nothing is fitted per point; the tuner's pick does not depend on them and
-a call's time is affine in sqrt(fill_us) and slice_us, `nccl.parts`, so the grid is a few array
-operations per point). `paper_results()` reads
+`nccl.fill_us`, `nccl.slice_us` (and `nccl.ll_bw_gbps` / `nccl.ll128_bw_gbps` where the file fits
+them) are found: the values on a grid with the least sum of squared relative busbw errors over
+the system's published points (least squares, one value each for the whole system; nothing is
+fitted per point). `paper_results()` reads
 `data/paper_results.csv` (the paper's published speedups, with where they come from and the
 caveat). Bad data raises `ValueError` naming the row.
 """
@@ -119,41 +118,52 @@ def error(pred: Prediction, p: Point) -> float:
     return pred.busbw_gbps / p.busbw_gbps - 1.0
 
 
-def fit_pipeline(system: str, points: Optional[list[Point]] = None, top_fill_us: float = 5.0,
-                 top_slice_us: float = 10.0) -> tuple[float, float, Optional[float]]:
-    """The system's fitted constants (`nccl.fill_us`, `nccl.slice_us`, `nccl.ll128_bw_gbps`):
-    fill and slice on a 0.01 us grid, the LL128 rate on a 0.1 GB/s grid from 1 to NCCL's table
-    (fitted only where the topology file gives one; else None), with the least sum of squared
-    relative busbw errors over the system's published points. The tuner's pick does not depend
-    on them, so each point's time depends on slice_us (a Simple ring) or on fill_us and the LL128
-    rate (the rest), and the two sums are minimized apart (exactly)."""
+FITTED = ("fill_us", "slice_us", "ll_bw_gbps", "ll128_bw_gbps")
+
+
+def _depends_on(algo: str, proto: str) -> Optional[str]:
+    """Which fitted constant a call's time depends on (`nccl.parts`; None: none)."""
+    if algo == "ring":
+        return {"Simple": "slice_us", "LL": "ll_bw_gbps", "LL128": "ll128_bw_gbps"}[proto]
+    return "fill_us" if algo.startswith(("nvls", "collnet")) else None
+
+
+def fit_pipeline(system: str, points: Optional[list[Point]] = None) -> dict:
+    """The system's fitted constants ({name: value} for `FITTED`): `fill_us` and `slice_us` on a
+    0.01 us grid (0 .. 5, 0 .. 10), the ring's LL / LL128 rates per channel on a 0.05 GB/s grid up
+    to NCCL's tables (only those the topology file gives; None otherwise), each with the least
+    sum of squared relative busbw errors over the system's published points. The tuner's pick
+    does not depend on them and each call's time depends on one of them at most, so each is
+    fitted over its own points alone (exactly the joint least squares)."""
     mine = [p for p in (points or published()) if p.system == system]
     if not mine:
         raise ValueError(f"no published points for {system}")
-    fill = np.round(np.arange(0, top_fill_us + 1e-9, 0.01), 2)
-    slice_ = np.round(np.arange(0, top_slice_us + 1e-9, 0.01), 2)
-    fitted_ll128 = load_topology(system).nccl.ll128_bw_gbps is not None
-    top_ll128 = nccl.RING_LL128_PER_CH[nccl.ARCH_INDEX[load_topology(system).nccl.arch]][0]
-    ll128 = (list(np.round(np.arange(1.0, top_ll128 + 1e-9, 0.1), 1)) if fitted_ll128
-             else [None])
-    sq_slice = np.zeros(slice_.size)
-    sq_fill = np.zeros((len(ll128), fill.size))
+    base = load_topology(system).nccl
+    grids = {"fill_us": np.round(np.arange(0, 5.0 + 1e-9, 0.01), 2),
+             "slice_us": np.round(np.arange(0, 10.0 + 1e-9, 0.01), 2),
+             "ll_bw_gbps": np.round(np.arange(0.5, 40.0 + 1e-9, 0.05), 2),
+             "ll128_bw_gbps": np.round(np.arange(0.5, 40.0 + 1e-9, 0.05), 2)}
+    squares = {k: np.zeros(g.size) for k, g in grids.items()}
     for p in mine:
         topo = topology_for(p)
         ranks, nodes = nccl.communicator(topo, range(p.gpus))
         a, pr = nccl.pick(p.collective, float(p.bytes), ranks, nodes, topo.nccl, p.algo or None,
                           topo.proto).label.split("/")
+        name = _depends_on(a, pr)
+        if name is None or (name.endswith("bw_gbps") and getattr(base, name) is None):
+            continue
         factor = p.bytes * FACTOR[p.collective](ranks) / 1e3 / p.busbw_gbps
-        for k, rate in enumerate(ll128):
-            nc = dataclasses.replace(topo.nccl, ll128_bw_gbps=rate)
-            fixed, ca, cb, _, _ = nccl.parts(p.collective, p.bytes, a, pr, ranks, nodes, nc)
-            if cb:
-                sq_slice += (factor / (fixed + cb * slice_) - 1.0) ** 2
-                break
-            sq_fill[k] += (factor / (fixed + ca * np.sqrt(fill)) - 1.0) ** 2
-    k, i = np.unravel_index(np.argmin(sq_fill), sq_fill.shape)
-    rate = None if ll128[k] is None else float(ll128[k])
-    return float(fill[i]), float(slice_[np.argmin(sq_slice)]), rate
+        for i, value in enumerate(grids[name]):
+            nc = dataclasses.replace(topo.nccl, **{name: float(value)})
+            t = nccl.time_us(p.collective, p.bytes, a, pr, ranks, nodes, nc).time_us
+            squares[name][i] += (factor / t - 1.0) ** 2
+    out = {}
+    for name in FITTED:
+        if name.endswith("bw_gbps") and getattr(base, name) is None:
+            out[name] = None
+        else:
+            out[name] = float(grids[name][int(np.argmin(squares[name]))])
+    return out
 
 
 def paper_results(path: Optional[Path] = None) -> list[dict]:

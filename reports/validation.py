@@ -22,15 +22,13 @@ LIMIT_LARGE, LIMIT_SMALL, LIMIT_MEDIAN = 10.0, 25.0, 5.0  # % (the issue's thres
 # Why a system's points can fall outside: the model's structure, not the data (printed where
 # that system has points outside the thresholds).
 WHY = {
-    "dgx_a100": "at 1 MiB NCCL's tuner (its own estimate) takes LL: 15 us + 31 us on the wire "
-                "where the Azure run took 50.7 us (its floor: 43-48 us from 1 KiB to 512 KiB); "
-                "LL128 would take 55 us, -9%. At 128 MiB the published curve sags (174 GB/s, "
-                "then 214 at 256 MiB: the time from 128 to 256 MiB implies 277 GB/s, above the "
-                "232 plateau), which no model whose bandwidth is at most the plateau follows.",
-    "dgx_h100": "the Azure ND H100 v5 run (NCCL 2.18.5) sits at its per-call floor of 42 us "
-                "from 64 KiB to 1 MiB (the same time at both), where the ND H200 v5 run (NCCL "
-                "2.20.5, the same NVLink 4 / NVSwitch 3 fabric) takes 34.6 us at 1 MiB: the two "
-                "published 1 MiB points differ by 21%, and the model (51 GB/s) sits between.",
+    "dgx_a100": "at 128 MiB the published ND A100 v4 curve sags (174 GB/s, then 214 at 256 MiB: "
+                "the time from 128 to 256 MiB implies 277 GB/s, above the curve's 232 plateau), "
+                "which no model whose bandwidth is at most the plateau follows.",
+    "dgx_h100": "the Azure ND H100 v5 run (NCCL 2.18.5) takes 42 us flat from 64 KiB to 1 MiB, "
+                "where the ND H200 v5 run (NCCL 2.20.5, the version the model follows, on the same "
+                "NVLink 4 / NVSwitch 3 fabric) takes 31 us up to 512 KiB, which the model matches "
+                "within 3%: the two runs differ by 21-38% there, and the model follows 2.20.",
 }
 MIB = 1 << 20
 

@@ -86,15 +86,22 @@ def test_the_simple_ring_pays_per_slice_of_nccls_chunks():
 def test_a_small_call_runs_on_fewer_channels():
     """enqueue.cc: a call drops channels while nBytes < channels x threads x threshold."""
     # Simple: 64 B a thread x 512 threads = 32 KiB a channel; 4 channels from 128 KiB up
-    assert nccl.used("all_reduce", "ring", "Simple", 1 << 17, 4, SMALL) == (4, 1.0)
-    assert nccl.used("all_reduce", "ring", "Simple", 65536, 4, SMALL) == (2, 0.5)
-    assert nccl.used("all_reduce", "ring", "Simple", 65535, 4, SMALL) == (1, 0.25)
-    assert nccl.used("all_reduce", "ring", "Simple", 8192, 4, SMALL) == (1, 0.25 * 128 / 512)
+    assert nccl.used("all_reduce", "ring", "Simple", 1 << 17, 4, SMALL) == (4, 1.0, 1 << 17)
+    assert nccl.used("all_reduce", "ring", "Simple", 65536, 4, SMALL) == (2, 0.5, 65536)
+    assert nccl.used("all_reduce", "ring", "Simple", 65535, 4, SMALL) == (1, 0.25, 65535)
+    # then threads halve down to 64 (nt % 128 == 0 no longer), below which a call takes the
+    # time of 64 threads x 64 B: the small-call floor
+    assert nccl.used("all_reduce", "ring", "Simple", 8192, 4, SMALL) == (1, 0.25 * 128 / 512, 8192)
+    assert nccl.used("all_reduce", "ring", "Simple", 1024, 4, SMALL) == (1, 0.25 * 64 / 512, 4096)
     # ring LL: 8 B a thread x nranks; NVLS keeps its channels
     assert nccl.used("all_reduce", "ring", "LL", 3 * 16384, 4, SMALL)[0] == 3
-    assert nccl.used("all_reduce", "nvls", "Simple", 1024, 4, SMALL) == (2, 1.0)
+    assert nccl.used("all_reduce", "nvls", "Simple", 1024, 4, SMALL) == (2, 1.0, 1024)
     slow = nccl.time_us("all_reduce", 65536, "ring", "Simple", 4, 1, SMALL).time_us
     assert slow == pytest.approx(8.4 + 6 * 3.4 + 65536 / (1e3 * 20 * 4 / 6 * 0.5))
+    tiny = [nccl.time_us("all_reduce", b, "ring", "Simple", 4, 1, SMALL).time_us
+            for b in (256, 1024, 4096)]
+    assert tiny[0] == tiny[1] == tiny[2] == pytest.approx(8.4 + 6 * 3.4 + 4096 / (
+        1e3 * 20 * 4 / 6 * 0.25 * 64 / 512))
 
 
 def test_nvls_bandwidth_follows_the_gpus_on_the_switch():
@@ -252,3 +259,9 @@ def test_a_fitted_ll128_rate_is_what_the_call_runs_at_not_what_the_tuner_weighs(
     table = dataclasses.replace(nc, ll128_bw_gbps=None, fill_us=0.0)
     assert nccl.time_us("all_reduce", nbytes, "ring", "LL128", 8, 1, table).time_us == \
         pytest.approx(lat + nbytes / (1e3 * bw))
+    # LL likewise: NCCL's estimate picks ring/LL at 1 MiB; the call runs at the fitted LL rate
+    nbytes = 1 << 20
+    got = nccl.call("all_reduce", nbytes, range(8), topo)
+    lat, _ = nccl.estimate("all_reduce", nbytes, "ring", "LL", 8, 1, nc)
+    assert got.label == "ring/LL" and lat == pytest.approx(6.6 + 14 * 0.6)
+    assert got.time_us == pytest.approx(lat + nbytes / (1e3 * nc.channels * nc.ll_bw_gbps * 8 / 14))

@@ -35,7 +35,7 @@ def test_bad_data_names_the_line(tmp_path):
 def test_the_fitted_constants_are_the_ones_the_topology_states(system):
     """Fitted per system, never per point: refitting from the data gives the file's values."""
     nc = load_topology(system).nccl
-    assert validation.fit_pipeline(system) == (nc.fill_us, nc.slice_us, nc.ll128_bw_gbps)
+    assert validation.fit_pipeline(system) == {k: getattr(nc, k) for k in validation.FITTED}
 
 
 def test_predictions_against_the_published_points():
