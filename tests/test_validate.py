@@ -1,5 +1,5 @@
 """Published measurements as data (cost_model/data) and experiment=validate: the data's sources,
-the one fitted constant per system reproducible from it, the predictions against it, and the
+the constants fitted per system reproducible from it, the predictions against it, and the
 report (pure: no ranks)."""
 from __future__ import annotations
 
