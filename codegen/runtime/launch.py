@@ -36,7 +36,9 @@ Contract
     `gather=True` every rank returns the list of all ranks' values in rank order (gathered with
     `all_gather_object`), with `gather=False` only its own value. Exceptions propagate unchanged
     (torchrun's agent then stops the other ranks). Otherwise: `launch(...)`, which returns the list.
-    `world_size=None` means "what torchrun says" and is an error outside torchrun.
+    `world_size=None` means "what torchrun says" and is an error outside torchrun. Within
+    `dispatching(to)` (rank 0 of a job's ranks: codegen.runtime.joined), `to(fn, world_size,
+    args, gather)` runs it on the job's ranks instead.
 
 Threads: each rank uses `threads_per_rank` threads, by default max(1, cores // ranks on this
 machine), both for torch (`torch.set_num_threads`) and for OpenMP code compiled later
@@ -290,9 +292,14 @@ def _failure(rank: int, outcome, proc) -> dict:
     text = " ".join(str(message).split())
     if len(text) > 500:
         text = text[:497] + "..."
-    echo = exc_type in _ECHO_TYPES or any(w.lower() in text.lower() for w in _ECHO_WORDS)
+    echo = looks_like_echo(exc_type, text)
     return {"rank": rank, "line": f"{exc_type}: {text}", "exc_type": exc_type,
             "exc_message": message, "exitcode": None, "tb": tb, "echo": echo}
+
+
+def looks_like_echo(exc_type: str, message: str) -> bool:
+    """A failure that a peer's failure causes (a collective on a closed connection)."""
+    return exc_type in _ECHO_TYPES or any(w.lower() in message.lower() for w in _ECHO_WORDS)
 
 
 def _raise_failure(failures: list[dict]):
@@ -387,9 +394,24 @@ def init_from_env(timeout_s: float = 120.0, *, threads_per_rank: int | None = No
     return dist.get_rank(), dist.get_world_size()
 
 
+_DISPATCH: list = []  # the innermost `dispatching` target: a joined job's rank 0
+
+
+@contextmanager
+def dispatching(to):
+    """Within: run_ranks(fn, world_size, args, ..., gather=g) is to(fn, world_size, args, g)."""
+    _DISPATCH.append(to)
+    try:
+        yield
+    finally:
+        _DISPATCH.pop()
+
+
 def run_ranks(fn, world_size: int | None = None, args: tuple = (), timeout_s: float = 120.0, *,
               gather: bool = True, threads_per_rank: int | None = None):
     """Run fn on every rank: join torchrun's ranks, or launch local ones; see the module doc."""
+    if _DISPATCH:
+        return _DISPATCH[-1](fn, world_size, tuple(args), gather)
     if not started_by_torchrun():
         if world_size is None:
             raise ValueError("run_ranks: world_size is required outside torchrun")
