@@ -4,7 +4,7 @@ A user's experiment (`experiment=NAME experiment.module=SPEC`) is named through 
 (`suite.cli.user_experiment_overrides`). The command line is checked first
 (`suite.cli.prevalidate`: one line on stderr and exit 2 for bad input), then Hydra composes the
 configuration, makes the run directory and calls `suite.run.run` once per job (several with `-m`,
-on SLURM with `hydra/launcher=slurm`: hydra_plugins/coconet_suite/slurm_launcher.py); the exit
+on SLURM with `hydra/launcher=submitit_slurm`: suite/slurm.py); the exit
 status is the worst job's (1: a schedule failed; 3: a rank or a job failed or was cancelled;
 130 / 143: interrupted by SIGINT / SIGTERM, the report written from the rows so far).
 """
@@ -20,7 +20,7 @@ from .config import register
 from .errors import SuiteError, fail
 from .interrupt import install
 from .run import run
-from .slurm import SWEPT
+from .slurm import SWEPT, register_launcher
 
 statuses: list[int] = []
 
@@ -46,6 +46,7 @@ def plugins_on_path() -> None:
 
 def main() -> None:
     plugins_on_path()
+    register_launcher()  # hydra/launcher=submitit_slurm: ours, for prevalidate's compose too
     try:
         sys.argv[1:] = user_experiment_overrides(sys.argv[1:])  # Hydra reads sys.argv too
         prevalidate(sys.argv[1:])

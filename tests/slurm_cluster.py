@@ -1,8 +1,13 @@
 """A real one-host SLURM cluster for the tests: munged, slurmctld and slurmd in a temporary folder.
 
-    with LocalSlurm(tmp_path, cpus=2) as cluster:
+    with LocalSlurm(tmp_path, cpus=2, nodes=2) as cluster:
         env = cluster.env            # SLURM_CONF (and PATH) for sbatch / squeue / sacct / scancel
         cluster.wait_idle()
+
+nodes=1: one node, this host by its name, `cpus` CPUs. nodes=N > 1: N nodes node1..nodeN, each a
+slurmd of its own on this host (`slurmd -N nodeK`, a port each; NodeAddr 127.0.0.1), each with
+`cpus` CPUs whatever the machine has (SlurmdParameters=config_overrides): a job of tasks on two of
+them runs as on two machines, except that they share this one's cores, memory and disk.
 
 Everything the daemons write (state, spool, logs, the munge key and socket, pid files) stays in the
 given folder; ports are free ones picked at start; the daemons run in the foreground as children
@@ -54,9 +59,10 @@ def _free_ports(n: int) -> list[int]:
 
 
 class LocalSlurm:
-    def __init__(self, root: Path, cpus: int = 2, partition: str = "debug"):
+    def __init__(self, root: Path, cpus: int = 2, partition: str = "debug", nodes: int = 1):
         self.root, self.cpus, self.partition = Path(root), cpus, partition
         self.host = socket.gethostname()
+        self.nodes = [self.host] if nodes == 1 else [f"node{k + 1}" for k in range(nodes)]
         self.procs: list[subprocess.Popen] = []
 
     @property
@@ -66,6 +72,14 @@ class LocalSlurm:
     @property
     def env(self) -> dict:
         return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": _path()}
+
+    def _node_lines(self, mem: int) -> str:
+        if self.nodes == [self.host]:
+            return f"NodeName={self.host} CPUs={self.cpus} RealMemory={mem} State=UNKNOWN"
+        ports = _free_ports(len(self.nodes))
+        return "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={p} "
+                         f"CPUs={self.cpus} RealMemory={mem // len(self.nodes)} State=UNKNOWN"
+                         for n, p in zip(self.nodes, ports))
 
     def _write_conf(self) -> None:
         ctld, d = _free_ports(2)
@@ -82,11 +96,12 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={r}/munge.socket
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
+SlurmdPidFile={r}/slurmd.%n.pid
 SlurmctldLogFile={r}/slurmctld.log
-SlurmdLogFile={r}/slurmd.log
+SlurmdLogFile={r}/slurmd.%n.log
+SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -101,13 +116,13 @@ KillWait=5
 MinJobAge=300
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName={self.host} CPUs={self.cpus} RealMemory={mem} State=UNKNOWN
-PartitionName={self.partition} Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
+{self._node_lines(mem)}
+PartitionName={self.partition} Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """)
 
     def start(self) -> "LocalSlurm":
         r = self.root
-        for sub in ("state", "spool"):
+        for sub in ("state", *(f"spool/{n}" for n in self.nodes)):
             (r / sub).mkdir(parents=True, exist_ok=True)
         key = r / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -120,7 +135,8 @@ PartitionName={self.partition} Nodes={self.host} Default=YES MaxTime=INFINITE St
         self._wait(lambda: (r / "munge.socket").exists(), "munged")
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], log)
         self._wait(lambda: self._ok(["sinfo", "-h"]), "slurmctld")
-        self._spawn(["slurmd", "-D", "-f", str(self.conf), "-N", self.host], log)
+        for node in self.nodes:
+            self._spawn(["slurmd", "-D", "-f", str(self.conf), "-N", node], log)
         self.wait_idle()
         return self
 
@@ -143,14 +159,18 @@ PartitionName={self.partition} Nodes={self.host} Default=YES MaxTime=INFINITE St
             time.sleep(0.2)
         raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s; logs in {self.root}")
 
-    def node_state(self) -> str:
+    def node_states(self) -> list[str]:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env,
                              capture_output=True, text=True, timeout=30)
-        return out.stdout.strip()
+        return out.stdout.split()
+
+    def all_up(self) -> bool:
+        states = self.node_states()
+        return len(states) == len(self.nodes) and all(
+            s in ("idle", "mixed", "allocated") for s in states)
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
-        self._wait(lambda: self.node_state() in ("idle", "mixed", "allocated"), "slurmd",
-                   timeout_s)
+        self._wait(self.all_up, "slurmd", timeout_s)
 
     def job_states(self) -> dict[str, str]:
         """Finished jobs: job id -> state (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...)."""
@@ -162,7 +182,24 @@ PartitionName={self.partition} Nodes={self.host} Default=YES MaxTime=INFINITE St
                 out[fields["JobId"]] = fields.get("JobState", "?")
         return out
 
+    def cancel_jobs(self, timeout_s: float = 30.0) -> None:
+        """Cancel every job still queued or running, and wait for SLURM to end them (their
+        steps' processes outlive slurmd otherwise)."""
+        def queued() -> list[str]:
+            out = subprocess.run(["squeue", "-h", "-o", "%A"], env=self.env, capture_output=True,
+                                 text=True, timeout=30)
+            return out.stdout.split() if out.returncode == 0 else []
+        jobs = queued()
+        if jobs:
+            subprocess.run(["scancel", *jobs], env=self.env, capture_output=True, timeout=30)
+        end = time.monotonic() + timeout_s
+        while jobs and time.monotonic() < end:
+            time.sleep(0.5)
+            jobs = queued()
+
     def stop(self) -> None:
+        if self.procs and all(p.poll() is None for p in self.procs):
+            self.cancel_jobs()
         for p in reversed(self.procs):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)

@@ -1,5 +1,7 @@
 """Ranks on several hosts: the same measurement under `torchrun --nnodes=2`, one agent per "node",
-both on this host with a loopback c10d rendezvous, against the suite's own single-node launch."""
+both on this host with a loopback c10d rendezvous, against the suite's own single-node launch; and
+the SLURM launcher's configuration (its two spellings; a job of tasks as ranks checked before it
+is submitted). A SLURM job whose tasks are the ranks runs in tests/test_slurm.py."""
 import os
 import socket
 import subprocess
@@ -53,3 +55,35 @@ def test_two_node_torchrun_measures_what_one_node_does(tmp_path):
     assert set(b.nodes) == {1} and set(b.ranks_per_node) == {2}
     assert "2 = 2 nodes x 1 rank per node" in placement(a)
     assert "2 = 1 node x 2 ranks per node" in placement(b)
+
+
+def test_submitit_slurm_is_the_suites_launcher_and_slurm_the_same():
+    from hydra import compose, initialize_config_dir
+
+    from suite import CONF_DIR
+    from suite.config import register
+    from suite.slurm import register_launcher
+
+    register()
+    register_launcher()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        a, b = (compose("config", overrides=[f"hydra/launcher={name}", "experiment=adam_fusion"],
+                        return_hydra_config=True).hydra.launcher
+                for name in ("submitit_slurm", "slurm"))
+    assert a == b
+    assert a._target_ == "hydra_plugins.coconet_suite.slurm_launcher.SweepLauncher"
+    for key in ("partition", "account", "timeout_min", "nodes", "tasks_per_node",
+                "gpus_per_node", "rendezvous_timeout_s", "rendezvous_port"):
+        assert key in a
+
+
+def test_a_job_of_tasks_as_ranks_needs_world_size_tasks_before_submitting(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "suite", "-m", "hydra/launcher=submitit_slurm",
+                        "hydra.launcher.nodes=2", "experiment=adam_fusion", "backend=sim",
+                        "world_size=4", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.strip() == ("error: hydra.launcher: a job of 2 tasks (nodes x tasks_per_node) "
+                                "runs 2 ranks, but world_size=4 (job: experiment=adam_fusion "
+                                "backend=sim world_size=4); set world_size=2")
+    assert not (tmp_path / ".submitit").exists()  # nothing submitted
