@@ -4,7 +4,8 @@
     tuned.chosen.program        # the chosen schedule (a verified dsl.Program)
     tuned.chosen.label          # e.g. "fuse(RS-C-AG)+as_slice#2 c=4" (unique; .schedule.path)
     tuned.ranking               # [(Candidate, cost_model.rank.Ranked)], predicted best first
-    tuned.found, tuned.search_s
+    tuned.found, tuned.candidates, tuned.search_s   # the space, (schedule, chunks) pairs ranked
+    tuned.closed_s, tuned.des_count, tuned.des_s     # the closed form over all, the DES's top k
 
 1. The space: `dsl.space.schedule_space(program, budget)`: every schedule the five transforms reach
    (split, reorder, as_slice, fuse, overlap with its chunk counts), deduplicated by canonical IR.
@@ -17,7 +18,8 @@
 3. Candidates: each schedule x each `fused_chunks` (the lowering's chunk count of a fused
    collective; one candidate for a schedule without one, or whose overlap sets the chunks), lowered at `bindings` on `world_size`
    ranks; one that does not lower there (chunks that do not divide the point) is left out.
-4. Ranking: `cost_model.rank.rank`: the closed form over all candidates, the DES over the `top_k`.
+4. Ranking: `cost_model.rank.rank`: the closed form over all candidates, the DES over the `top_k`
+   (`closed_s`, `des_s`: their wall seconds; `search_s`: all four steps).
 
 Times are microseconds (cost model). Errors: a program that is not valid, or bindings it cannot
 take, raise the DSL's own errors.
@@ -28,7 +30,8 @@ The experiment (`python -m suite experiment=autotune target=NAME [backend=sim|cp
 as `experiments.predict` predicts it) and returns the target with a new set of schedules: the
 paper's named ones and the `TOP_M` predicted best at each point. The run then verifies, measures
 (on a backend that can: side by side, in one run), predicts and reports them as it would the
-target's own; `autotune.csv` in the run directory keeps every point's ranking, and the report's
+target's own; `autotune.csv` in the run directory keeps every point's ranking (the printed program of each
+point's top m and of every schedule predicted to beat all the named ones), and the report's
 autotune section (`section`) gives per point the chosen schedule (the measured best of that
 point's top m, else the predicted best), its predicted and measured times, the runner-up, the best
 named schedule, the predicted rank against the measured rank, and the best-of-schedules line
@@ -84,6 +87,9 @@ class Tuned:
     unverifiable: int  # schedules no verification binding admits
     truncated: bool  # the budget stopped the search early
     search_s: float  # wall time of enumerate + verify + lower + rank
+    closed_s: float = 0.0  # wall time of the closed form over every candidate
+    des_s: float = 0.0  # wall time of the DES over the des_count best
+    des_count: int = 0
 
     def named(self, name: str) -> list:
         """Ranked entries whose schedule has the paper's name `name`."""
@@ -153,9 +159,10 @@ def autotune(program: Program, topology: Topology, bindings: Mapping[str, int],
         except DSLError:
             continue  # this point does not admit the candidate's chunks
         kept[c.label] = c
-    ranking = [(kept[r.key], r) for r in rank(plans, topology, top_k=top_k)]
+    ranked = rank(plans, topology, top_k=top_k)
+    ranking = [(kept[r.key], r) for r in ranked]
     return Tuned(ranking[0][0], ranking, space.found, len(plans), unverifiable, space.truncated,
-                 time.perf_counter() - t0)
+                 time.perf_counter() - t0, ranked.closed_s, ranked.des_s, ranked.des_count)
 
 
 # -- the experiment ------------------------------------------------------------------------------
@@ -184,32 +191,48 @@ def _setting(target: Experiment, s: DeriveSettings):
 
 
 def tune(target: Experiment, s: DeriveSettings) -> Experiment:
-    """The target with the named schedules and each point's TOP_M predicted best (module doc)."""
+    """The target with the named schedules and each point's TOP_M predicted best (module doc):
+    the best of those that lower at every point of the run (the run measures each schedule at
+    every point), `measurable` in autotune.csv."""
     if not target.has_program:
         raise ValueError(f"autotune: experiment {target.name} has no DSL program to tune")
     world, points, dtype = _setting(target, s)
     program, named = target.program(dtype), dict(target.schedules(dtype))
     names = {ir_key(p): n for n, p in named.items()}
-    table, picked = [], {}
+    tunings = []
     for b in points:
         tuned = autotune(program, s.topology, b, world, sliceable=_sliceable(target, dtype),
                          fused_chunks=(FUSED_CHUNKS,), top_k=2 * TOP_M,
                          verify_bindings=target.verify_bindings("smoke"))
+        print(f"autotune {target.name} {target.size_and_shape(b)[1]} on {s.topology.name} "
+              f"({world} ranks): {tuned.found} schedules; {tuned.candidates} candidates ranked "
+              f"by the closed form in {tuned.closed_s:.2f} s, the best {tuned.des_count} by the "
+              f"DES in {tuned.des_s:.2f} s (search {tuned.search_s:.1f} s); predicted best "
+              f"{names.get(tuned.chosen.schedule.key, tuned.chosen.label)}", flush=True)
+        tunings.append((b, tuned, [(names.get(c.schedule.key, c.label), c, r)
+                                   for c, r in tuned.ranking]))
+    everywhere = set.intersection(*({label for label, _, _ in ranked}
+                                    for _, _, ranked in tunings)) if tunings else set()
+    table, picked = [], {}
+    for b, tuned, ranked in tunings:
         size, shape = target.size_and_shape(b)
-        print(f"autotune {target.name} {shape}: {tuned.found} schedules, {tuned.candidates} "
-              f"candidates ranked in {tuned.search_s:.1f} s; predicted best "
-              f"{tuned.chosen.label}", flush=True)
-        for rank_, (c, r) in enumerate(tuned.ranking):
-            label = names.get(c.schedule.key, c.label)
-            if rank_ < TOP_M:
+        best_named = min((r.time_us for label, _, r in ranked if label in named),
+                         default=float("inf"))
+        top = [label for label, _, _ in ranked if label in everywhere][:TOP_M]
+        for rank_, (label, c, r) in enumerate(ranked):
+            if label in top:
                 picked.setdefault(label, c.schedule.steps)
+            shown = label in top or (label not in named and r.time_us < best_named)
             table.append({"experiment": target.name, "topology": s.topology.name,
                           "world_size": world, "size": size, "shape": shape,
                           "schedule": label, "named": label in named,
+                          "measurable": label in everywhere,
                           "predicted_rank": rank_, "predicted_us": round(r.time_us, 3),
                           "closed_us": round(r.closed_us, 3), "found": tuned.found,
                           "candidates": tuned.candidates, "search_s": round(tuned.search_s, 3),
-                          "path": c.schedule.path})
+                          "closed_s": round(tuned.closed_s, 4), "des_count": tuned.des_count,
+                          "des_s": round(tuned.des_s, 4), "path": c.schedule.path,
+                          "program": str(c.program) if shown else ""})
     _write_table(s.out_dir / TABLE, table)
     paths = {label: steps for label, steps in picked.items() if label not in named}
     return replace(target, schedules=_schedules_of(target, named, paths),

@@ -145,7 +145,15 @@ def check_experiment(cfg: Config) -> Experiment | None:
     if cfg.experiment.runs:
         return None
     exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
-    if exp.derive is not None:  # made from a target at run time (autotune): checked then
+    if exp.derive is not None:  # made from a target at run time (autotune): the target's
+        if not cfg.target:      # program with its own schedules now, the made ones then
+            return exp
+        target = load_experiment(cfg.target, cfg.experiment.module)
+        if not target.has_program:
+            return exp  # derive_experiment says why
+        schedules = dict(target.schedules())
+        check_settings(cfg, target.program(), schedules)
+        check_sizes(cfg, target, target.program(), schedules)
         return exp
     reference, schedules = load_programs(exp, cfg)
     if reference is not None:

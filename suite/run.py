@@ -4,7 +4,8 @@
     run_one(cfg, out_dir) -> Outcome   (one experiment)
       load      the registered experiment (experiments.get; experiment.module loads a user's
                 module first): an experiments.Experiment; one made from another (autotune)
-                is made from `target=NAME` (suite.load.derive_experiment)
+                is made from `target=NAME` (suite.load.derive_experiment), after calibrate
+                (it ranks schedules with the cost model on the run's topology: calibrated)
       check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
       show      print each schedule's program
       verify    every schedule against the unscheduled program (suite.verification)
@@ -87,7 +88,9 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     try:
         validate(cfg)
         exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
-        exp = derive_experiment(cfg, exp, topology_of(cfg), out_dir)
+        derived = exp.derive is not None  # it ranks with the cost model: calibrate first
+        found = local_calibration(cfg, exp, cfg.world_size) if derived else None
+        exp = derive_experiment(cfg, exp, topology_of(with_calibration(cfg, found)), out_dir)
         reference, schedules = load_programs(exp, cfg)
         backend = runtime_backend(cfg)
         if reference is not None:
@@ -98,15 +101,20 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         kept = start_results(cfg, exp, schedules, out_dir)
     except (SuiteError, dsl.DSLError, BuildError) as e:
         fail(e)
+    except Interrupted as e:  # calibrating or ranking (autotune): nothing measured yet
+        print(f"{e} before any point was measured", file=sys.stderr, flush=True)
+        sys.exit(e.status)
+    except RankError as e:  # a calibrating rank died
+        fail_run(e)
     try:
         if reference is not None:
             show_programs(schedules)
             checks = verify(cfg, exp, reference, schedules)
             if backend is not None:
                 generate(cfg, exp, schedules, backend, out_dir)
-        found = local_calibration(cfg, exp, cfg.world_size)
-        calibrated = cfg if found is None else replace(
-            cfg, topology=replace(cfg.topology, path=str(found.path)))
+        if not derived:
+            found = local_calibration(cfg, exp, cfg.world_size)
+        calibrated = with_calibration(cfg, found)
         skip = done_points(kept, list(schedules), exp) if kept else frozenset()
         rows = kept + measure(cfg, exp, schedules, backend, out_dir, skip)
         predict(calibrated, exp, schedules, out_dir, rows)
@@ -122,6 +130,12 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     print(final_summary(exp.name, out_dir, bool(calibrated.topology.path)
                         or exp.fits_topology), flush=True)
     return Outcome(summarize(checks, rows, path), checks, path)
+
+
+def with_calibration(cfg: Config, found) -> Config:
+    """cfg with its topology read from the calibration found (None: cfg itself)."""
+    return cfg if found is None else replace(cfg, topology=replace(cfg.topology,
+                                                                   path=str(found.path)))
 
 
 def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) -> list[dict]:

@@ -37,13 +37,18 @@ def _is_scalar_sync(plan: Plan, s) -> bool:
 
 
 def fusable(plan: Plan, f: FusedCollective) -> bool:
-    """A fused all-reduce along dim 0: RS first, then kernels, 0-d all_reduces, all_gathers."""
+    """A fused all-reduce along dim 0: RS first, then kernels, 0-d all_reduces, all_gathers, with
+    no kernel after an all_gather (`fuse(RS-AG-C)`: its kernels loop over the gathered tensor,
+    whose chunk c is not what chunk c of the gather delivers; it runs step by step)."""
     head = f.steps[0]
     if not (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0):
         return False
-    return all(isinstance(s, Compute) or _is_scalar_sync(plan, s)
-               or (isinstance(s, Collective) and s.kind == "all_gather" and s.dim == 0)
-               for s in f.steps[1:])
+    gathers = [i for i, s in enumerate(f.steps)
+               if isinstance(s, Collective) and s.kind == "all_gather" and s.dim == 0]
+    after_gather = f.steps[min(gathers, default=len(f.steps)):]
+    return (all(isinstance(s, Compute) or _is_scalar_sync(plan, s) or i in gathers
+                for i, s in enumerate(f.steps) if i)
+            and not any(isinstance(s, Compute) for s in after_gather))
 
 
 def _fused_send(plan: Plan, f) -> bool:
