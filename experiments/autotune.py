@@ -216,13 +216,13 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
     table, picked = [], {}
     for b, tuned, ranked in tunings:
         size, shape = target.size_and_shape(b)
-        best_named = min((r.time_us for label, _, r in ranked if label in named),
-                         default=float("inf"))
+        best_named = min((k for k, (label, _, _) in enumerate(ranked) if label in named),
+                         default=len(ranked))  # the rank of the best named schedule
         top = [label for label, _, _ in ranked if label in everywhere][:TOP_M]
         for rank_, (label, c, r) in enumerate(ranked):
             if label in top:
                 picked.setdefault(label, c.schedule.steps)
-            shown = label in top or (label not in named and r.time_us < best_named)
+            shown = label in top or (label not in named and rank_ < best_named)
             table.append({"experiment": target.name, "topology": s.topology.name,
                           "world_size": world, "size": size, "shape": shape,
                           "schedule": label, "named": label in named,

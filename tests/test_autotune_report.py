@@ -2,11 +2,13 @@
 steps for experiment=autotune on a measuring backend: calibrate, then rank on the calibrated
 local topology, then measure."""
 import pandas as pd
+import pytest
 
 import suite.run
 from suite import PROJECT_ROOT
 from suite.calibration import Calibration
 from suite.cli import prevalidate
+from suite.errors import SuiteError
 from reports.autotune import autotune_section
 
 SHAPE = "[4096]"
@@ -52,7 +54,7 @@ def test_the_measured_best_is_chosen_and_told_apart_from_the_predicted_best(tmp_
     assert "+20.0%" in text and "B +10.0%" in text
     assert "NOT VERIFIED" in text and "[4096]: X" in text
     # A is predicted to beat every named schedule: its path and printed program are shown
-    assert "**A** at 0.500x" in text and "program A {}" in text and "**X**" not in text
+    assert "**A** ahead of every named schedule (0.500x" in text and "program A {}" in text and "**X**" not in text
     assert (tmp_path / "figures" / "autotune.png").exists()
 
 
@@ -89,3 +91,13 @@ def test_autotune_ranks_on_the_calibrated_local_topology(tmp_path, monkeypatch):
     assert "testkey" in report and "## Autotune" in report
     measured = pd.read_csv(out / "results.csv").query("source == 'measured'")
     assert set(table[table.predicted_rank < 3].schedule) <= set(measured.schedule)
+
+
+def test_bad_target_sizes_are_refused_before_any_work():
+    """The target's sizes are checked by prevalidate, before the run calibrates or ranks."""
+    with pytest.raises(SuiteError, match="bind exactly"):
+        prevalidate(["experiment=autotune", "target=adam_fusion", "backend=cpu",
+                     "experiment.sizes=[{X:1024}]"])
+    with pytest.raises(SuiteError, match="does not fit schedule"):
+        prevalidate(["experiment=autotune", "target=adam_fusion", "backend=cpu",
+                     "experiment.sizes=[{N:1023}]"])

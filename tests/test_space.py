@@ -6,9 +6,12 @@ import experiments
 from cost_model.rank import rank
 from cost_model.topology import load_topology
 from codegen.lower import lower
+from codegen.plan import FusedCollective
+from codegen.runtime.pipelined import fusable
 from dsl import f16
 from dsl.space import Budget, canonical_ir, check, ir_key, schedule_space
-from experiments.autotune import autotune
+from experiments import DeriveSettings, MeasureSettings, harness
+from experiments.autotune import autotune, tune
 
 NAMED = ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"]
 
@@ -126,6 +129,25 @@ def test_autotune_model_parallel_f16():
     assert tuned.named("ol(MM,fuse(RS-C-AG))")
 
 
+def test_tune_picks_only_schedules_that_lower_at_every_point(tmp_path):
+    """The run measures every picked schedule at every point: a split along B does not lower at
+    B=1 on 2 ranks, so it is ranked at B=4 but not picked (`measurable` false)."""
+    e = experiments.get("model_parallel")
+    points = [{"S": 64, "B": 1, "H": 64, "K": 64}, {"S": 64, "B": 4, "H": 64, "K": 64}]
+    derived = tune(e, DeriveSettings(scale="smoke", backend="cpu", topology=load_topology("local"),
+                                     world_size=2, max_elements=1 << 16, out_dir=tmp_path,
+                                     sizes=points))
+    schedules = derived.schedules()
+    assert set(e.schedules()) < set(schedules)  # the named ones and some picked
+    for q in schedules.values():
+        for b in points:
+            lower(q, b, 2)
+    table = pd.read_csv(tmp_path / "autotune.csv")
+    unmeasurable = set(table[~table.measurable.astype(bool)].schedule)
+    assert unmeasurable and not unmeasurable & set(schedules)
+    assert set(table[table["shape"] == table["shape"].iloc[0]].schedule) < set(table.schedule)
+
+
 # -- experiment=autotune (the suite command) ------------------------------------------------------
 from test_suite_cli import assert_one_line_error, suite_cmd as suite  # noqa: E402
 
@@ -134,9 +156,6 @@ def test_the_runtime_pipelines_no_kernel_after_an_all_gather(tmp_path):
     """fuse(RS-AG-C) (in the space, not named by the paper) loops its kernels over the gathered
     tensor: run chunk by chunk like fuse(RS-C-AG) it read chunks not yet gathered (measured NOT
     VERIFIED); it runs step by step, and both verify on 2 gloo ranks."""
-    from codegen.plan import FusedCollective
-    from codegen.runtime.pipelined import fusable
-    from experiments import MeasureSettings, harness
     e, p = _program("adam_fusion")
     space = schedule_space(p, Budget(sliceable=("m", "v")))
     picked = {s.name: s.program for s in space.schedules
