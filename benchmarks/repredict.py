@@ -1,18 +1,20 @@
-"""A finished run's measured points predicted again on another topology, speedups side by side.
+"""A finished run's measured points predicted again on other topologies, speedups side by side.
 
-    python -m benchmarks.repredict RUN_DIR [--topology-path FILE] [--baseline-run DIR]
+    python -m benchmarks.repredict RUN_DIR [--topology-path FILE] [--gloo-topology-path FILE]
 
 Reads RUN_DIR/results.csv (a measured run of a program experiment), predicts its measured points
 with the cost model on the topology in FILE (default: the shipped local one), each baseline
 computing in the time its own library call took in that run, as the suite's predict step does
-(`experiments.predict.predictions`), and prints per point and schedule the measured and the
-predicted speedup over the run's baseline and their ratio. With `--baseline-run DIR` (a run of
-the same points on another transport, e.g. gloo), also each schedule's speedup over that run's
-baseline, measured and predicted (its points predicted on the shipped local topology). E.g. the
-comm=shm figures of issue 19:
+(`experiments.predict.predictions`), and prints per point and schedule the measured speedup over
+the run's baseline (the paired median of the interleaved rounds) beside the predicted one and
+their ratio. A comm=shm run also timed the library baseline on gloo in the same rounds (schedule
+`baseline(gloo)`, `speedup_gloo` on every row): that baseline is predicted on the gloo topology
+(`--gloo-topology-path`, default the shipped local one; a calibration's topology.yaml beside its
+topology_shm.yaml) and each schedule's speedup over it printed too, measured and predicted. E.g.
 
-    python -m benchmarks.repredict runs/shm --topology-path cost_model/data/local_shm.yaml \\
-        --baseline-run runs/gloo
+    python -m benchmarks.repredict outputs/adam_shm \\
+        --topology-path .cache/calibration/KEY/topology_shm.yaml \\
+        --gloo-topology-path .cache/calibration/KEY/topology.yaml
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from cost_model.topology import load_topology
 from experiments import registry
 from experiments.api import PredictSettings
+from experiments.harness import GLOO_BASELINE
 from experiments.predict import predictions
 from reports.table import read_table
 
@@ -31,9 +34,8 @@ def rows_of(run: Path) -> list[dict]:
     return df[df.source == "measured"].to_dict("records")
 
 
-def predicted(run: Path, topology_path) -> dict:
-    """{(shape, schedule): predicted time_ms} of the run's measured points on the topology."""
-    measured = rows_of(run)
+def predicted(run: Path, measured: list[dict], topology_path) -> dict:
+    """{(shape, schedule): predicted time_ms} of the measured points on the topology."""
     exp = registry.get(measured[0]["experiment"])
     topo = load_topology("local", path=topology_path)
     settings = PredictSettings(scale="default", backend="cpu", topology=topo,
@@ -47,25 +49,25 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--topology-path", default=None)
-    ap.add_argument("--baseline-run", type=Path, default=None)
+    ap.add_argument("--gloo-topology-path", default=None)
     a = ap.parse_args(argv)
-    meas = {(r["shape"], r["schedule"]): r["time_ms"] for r in rows_of(a.run)}
-    pred = predicted(a.run, a.topology_path)
-    other = ({(r["shape"], r["schedule"]): r["time_ms"] for r in rows_of(a.baseline_run)}
-             if a.baseline_run else {})
-    other_pred = predicted(a.baseline_run, None) if a.baseline_run else {}
+    rows = rows_of(a.run)
+    meas = {(r["shape"], r["schedule"]): r for r in rows}
+    pred = predicted(a.run, [r for r in rows if r["schedule"] != GLOO_BASELINE], a.topology_path)
+    gloo_rows = [{**r, "schedule": "baseline"} for r in rows if r["schedule"] == GLOO_BASELINE]
+    gloo = predicted(a.run, gloo_rows, a.gloo_topology_path) if gloo_rows else {}
     print(f"{'shape':>12} {'schedule':<24} {'measured':>9} {'predicted':>9} {'pred/meas':>9}"
-          + ("  vs other baseline: measured predicted" if other else ""))
-    for (shape, name), ms in meas.items():
-        base, pbase = meas[(shape, "baseline")], pred.get((shape, "baseline"))
-        p = pred.get((shape, name))
-        s_m = base / ms
+          + ("   over gloo's baseline: measured predicted pred/meas" if gloo else ""))
+    for (shape, name), r in meas.items():
+        if name == GLOO_BASELINE:
+            continue
+        p, pbase = pred.get((shape, name)), pred.get((shape, "baseline"))
         s_p = pbase / p if p and pbase else float("nan")
-        line = f"{shape:>12} {name:<24} x{s_m:8.2f} x{s_p:8.2f} {s_p / s_m:9.2f}"
-        if (shape, "baseline") in other:
-            o_p = other_pred.get((shape, "baseline"))
-            line += (f"  x{other[(shape, 'baseline')] / ms:8.2f}"
-                     f" x{(o_p / p) if o_p and p else float('nan'):8.2f}")
+        line = f"{shape:>12} {name:<24} x{r['speedup']:8.3f} x{s_p:8.3f} {s_p / r['speedup']:9.3f}"
+        if (shape, "baseline") in gloo:
+            g_p = gloo[(shape, "baseline")] / p if p else float("nan")
+            line += (f"   x{r['speedup_gloo']:8.3f} x{g_p:8.3f} "
+                     f"{g_p / r['speedup_gloo']:9.3f}")
         print(line)
 
 

@@ -136,7 +136,8 @@ def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
     """CoCoNeT's fused all-reduce over shared memory: each member copies its gradient chunk by
     chunk into its slot; its kernel reads chunk c of its block from every member's slot, reduces
     it, updates its slice and writes the all-gathers' sources into its own slot, where the peers
-    read them (the all-gather is a read)."""
+    read them, and into its own block of their destinations (the all-gather is a read of the
+    peers' blocks)."""
     C, rs = f.chunks, ps.head
     ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op,
                                         C, reduce=False).start(send=False)
@@ -144,6 +145,7 @@ def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
                                         in_slot=True) for ag in ps.gathers]
     bufs = dict(zip(ps.peer_buffers, ring.peers()))
     bufs.update({ag.src: g.slot for ag, g in zip(ps.gathers, gathers)})
+    bufs.update({o: g.own_block for o, g in zip(ps.own_blocks, gathers)})
     ring.send_chunk(0)
     for c in range(C):
         if c + 1 < C:
@@ -158,7 +160,7 @@ def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
     for ag, g in zip(ps.gathers, gathers):
         if ag.src in ps.kept:  # this member's slice, where a later step or the caller reads it
             r.bufs[ag.src].view(-1).copy_(g.slot)
-        g.wait()
+        g.wait(own=not ps.own_blocks)  # the kernel wrote this member's block itself
 
 
 def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -> None:

@@ -291,6 +291,12 @@ class ShmAllGather:
         """This member's slot, where its peers read its source (src's dtype and element count)."""
         return self.ln.view(self.c.group.me, self.src)
 
+    @property
+    def own_block(self) -> torch.Tensor:
+        """This member's block of out (where `wait(own=False)` leaves what the caller wrote)."""
+        me, n = self.c.group.me, self.src.numel()
+        return self.out[me * n:(me + 1) * n]
+
     def start_chunk(self, c: int) -> None:
         if c != self.started:
             raise ValueError(f"shm all_gather: chunk {c} started before chunk {self.started}")
@@ -300,13 +306,16 @@ class ShmAllGather:
         self.started += 1
         self.ln.post(f"all_gather chunk {c}", wait=False)
 
-    def wait(self) -> None:
+    def wait(self, own: bool = True) -> None:
+        """Every member's chunks read into out (with own=False the peers' only: the caller
+        wrote its own block)."""
         while self.started < self.C:
             self.start_chunk(self.started)
         self.ln.wait_posts(self.base + self.C, "all_gather")
-        n = self.src.numel()
+        n, me = self.src.numel(), self.c.group.me
         for i in range(self.c.group.size):
-            self.out[i * n:(i + 1) * n].copy_(self.ln.view(i, self.src))
+            if own or i != me:
+                self.out[i * n:(i + 1) * n].copy_(self.ln.view(i, self.src))
         self.ln.end()
 
 
