@@ -266,7 +266,9 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     """The topology of comm=shm: `fitted` (this machine's, from `fit`: device, overlap, step)
     with its links replaced by shared memory's: the library link from `shm_all_reduce`, the ring
     link from `shm_reduce_scatter` and `shm_all_gather`, each size's achieved bandwidth solved
-    for in the same closed forms as gloo's (`fit`). ValueError without shm measurements."""
+    for in the same closed forms as gloo's (`fit`), and `peer_reads` (a fused all-reduce's
+    kernel reads its peers' chunks: memory traffic, `cost_model.workload`). ValueError without
+    shm measurements."""
     ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
     ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in ms if m.kind.startswith(SHM)]
     if not ms:
@@ -288,7 +290,8 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
         dataclasses.replace(plain, library=lk)))}, 2 * (P - 1) * per_step, 0.0,
         fitted.library.rate_by if fitted.library else "message")
     return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
-                               library=library, source=source or fitted.source)
+                               library=library, peer_reads=True,
+                               source=source or fitted.source)
 
 
 def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:

@@ -35,7 +35,9 @@ message and kernel sizes in bytes.
   reaches another bandwidth than point-to-point transfers, its achieved link class; it serves the
   kinds in `library_kinds`. `ring_work_on_compute`: the runtime's rings do their local work on
   the rank's compute stream (CPU ranks: a reduce-scatter adds each received chunk, an all-gather
-  copies its own chunk into the output) rather than inside the transfer (NCCL).
+  copies its own chunk into the output) rather than inside the transfer (NCCL). `peer_reads`:
+  the ranks share memory (comm=shm) and a fused all-reduce's kernel reads its peers' gradient
+  chunks itself (`cost_model.workload`: memory traffic on each rank, no transfers).
   `pipelined_chunks`: a link serves the waiting message of the lowest chunk first (NCCL's kernels
   loop over chunks); false: in the order messages were issued (the CPU runtime posts every chunk's
   first send at once). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
@@ -215,6 +217,7 @@ class Topology:
     library_kinds: List[str] = field(default_factory=list, metadata={"items": KINDS})
     ring_work_on_compute: bool = False
     pipelined_chunks: bool = False
+    peer_reads: bool = False
     algorithm: Optional[str] = field(default=None, metadata={"choices": ALGORITHMS})
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})

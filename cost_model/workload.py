@@ -12,6 +12,12 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 - FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
   scatter, or P2P), then the kernels on chunk c as soon as it is there, then chunk c's all-gathers;
   a 0-d all_reduce inside is a barrier (every chunk's kernels before it finish first).
+  On a `peer_reads` topology (comm=shm) a fused all-reduce with no barrier runs as the runtime's
+  `peer_fused`: per chunk every rank copies its peers' blocks of the gradient chunk into shared
+  memory, then (once every rank has) runs the kernels, which read the P-1 peers' chunks besides
+  its own and write the gathered outputs twice (its slot, its own block); at the end each rank
+  reads its peers' blocks of every gathered output: all of it memory traffic on the rank's
+  compute stream (`Device.elementwise_us`, `kernel_us`).
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
 
 Folding (`fold=None`: automatic): a one-stage plan on whole nodes simulates node 0's ranks only
@@ -209,11 +215,65 @@ def _staged_head(run: Run, f: FusedCollective, head, algo, cur):
     return build, state
 
 
-def _fused(run: Run, f: FusedCollective, ready, C_outer):
-    """A fused collective, chunk by chunk (ready: one event per rank, or C per rank)."""
+def _peer_readable(plan: Plan, f: FusedCollective) -> bool:
+    head = f.steps[0]
+    return (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0
+            and plan.P > 1 and any(isinstance(s, Compute) for s in f.steps[1:])
+            and all(isinstance(s, Compute) or (isinstance(s, Collective) and
+                                               s.kind == "all_gather" and s.dim == 0)
+                    for s in f.steps[1:]))
+
+
+def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
+    """comm=shm's fused all-reduce (see the module): ready has C events per rank."""
+    plan, dev, C, P = run.plan, run.topo.device, f.chunks, run.plan.P
+    head, env = f.steps[0], run.sim.env
+    kernels = [s for s in f.steps[1:] if isinstance(s, Compute)]
+    gathers = [s for s in f.steps[1:] if isinstance(s, Collective)]
+    mine = run.members(head.stage)
+
+    def memory_us(nbytes: float) -> float:  # traffic inside a kernel: no launch of its own
+        return dev.kernel_us(nbytes, 0.0, "f32") - dev.launch_us
+
+    publish_us = dev.elementwise_us(2 * head.nbytes * (P - 1) / P / C)
+    peers_us = memory_us((P - 1) * head.nbytes / P / C)  # the peers' chunks the kernel reads
+    own_us = sum(memory_us(2 * g.nbytes / P / C) for g in gathers)  # the second write
+    posted = {r: [] for r in mine}
+    for c in range(C):
+        for r in mine:
+            after = [ready[r][c]] + posted[r][-1:]
+            posted[r].append(run.sim.compute(r, publish_us, run.name(head), f"publish c{c}",
+                                             after))
+    done = {}
+    for r in mine:
+        ev = None
+        for c in range(C):
+            ev_c = join(env, [posted[q][c] for q in mine] + ([ev] if ev else []))
+            for i, k in enumerate(kernels):
+                us = (step_us(plan, k, run.topo, C) + (peers_us if i == 0 else 0.0)
+                      + (own_us if i == len(kernels) - 1 else 0.0))
+                ev_c = run.sim.compute(r, us, run.name(k), f"peers c{c}", [ev_c])
+            ev = ev_c
+        done[r] = ev
+    everyone = join(env, list(done.values()))
+    out = {}
+    for r in mine:
+        ev = everyone
+        for g in gathers:
+            ev = run.sim.compute(r, dev.elementwise_us(2 * g.nbytes * (P - 1) / P),
+                                 run.name(g), "read peers", [ev, done[r]])
+        out[r] = [ev] * C_outer
+    return _pass(run, ready, mine, out)
+
+
+def _fused(run: Run, f: FusedCollective, ready, C_outer, peers: bool = True):
+    """A fused collective, chunk by chunk (ready: one event per rank, or C per rank); on a
+    `peer_reads` topology with `peers`, as comm=shm runs it (`_peer_fused`)."""
     C = f.chunks
     ready = {r: (evs if len(evs) == C else [join(run.sim.env, evs)] * C)
              for r, evs in ready.items()}
+    if peers and run.topo.peer_reads and _peer_readable(run.plan, f):
+        return _peer_fused(run, f, ready, C_outer)
     algos = _algos(run, f)
     head, phases = f.steps[0], _phases(run.plan, f.steps[1:])
     cur = {r: list(evs) for r, evs in ready.items()}
@@ -250,8 +310,8 @@ def _overlap(run: Run, o, ready, C_outer):
     C = o.chunks
     start = {r: [join(run.sim.env, evs)] * C for r, evs in ready.items()}
     produced = run.rule(o.producer, start, C)
-    if isinstance(o.consumer, FusedCollective):
-        return _fused(run, o.consumer, produced, C_outer)
+    if isinstance(o.consumer, FusedCollective):  # the runtime's chunked path, also on shm
+        return _fused(run, o.consumer, produced, C_outer, peers=False)
     done = run.rule(o.consumer, produced, C)
     return {r: [join(run.sim.env, evs)] * C_outer
             for r, evs in done.items()}

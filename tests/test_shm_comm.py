@@ -2,6 +2,7 @@
 against exact expectations; waits that time out with a clear error; no segment left behind by a
 run, a rank that fails, or a rank killed by SIGKILL (the launcher removes them by the run's prefix).
 """
+import dataclasses
 import glob
 import os
 import signal
@@ -15,7 +16,7 @@ import torch
 import dsl
 from codegen.build import build
 from codegen.lower import lower
-from codegen.plan import FusedCollective
+from codegen.plan import Collective, Compute, FusedCollective
 from codegen.render_cpp import CppRenderer
 from codegen.runtime import shm
 from codegen.runtime.backend import CpuBackend
@@ -24,6 +25,7 @@ from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import RankError, launch
 from codegen.runtime.shm_comm import ShmComm
 from codegen.shm_fuse import peer_step
+from cost_model.closed_form import step_us
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
 from experiments import adam_fusion, lamb_fusion
@@ -196,3 +198,28 @@ def test_the_cost_models_shm_topology_loads_and_predicts_the_fused_step_faster()
     assert shm_topo.library.bandwidth_gbps > gloo_topo.library.bandwidth_gbps
     plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 1 << 24}, 2)
     assert simulate(plan, shm_topo).time_us < simulate(plan, gloo_topo).time_us
+
+
+def test_on_a_peer_reads_topology_the_fused_step_is_memory_traffic_on_each_rank():
+    """comm=shm's fused all-reduce in the DES: per chunk the peers' blocks published, the kernel
+    with the peers' chunks read inside and its output written twice, then the peers' blocks of
+    the parameters read: the sum of those memory times (both ranks alike, nothing waits)."""
+    path = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "local_shm.yaml"
+    topo = load_topology("local", path=str(path))
+    assert topo.peer_reads
+    n, P, C = 1 << 24, 2, 4
+    plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": n}, P, fused_chunks=C)
+    (f,) = [s for s in plan.steps if isinstance(s, FusedCollective)]
+    head, dev = f.steps[0], topo.device
+    (k,) = [s for s in f.steps if isinstance(s, Compute)]
+    (g,) = [s for s in f.steps[1:] if isinstance(s, Collective)]
+    mem = lambda b: dev.kernel_us(b, 0.0, "f32") - dev.launch_us  # noqa: E731
+    expect = (C * dev.elementwise_us(2 * head.nbytes / 2 / C)
+              + C * (step_us(plan, k, topo, C) + mem(head.nbytes / 2 / C)
+                     + mem(2 * g.nbytes / 2 / C))
+              + dev.elementwise_us(2 * g.nbytes / 2) + topo.step_overhead_us)
+    assert simulate(plan, topo).time_us == pytest.approx(expect, rel=1e-6)
+    split = lower(adam_fusion.schedules()["RS-C-AG+as_slice"], {"N": n}, P, fused_chunks=C)
+    assert simulate(plan, topo).time_us < simulate(split, topo).time_us
+    plain = dataclasses.replace(topo, peer_reads=False)  # the chunked rings' model otherwise
+    assert simulate(plan, plain).time_us != pytest.approx(expect, rel=1e-3)
