@@ -216,12 +216,23 @@ def _staged_head(run: Run, f: FusedCollective, head, algo, cur):
 
 
 def _peer_readable(plan: Plan, f: FusedCollective) -> bool:
-    head = f.steps[0]
-    return (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0
-            and plan.P > 1 and any(isinstance(s, Compute) for s in f.steps[1:])
-            and all(isinstance(s, Compute) or (isinstance(s, Collective) and
-                                               s.kind == "all_gather" and s.dim == 0)
-                    for s in f.steps[1:]))
+    """Whether comm=shm runs f with the reduction inside its kernel (as `codegen.shm_fuse`
+    decides): RS first, then kernels and all-gathers only, no kernel after a gather, the RS's
+    output read by exactly one kernel and written by none, every gather's source a kernel's."""
+    head, rest = f.steps[0], f.steps[1:]
+    if not (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0
+            and plan.P > 1):
+        return False
+    kernels = [s for s in rest if isinstance(s, Compute)]
+    gathers = [i for i, s in enumerate(rest) if isinstance(s, Collective)
+               and s.kind == "all_gather" and s.dim == 0]
+    if not kernels or len(kernels) + len(gathers) != len(rest) or any(
+            isinstance(s, Compute) for s in rest[min(gathers, default=len(rest)):]):
+        return False
+    written = {b for s in kernels for _, b in s.kernel.writes}
+    readers = [s for s in kernels if any(a.buffer == head.dst for a in s.kernel.reads)]
+    return (len(readers) == 1 and head.dst not in written
+            and all(rest[i].src in written for i in gathers))
 
 
 def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):

@@ -15,7 +15,8 @@ written to a temporary folder and moved into place whole, so a crash leaves no h
 `calibration=off` uses the shipped figures (conf/topology/local.yaml, uncalibrated).
 With comm=shm the calibration also measures the shared-memory collectives and the run predicts
 with the topology fitted to them (topology_shm.yaml, beside topology.yaml; a cached calibration
-without it is measured again). `topology.path=FILE` always wins. Every report names the calibration it used (`describe`).
+without it is measured again). `topology.path=FILE` always wins. Every report names the
+calibration it used (`describe`).
 """
 from __future__ import annotations
 

@@ -192,9 +192,9 @@ def validate(cfg: Config) -> None:
     if cfg.calibration not in ("auto", "refresh", "off"):
         raise SuiteError(f"calibration={cfg.calibration!r} is not one of auto, refresh, off")
     if cfg.comm is not None and transport(cfg.comm, "") != cfg.backend.comm:
+        takes = cfg.backend.comm if cfg.backend.name != "cpu" else "gloo|shm|library"
         raise SuiteError(f"comm={cfg.comm} and backend.comm={cfg.backend.comm} disagree; give "
-                         f"one (backend={cfg.backend.name} takes comm="
-                         f"{cfg.backend.comm if cfg.backend.name != 'cpu' else 'gloo|shm|library'})")
+                         f"one (backend={cfg.backend.name} takes comm={takes})")
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
     topology_of(cfg)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import dsl
+from dsl.space import Budget as SpaceBudget, schedule_space
 from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import Collective, Compute, FusedCollective
@@ -26,6 +27,7 @@ from codegen.runtime.launch import RankError, launch
 from codegen.runtime.shm_comm import ShmComm
 from codegen.shm_fuse import peer_step
 from cost_model.closed_form import step_us
+from cost_model.workload import _peer_readable
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
 from experiments import adam_fusion, lamb_fusion
@@ -223,3 +225,16 @@ def test_on_a_peer_reads_topology_the_fused_step_is_memory_traffic_on_each_rank(
     assert simulate(plan, topo).time_us < simulate(split, topo).time_us
     plain = dataclasses.replace(topo, peer_reads=False)  # the chunked rings' model otherwise
     assert simulate(plan, plain).time_us != pytest.approx(expect, rel=1e-3)
+
+
+def test_the_cost_model_runs_peer_style_exactly_what_the_runtime_does():
+    """`peer_reads` applies to the fused steps `codegen.shm_fuse.peer_step` accepts, no others
+    (every schedule of Adam's space, fuse(RS-AG-C) among them, and LAMB's)."""
+    space = schedule_space(adam_fusion.EXPERIMENT.program(), SpaceBudget(sliceable=("m", "v")))
+    named = {s.name: s.program for s in space.schedules}
+    assert "fuse(RS-AG-C)" in named
+    for progs in (named, lamb_fusion.schedules()):
+        for name, prog in progs.items():
+            plan = lower(prog, {"N": 1024}, 2, fused_chunks=2)
+            for f in [s for s in plan.steps if isinstance(s, FusedCollective)]:
+                assert _peer_readable(plan, f) == (peer_step(plan, f) is not None), name
