@@ -192,6 +192,17 @@ def test_autotune_experiment_on_sim(tmp_path):
     assert chosen in set(results.schedule)  # predicted by the run like the named schedules
 
 
+def test_autotune_sim_picks_pass_the_suites_size_check(tmp_path):
+    """On sim the suite checks the schedules at the target's own sweep on the run's ranks too
+    (B=1 on 2 ranks): a pick split along B (ranked on 8 H100s at B=8, 16) is not taken."""
+    out = tmp_path / "run"
+    proc = suite("experiment=autotune", "target=model_parallel", "backend=sim",
+                 "topology=dgx_h100", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pd.read_csv(out / "autotune.csv")
+    assert not table.measurable.all() and table.measurable.any()
+
+
 def test_autotune_needs_a_target_with_a_program(tmp_path):
     assert_one_line_error(suite("experiment=autotune", "backend=sim",
                                 f"hydra.run.dir={tmp_path}"), "needs target=NAME")
