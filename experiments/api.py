@@ -141,6 +141,7 @@ class DeriveSettings:
     max_elements: int
     out_dir: Path
     sizes: Optional[list] = None  # experiment.sizes: bindings replacing the sweep
+    verify_world_sizes: tuple = (2, 4)  # verify.world_sizes: the run checks every schedule there
 
 
 def _no_bindings(scale: str) -> list:

@@ -193,8 +193,9 @@ def _setting(target: Experiment, s: DeriveSettings):
 def tune(target: Experiment, s: DeriveSettings) -> Experiment:
     """The target with the named schedules and each point's TOP_M predicted best (module doc):
     the best of those that lower at every point of the run (the run measures each schedule at
-    every point; with backend=sim, the suite checks the target's own sweep on the run's ranks as
-    well), `measurable` in autotune.csv."""
+    every point) and pass the suite's checks (verification at every verify binding and world
+    size; with backend=sim, the target's own sweep on the run's ranks), `measurable` in
+    autotune.csv."""
     if not target.has_program:
         raise ValueError(f"autotune: experiment {target.name} has no DSL program to tune")
     world, points, dtype = _setting(target, s)
@@ -214,11 +215,13 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
                                    for c, r in tuned.ranking]))
     everywhere = set.intersection(*({label for label, _, _ in ranked}
                                     for _, _, ranked in tunings)) if tunings else set()
-    if s.backend == "sim":  # the suite also checks the target's own sweep on the run's ranks
-        programs = {label: c.program for _, _, ranked in tunings for label, c, _ in ranked}
-        own = s.sizes or target.points(s.scale, s.max_elements)
-        everywhere = {label for label in everywhere
-                      if _lowers(programs[label], own, s.world_size)}
+    schedules = {label: c.schedule for _, _, ranked in tunings for label, c, _ in ranked}
+    own = s.sizes or target.points(s.scale, s.max_elements)
+    everywhere = {label for label in everywhere  # and pass the suite's checks: verification
+                  if _verifies(program, schedules[label], s.verify_world_sizes,
+                               target.verify_bindings(s.scale))
+                  and (s.backend != "sim" or _lowers(schedules[label].program, own,
+                                                      s.world_size))}
     table, picked = [], {}
     for b, tuned, ranked in tunings:
         size, shape = target.size_and_shape(b)
@@ -245,6 +248,19 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
                    figure=f"autotune of {target.name} ({target.figure}): the best of "
                           f"{table[0]['found'] if table else 0} schedules",
                    section=section)
+
+
+def _verifies(reference: Program, schedule: Schedule, world_sizes, bindings) -> bool:
+    """The suite's verify step will pass: every binding at every world size (cached checks)."""
+    try:
+        for ws in world_sizes:
+            for b in bindings or [None]:
+                check(reference, schedule, ws, b, trials=1)
+    except EquivalenceError:
+        raise
+    except DSLError:
+        return False
+    return True
 
 
 def _lowers(program: Program, points, world: int) -> bool:

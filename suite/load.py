@@ -57,7 +57,7 @@ def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> 
     settings = experiments.DeriveSettings(
         scale=cfg.scale.name, backend=cfg.backend.name, topology=topology,
         world_size=cfg.world_size, max_elements=cfg.scale.max_elements, out_dir=Path(out_dir),
-        sizes=cfg.experiment.sizes)
+        sizes=cfg.experiment.sizes, verify_world_sizes=tuple(cfg.verify.world_sizes))
     try:
         return exp.derive(target, settings)
     except ValueError as e:

@@ -192,15 +192,22 @@ def test_autotune_experiment_on_sim(tmp_path):
     assert chosen in set(results.schedule)  # predicted by the run like the named schedules
 
 
-def test_autotune_sim_picks_pass_the_suites_size_check(tmp_path):
-    """On sim the suite checks the schedules at the target's own sweep on the run's ranks too
-    (B=1 on 2 ranks): a pick split along B (ranked on 8 H100s at B=8, 16) is not taken."""
+@pytest.mark.parametrize("args", [
+    ("target=model_parallel", "topology=dgx_h100"),
+    ("target=pipeline_parallel", "topology=dgx2", "experiment.sizes=[{S:2048,B:16,H:12288}]")])
+def test_autotune_sim_picks_pass_the_suites_checks(tmp_path, args):
+    """The suite checks every schedule at the verification bindings (B=1) on verify.world_sizes
+    and, on sim, at the target's own sweep on the run's ranks (B=1 on 2 ranks): a pick split
+    along B (ranked at B=8, 16) is not taken. pipeline_parallel at B=16: all 105 schedules ranked
+    (>= 100 candidates by the closed form, in the report)."""
     out = tmp_path / "run"
-    proc = suite("experiment=autotune", "target=model_parallel", "backend=sim",
-                 "topology=dgx_h100", f"hydra.run.dir={out}")
+    proc = suite("experiment=autotune", "backend=sim", *args, f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = pd.read_csv(out / "autotune.csv")
     assert not table.measurable.all() and table.measurable.any()
+    if "target=pipeline_parallel" in args:
+        assert table.candidates.iloc[0] >= 100 and table.closed_s.max() < 10
+        assert "| 105 | 105 in " in (out / "report.md").read_text()
 
 
 def test_autotune_needs_a_target_with_a_program(tmp_path):
