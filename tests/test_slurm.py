@@ -154,3 +154,17 @@ def test_a_failed_rendezvous_ends_the_job_with_its_error(cluster, tmp_path):
     assert (row["state"], row["status"]) == ("FAILED", "3")
     assert "rendezvous: rank 0 could not gather the 1 other ranks on port" in row["error"]
     assert "Traceback" not in r.stderr
+
+
+def test_a_ranks_failure_ends_the_job_with_that_ranks_error(cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    module = ROOT / "tests" / "fixtures" / "user_experiments" / "rank1_fails.py"
+    r = _sweep(cluster, sweep, *RANKS_JOB[:2], "experiment=adam_rank1_fails",
+               f"experiment.module={module}", *RANKS_JOB[3:], launcher="submitit_slurm")
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    (row,) = _rows(sweep)
+    assert row["status"] == "3"
+    assert row["error"] == ("rank 1 failed: RuntimeError: the baseline cannot start on rank 1 "
+                            "(a test)")
+    assert (Path(row["run_dir"]) / "report.md").exists()  # rank 0 wrote its report
+    print(f"job {row['job_id']} {row['state']} exit {row['status']}: {row['error']}")
