@@ -63,7 +63,8 @@ def run_task(launcher, overrides: list, job_dir_key: str, job_num: int,
     group = join(env.global_rank, env.num_tasks, env.num_tasks // env.num_nodes,
                  node_address(env.hostnames[0]), int(port),
                  rendezvous_timeout_s=float(params.get("rendezvous_timeout_s") or 300.0))
-    where = f"{os.environ.get('SLURMD_NODENAME') or env.hostname} (node {env.node} of {env.num_nodes})"
+    node = os.environ.get("SLURMD_NODENAME") or env.hostname
+    where = f"{node} (node {env.node} of {env.num_nodes})"
     print(f"rank {env.global_rank} of {env.num_tasks} on {where}: joined rank 0 at "
           f"{group_address()}", flush=True)
     if env.global_rank != 0:

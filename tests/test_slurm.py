@@ -147,7 +147,8 @@ def test_a_failed_rendezvous_ends_the_job_with_its_error(cluster, tmp_path):
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = _sweep(cluster, tmp_path / "sweep", *RANKS_JOB, f"hydra.launcher.rendezvous_port={port}",
+        r = _sweep(cluster, tmp_path / "sweep", *RANKS_JOB,
+                   f"hydra.launcher.rendezvous_port={port}",
                    "hydra.launcher.rendezvous_timeout_s=5", launcher="submitit_slurm")
     assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
     (row,) = _rows(tmp_path / "sweep")

@@ -99,7 +99,7 @@ class Group:
 
     # -- the others -----------------------------------------------------------------------------
     def serve(self) -> None:
-        """Run rank 0's commands until it says stop (RankError: a rank's failure, or rank 0 gone)."""
+        """Run rank 0's commands until it says stop (RankError: a rank failed, rank 0 is gone)."""
         while True:
             try:
                 command = pickle.loads(self.store.get(f"{_KEY}cmd/{self.sent}"))
