@@ -1,5 +1,6 @@
 """Errors of the entry point: bad input ends the run with one line on stderr and exit 2 (`fail`),
-a failure while running (a rank died) with one line and exit 3 (`fail_run`)."""
+a failure while running (a rank died, a kernel did not compile) with one line and exit 3
+(`fail_run`)."""
 
 import sys
 from typing import NoReturn
@@ -22,6 +23,7 @@ def fail(error: Exception) -> NoReturn:
 
 
 def fail_run(error: Exception) -> NoReturn:
-    """End the run for a failure while it ran (a rank died, hung or raised): one line, exit 3."""
+    """End the run for a failure while it ran (a rank died, hung or raised; a kernel did not
+    compile): one line, exit 3."""
     print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
     sys.exit(3)

@@ -8,7 +8,8 @@ at each `verify.world_sizes`) and measurement sizes (`experiment.sizes`, else `e
 max_elements)` where N is the only size, at `world_size`); its kernels are written by `backend.write_sources`
 as one module `<experiment>_<schedule>` (cpu: the C++ source; cuda: the CUDA source and PTX
 compiled by NVRTC for every `backend.archs`, which needs no GPU), one progress line per schedule.
-A kernel that does not render or compile is a `codegen.build.BuildError` (exit status 2).
+A kernel that does not render or compile is a `codegen.build.BuildError`: the run failed (exit
+status 3, `suite.run`).
 """
 from __future__ import annotations
 

@@ -27,8 +27,9 @@
 
 Experiments without a DSL program (`Experiment.program` None) skip show and verify and give their
 own measure and predict. Exit status: 0 when every check verified, 1 when a schedule failed
-verification (the report is still written), 2 for bad input (`fail`: one line on stderr,
-`error: ...`).
+verification (the report is still written), 2 for bad input before any work (`fail`: one line on
+stderr, `error: ...`), 3 when the run failed once started (a rank died, a kernel did not compile:
+`fail_run`, one line, the report written from the rows so far), 130 / 143 interrupted.
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def run(cfg: Config, out_dir: Union[str, Path]) -> int:
 def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     """One experiment (not `paper`): its steps, its report and its verdict. Interrupted (SIGINT,
     SIGTERM: suite.interrupt), it writes the report from the rows so far and exits 130 / 143;
-    a rank that died ends it with exit 3 (the report written too)."""
+    a rank that died or a kernel that did not compile ends it with exit 3 (the report written
+    too)."""
     out_dir, stopped, found, rows, checks = Path(out_dir), None, None, [], []
     try:
         validate(cfg)
@@ -120,9 +122,9 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         predict(calibrated, exp, schedules, out_dir, rows)
     except Interrupted as e:
         stopped = e
-    except RankError as e:
+    except (RankError, BuildError) as e:  # the run failed (a rank died, a kernel did not build)
         stopped = Interrupted(received()) if received() else e
-    except (SuiteError, dsl.DSLError, BuildError) as e:
+    except (SuiteError, dsl.DSLError) as e:
         fail(e)
     path = report(cfg, exp, schedules, checks, out_dir, describe(found, cfg))
     if stopped is not None:

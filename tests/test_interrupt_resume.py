@@ -1,7 +1,7 @@
 """Faults in a real run (`python -m suite`, 2 gloo ranks, adam_fusion at smoke scale): SIGINT and
-SIGTERM of the entry point, SIGKILL of a rank, and resume. Each checks the exit status, the one
-line that says what happened, that the rows measured before are kept, that the report is written,
-and that no process of the run is left."""
+SIGTERM of the entry point, SIGKILL of a rank, a kernel that does not compile, and resume. Each
+checks the exit status, the one line that says what happened, that the rows measured before are
+kept, that the report is written, and that no process of the run is left."""
 import csv
 import os
 import signal
@@ -17,10 +17,10 @@ POINTS = 5  # adam_fusion at smoke: 2^12 .. 2^16
 SCHEDULES = 6  # the baseline and five schedules
 
 
-def _start(run_dir: Path, *extra: str) -> subprocess.Popen:
+def _start(run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "suite", "experiment=adam_fusion", "scale=smoke",
            "calibration=off", "verify.world_sizes=[2]", f"hydra.run.dir={run_dir}", *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -121,3 +121,24 @@ def test_resume_skips_the_points_measured_and_keeps_every_earlier_file(tmp_path)
     _, err = other.communicate(timeout=300)
     assert other.returncode == 2 and err.strip().startswith("error: resume=true:") \
         and len(err.strip().splitlines()) == 1
+
+
+def test_a_kernel_that_does_not_compile_ends_the_run_with_exit_3(tmp_path):
+    """A compiler that fails (CXX a script that prints an error, a fresh build cache so nothing
+    is loaded from it): the run started, so exit 3 (not 2, bad input), one line naming the
+    compiler's error, no traceback, the report written, no process left."""
+    (tmp_path / "bin").mkdir()
+    cxx = tmp_path / "bin" / "g++"  # the real one answers torch's questions; sources fail
+    cxx.write_text("#!/bin/sh\ncase \"$*\" in *.cpp*) ;; *) exec g++ \"$@\";; esac\n"
+                   "echo 'main.cpp:1:1: error: the compiler is broken' >&2\nexit 1\n")
+    cxx.chmod(0o755)
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, env={"CXX": str(cxx),
+                                "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")})
+    code, err = _ended(proc, set())
+    assert code == 3, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "the compiler is broken" in lines[0], err
+    assert _measured(run_dir) == []
+    assert (run_dir / "report.md").exists()
