@@ -169,3 +169,24 @@ def test_the_runner_aliases_the_callers_tensors():
             runner.bind("w", bad)
     with pytest.raises(ValueError, match="no input 'x'"):
         runner.bind("x", w)
+
+
+def test_load_names_a_misspelled_input_and_the_slice_an_as_sliced_input_takes():
+    """`load`: a name the plan has no input of is an error naming it and the inputs there are
+    (not silently ignored); a whole array for an as_slice'd input names the input and the slice
+    shape it takes (not a bare reshape error); nothing is half-loaded by a misspelled name."""
+    plan = lower(sliced_schedule(adam_program()), {"N": 48}, 2, fused_chunks=2)
+    solo = Group(None, (0, 1), 1.0)
+    runner = PlanRunner(plan, 1, {}, Groups(solo, (solo,)))
+    with pytest.raises(ValueError, match=r"no input 'mm'; inputs: g, w, m, v, lr"):
+        runner.load({"w": np.ones(48, np.float32), "mm": np.zeros(24, np.float32)})
+    assert float(runner.input("w").sum()) == 0.0
+    with pytest.raises(ValueError) as err:
+        runner.load({"m": np.zeros(48, np.float32)})
+    msg = str(err.value)
+    assert "input 'm' takes an array of shape [24]" in msg and "slice along dim 0" in msg
+    assert "got [48] (the whole array?)" in msg and "\n" not in msg
+    with pytest.raises(ValueError, match=r"input 'w' takes an array of shape \[48\], got \[24\]"):
+        runner.load({"w": np.zeros(24, np.float32)})
+    runner.load({"m": np.arange(24, dtype=np.float32), "lr": np.float32(0.25)})
+    assert float(runner.input("m")[23]) == 23.0 and float(runner.input("lr")) == 0.25

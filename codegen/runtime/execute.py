@@ -33,6 +33,8 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 import torch
 
+from dsl.types import Sliced
+
 from . import pipelined
 from .backend import TORCH, Backend, CpuBackend, Groups
 from ..plan import Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan, walk
@@ -69,12 +71,30 @@ class PlanRunner:
 
     # -- data in and out ------------------------------------------------------------------------
     def load(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """Copy this rank's local inputs in; hyper-parameters not given keep their values."""
+        """Copy this rank's local inputs in, each as its buffer holds it here (an input held as
+        slices, `Sliced` or as_slice'd, takes this rank's slice); hyper-parameters not given keep
+        their values. ValueError for a name the plan has no input of (naming the inputs it has),
+        or an array whose size is not its buffer's (naming the input and the shape it takes)."""
+        ids = dict(self.plan.inputs)
+        unknown = [name for name in inputs if name not in ids]
+        if unknown:
+            raise ValueError(f"{self.plan.name}: no input {unknown[0]!r}; inputs: "
+                             f"{', '.join(ids)}")
         for name, bid in self.plan.inputs:
             if bid in self.bufs and name in inputs:
                 buf = self.bufs[bid]
                 arr = np.array(inputs[name], order="C")  # keeps 0-d arrays 0-d
+                if arr.size != buf.numel():
+                    raise ValueError(self._size_error(name, self.plan.buffer(bid), arr.shape))
                 buf.copy_(torch.from_numpy(arr).reshape(buf.shape))
+
+    def _size_error(self, name: str, b, got: tuple) -> str:
+        shape = f"{self.plan.name}: input {name!r} takes an array of shape {list(b.shape)}"
+        if not isinstance(b.layout, Sliced):
+            return f"{shape}, got {list(got)}"
+        whole = int(np.prod(got)) == b.numel * self.plan.P
+        return (f"{shape} (rank {self.rank}'s slice along dim {b.layout.dim}: the input is held "
+                f"as slices), got {list(got)}" + (" (the whole array?)" if whole else ""))
 
     def bind(self, name: str, tensor: torch.Tensor) -> None:
         """Make the caller's `tensor` the buffer of input `name` (aliased: no copy, written in place
