@@ -18,6 +18,10 @@ a self-contained `report.html` (`reports.reproduction`), and `tables/` (CSV and 
 run it prints a progress bar with the time left, estimated from the runs' typical shares of the
 whole (`SHARE`, measured at default scale); at the end, the summary table and the report's path.
 Exit status: the worst run's (1: something did not verify); bad input ends everything (exit 2).
+A run that ends early (SIGINT / SIGTERM: 130 / 143; a rank or a build failed: 3) ends the paper
+run after it: the reproduction report is written from the runs so far (the stopped one's rows
+included, as far as it got), one line on stderr says where it stopped, and the exit status is
+that run's.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import subprocess
 import sys
 import time
 from contextlib import suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -45,6 +49,7 @@ from reports.table import read_table
 
 from .config import Config
 from .errors import SuiteError
+from .interrupt import Interrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = "topology.yaml"  # what an experiment that fits the local topology writes
@@ -63,15 +68,20 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
     (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
     bar = Progress([s for _, s in runs], label="paper")
     topology_path = cfg.topology.path
-    outcomes, started = {}, time.monotonic()
+    outcomes, started, stopped = {}, time.monotonic(), None
     for exp, _ in runs:
         name = exp.name
-        print(f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
-              flush=True)
-        sub = replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
-                                              sizes=None, runs=[]),
-                      topology=replace(cfg.topology, path=topology_path))
-        outcomes[name] = run_one(sub, out_dir / name)
+        try:
+            print(f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
+                  flush=True)
+            sub = replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
+                                                  sizes=None, runs=[]),
+                          topology=replace(cfg.topology, path=topology_path))
+            outcomes[name] = run_one(sub, out_dir / name)
+        except (SystemExit, Interrupted) as e:  # the run ended early (its own report written)
+            stopped = e.code if isinstance(e, SystemExit) else e.status
+            outcomes[name] = Stopped(stopped if isinstance(stopped, int) else 1)
+            break
         fitted = out_dir / name / TOPOLOGY
         if exp.fits_topology and topology_path is None and fitted.exists():
             topology_path = str(fitted)
@@ -79,7 +89,22 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
         print(bar.step(name), flush=True)
     env["elapsed_s"] = round(time.monotonic() - started, 1)
     (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
-    return finish(cfg, out_dir, outcomes, env)
+    if stopped is None:
+        return finish(cfg, out_dir, outcomes, env)
+    status = outcomes[name].status
+    finish(cfg, out_dir, outcomes, env)
+    print(f"paper: stopped during {name} ({len(outcomes)} of {len(names)} runs, exit status "
+          f"{status}); report (from the runs so far): {out_dir / 'report.md'}",
+          file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A run that ended early (interrupted, a rank failed): its exit status; its report and
+    rows are in its folder, as far as it got."""
+    status: int
+    checks: tuple = ()
 
 
 def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
@@ -100,6 +125,8 @@ def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
     status = max((o.status for o in outcomes.values()), default=0)
     verdict = "every check and measured point verified" if status == 0 else \
         "FAILED: something did not verify (see the runs' reports)"
+    if any(isinstance(o, Stopped) for o in outcomes.values()):
+        verdict = "stopped early (the last run did not finish)"
     print(f"{verdict}; {len(outcomes)} runs in {clock_text(env['elapsed_s'])}; report: {path} "
           f"(and {path.with_suffix('.html')})", flush=True)
     return status

@@ -142,3 +142,33 @@ def test_a_kernel_that_does_not_compile_ends_the_run_with_exit_3(tmp_path):
     assert lines[0].startswith("error: ") and "the compiler is broken" in lines[0], err
     assert _measured(run_dir) == []
     assert (run_dir / "report.md").exists()
+
+
+def test_an_interrupted_paper_run_writes_the_report_of_the_runs_so_far(tmp_path):
+    """experiment=paper (two runs here, to be short) stopped by SIGINT during its first run:
+    that run's report and rows are kept, the reproduction report is written from them, one line
+    says where it stopped, exit 130, no process left."""
+    cmd = [sys.executable, "-m", "suite", "experiment=paper", "scale=smoke", "calibration=off",
+           "verify.world_sizes=[2]", "predict_also=[]", f"hydra.run.dir={tmp_path}",
+           "experiment.runs=[{name:adam_fusion,share_s:1},{name:lamb_fusion,share_s:1}]"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while len(_measured(tmp_path / "adam_fusion")) < SCHEDULES:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no point measured in 600 s"
+        time.sleep(0.2)
+    ranks = _descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    code, err = _ended(proc, ranks)
+    assert code == 130, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and lines[-2].startswith("interrupted after "), err
+    assert lines[-1].startswith("paper: stopped during adam_fusion (1 of 2 runs, exit status "
+                                "130); report (from the runs so far): "), err
+    assert (tmp_path / "adam_fusion" / "report.md").exists()
+    report = (tmp_path / "report.md").read_text()
+    assert "\n## adam_fusion\n" in report and "\n## lamb_fusion\n" not in report
+    merged = [r for r in csv.DictReader((tmp_path / "results.csv").open())
+              if r["source"] == "measured"]
+    assert len(merged) >= SCHEDULES and {r["experiment"] for r in merged} == {"adam_fusion"}
