@@ -16,7 +16,9 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
 - `all_reduce` (gloo's): the library link, the same way, as a ring of 2(P-1) steps of b/P bytes.
 - `kernel` (the generated Adam kernel over b bytes of traffic): launch overhead (the smallest
   sizes' time), memory bandwidth and its efficiency curve by kernel bytes.
-- `matmul`: the device's f32 peak (the best achieved flop/s; matmul_efficiency 1).
+- `matmul` (torch.matmul at several shapes, `flops` each): the device's f32 peak and the rate by
+  size, `matmul_efficiency_by_flops` (the achieved flop/s by flops, smoothed; the best is the
+  peak, each size's share of it the curve; matmul_efficiency 1).
 - `overlap_kernel`, `overlap_exchange`, `overlap_inside`, `overlap_both` (a kernel alone, an
   exchange alone, the kernel's time while the exchange is in flight, the time until both end):
   compute_slowdown u = 1 - kernel / inside; comm_slowdown v = (both - exchange) / inside.
@@ -318,8 +320,7 @@ def fit_device(ms: list[Measurement], base: Device) -> Device:
     mem_bw, _ = fit_curve(kern, launch)  # then the launch without the small sizes' wire time
     launch = max(0.0, statistics.median(t - b / (mem_bw * 1e3) for b, t in kern[:5]))
     mem_bw, mem_eff = fit_curve(kern, launch)
-    mm = [m.flops / (m.time_ms * 1e9) for m in ms if m.kind == "matmul" and m.time_ms > 0]
-    f32 = max(mm) if mm else base.peak("f32")
+    f32, mm_eff = matmul_rate(ms, base)
     lib = {}
     elementwise = sorted([(3 * b, t) for b, t in _series(ms, "add")] +
                          [(2 * b, t) for b, t in _series(ms, "copy")])
@@ -330,8 +331,25 @@ def fit_device(ms: list[Measurement], base: Device) -> Device:
         base, memory_bandwidth_gbps=round(mem_bw, 3), launch_us=round(launch, 2),
         library_steps_us=library_steps_us(ms) or base.library_steps_us,
         memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()}, matmul_efficiency=1.0,
+        matmul_efficiency_by_flops=mm_eff,
         library_efficiency=lib,
         peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)})
+
+
+def matmul_rate(ms: list[Measurement], base: Device) -> tuple[float, dict]:
+    """(f32 peak in TFLOP/s, {flops: fraction of it}) from the `matmul` measurements: each
+    size's achieved rate (the median where a size was measured more than once), smoothed over
+    sizes by flops; the best is the peak. Without any: the base device's peak, no curve."""
+    by: dict[int, list[float]] = {}
+    for m in ms:
+        if m.kind == "matmul" and m.time_ms > 0 and m.flops > 0:
+            by.setdefault(int(m.flops), []).append(m.flops / (m.time_ms * 1e9))
+    if not by:
+        return base.peak("f32"), {}
+    sizes = sorted(by)
+    rates = _smooth([statistics.median(by[f]) for f in sizes])
+    best = max(rates)
+    return round(best, 5), {f: round(max(1e-3, r / best), 4) for f, r in zip(sizes, rates)}
 
 
 def _slowdowns(ms: list[Measurement], base: Topology) -> tuple[float, float]:

@@ -336,7 +336,11 @@ def kernel_bytes(plan: Plan, s: Compute, topo: Topology) -> float:
 
 
 def _matmul(plan, s, topo, chunks):
-    return topo.device.matmul_us(s.nbytes / chunks, s.flops / chunks, _dtype(plan, s))
+    """One chunk of a matmul: whole, one call; in C row chunks (an overlap's producer), P calls
+    (one per rank's block of the output, as the runtime computes a chunk's rows) of 1/(C P)."""
+    calls = plan.P if chunks > 1 else 1
+    return calls * topo.device.matmul_us(s.nbytes / chunks / calls, s.flops / chunks / calls,
+                                         _dtype(plan, s))
 
 
 def _copy(plan, s, topo, chunks):

@@ -7,7 +7,9 @@ message and kernel sizes in bytes.
 
 - `Device`: dense peak flop/s per dtype name (`f16`, `bf16`, `f32`, `f64`), memory bandwidth, a
   fixed cost per kernel (`launch_us`), the fraction of the memory bandwidth a kernel of a given size
-  reaches (`memory_efficiency`), of the peak a library matmul reaches (`matmul_efficiency`), and
+  reaches (`memory_efficiency`), of the peak a library matmul reaches (`matmul_efficiency`, times
+  `matmul_efficiency_by_flops` {flops: fraction} where a calibration measured the rate by size:
+  a CPU's matmul is fastest where its operands fit the caches), and
   of the memory bandwidth the library's own elementwise ops reach (`library_efficiency`: torch's
   adds and copies in the CPU runtime's rings; empty: as generated kernels), and the measured
   time of whole library routines (`library_steps_us` {routine: {bytes: us}}: a library optimizer
@@ -124,6 +126,8 @@ class Device:
     launch_us: float = field(metadata=_positive(False))
     memory_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
     matmul_efficiency: float = field(default=0.7, metadata={"min": 0.0, "strict": True, "max": 1.0})
+    matmul_efficiency_by_flops: Dict[int, float] = field(default_factory=dict,
+                                                         metadata={"fraction": True})
     library_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
     library_steps_us: Dict[str, Dict[int, float]] = field(default_factory=dict,
                                                           metadata={"curves": True})
@@ -152,10 +156,12 @@ class Device:
         return self.launch_us + max(flops / (self.peak(dtype) * 1e6), mem)
 
     def matmul_us(self, nbytes: float, flops: float, dtype: str) -> float:
-        """A library matmul: launch + max(flops / (peak * matmul_efficiency), bytes / memory bw)."""
+        """A library matmul: launch + max(flops / (peak * efficiency), bytes / memory bw), the
+        efficiency `matmul_efficiency` x `matmul_efficiency_by_flops` at its flops."""
         mem = nbytes / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency,
                                                                        nbytes)) if nbytes else 0.0
-        return self.launch_us + max(flops / (self.peak(dtype) * 1e6 * self.matmul_efficiency), mem)
+        eff = self.matmul_efficiency * interpolate(self.matmul_efficiency_by_flops, flops)
+        return self.launch_us + max(flops / (self.peak(dtype) * 1e6 * eff), mem)
 
     def elementwise_us(self, nbytes: float) -> float:
         """A library's own elementwise op (a ring's add, a copy) moving nbytes through memory:

@@ -46,8 +46,11 @@ class Baseline(Protocol):
 
     `step()` runs one whole step (communication and computation), in place, as often as timed;
     `outputs()` returns the program's outputs this rank holds (global shapes, numpy); `compute_ms`
-    is the time spent in the library's computation since the harness last set it to 0 (what the
-    cost model takes as the baseline's compute time)."""
+    is the time spent in the library's computation since the harness last set it to 0; a
+    baseline whose computation includes calls the cost model models itself (a matmul) also keeps
+    `library_ms`, the part of compute_ms in the rest (Megatron's bias, dropout and residual in
+    torch ops), which is what the cost model takes from the measurement (all of compute_ms
+    where a baseline has no `library_ms`: a library optimizer step)."""
 
     compute_ms: float
 

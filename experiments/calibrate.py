@@ -3,9 +3,14 @@
     python -m suite experiment=calibrate [world_size=2] [scale=smoke|default]
 
 Every rank runs the same operations side by side with the runtime every experiment uses
-(`codegen.runtime.comm` over gloo, kernels from `codegen.build`); each timing is `time_ranks`'s
-(a barrier before each repeat, the slowest rank's time, the median over repeats). Sizes are in
-bytes (f32 buffers), powers of two up to the scale's largest:
+(`codegen.runtime.comm` over gloo, kernels from `codegen.build`), in interleaved rounds as the
+measurement harness times schedules (`interleaved`): each round runs every benchmark once, in a
+fresh random order (the same on every rank), each sample after a barrier, the slowest rank's time
+per call (a short benchmark's sample holds several calls, as `experiments.rounds` does), and each
+benchmark's time is the median over rounds; so benchmarks that the fit compares with each other
+(a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
+matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
+two up to the scale's largest (every size's buffers views of one set of the largest):
 - `exchange`: a ring step: every rank sends b bytes to its right and receives b from its left
   (`comm.P2P`, what the runtime's ring reduce-scatter and all-gather are made of);
   `exchange_chunked`: the same in 16 chunks (the per-message cost, from b = 64 KiB);
@@ -14,36 +19,45 @@ bytes (f32 buffers), powers of two up to the scale's largest:
   baselines'); `reduce_scatter`, `all_gather`: the runtime's rings (`comm.reduce_scatter`,
   `comm.all_gather`, b = the whole array), checked against the model, not fitted;
 - `kernel`: the generated kernel of the lowered Adam program over 2^k elements (b = 28 bytes of
-  traffic per element), its buffers allocated at that size as a plan's are, on every rank;
+  traffic per element), on every rank;
   `add` / `copy`: torch's in-place add and copy of b bytes (a ring's reduction, an all-gather's
-  own-block copy); `matmul`: torch.matmul of [m, m] x [m, m] f32 (b = its bytes);
+  own-block copy); `matmul`: torch.matmul of [m, k] x [k, n] f32 into its output, whole and in
+  row pieces (each call's rows new to the caches), at the shapes model_parallel's row-parallel
+  matmuls and their overlap's row chunks have on 2 ranks (`MATMULS`; b, flops and time: one
+  call's): the rate by flops;
 - `sequence`: a step's two operations back to back, no barrier between (gloo's all-reduce of b
-  bytes, then the generated Adam kernel on b / 4 elements), interleaved repeat by repeat with
-  `sequence_comm` and `sequence_compute` (each alone): what a step costs beyond its parts;
+  bytes, then the generated Adam kernel on b / 4 elements), beside `sequence_comm` and
+  `sequence_compute` (each alone): what a step costs beyond its parts;
 - `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (with comm=shm): the same collectives
   over shared memory (`codegen.runtime.shm_comm`), fitted into a second topology,
   `topology_shm.yaml` (`cost_model.calibration.fit_shm`), the one comm=shm's runs predict with;
-- `overlap_compute`: the kernel while a large exchange is in flight (compute slowdown);
-  `overlap_comm`: an exchange while kernels run on every rank (communication slowdown).
+- `overlap_kernel`, `overlap_exchange`: a kernel, an exchange, each alone; `overlap_inside`,
+  `overlap_both`: both started at once, the kernel's time while the exchange is in flight
+  (compute slowdown) and the time until both are done (communication slowdown).
 
 The baselines' library computation (torch's fused Adam, ...) is not benchmarked here: every run
 times its own baseline and the cost model takes that time (`experiments.predict`).
 
-Everything runs in `ROUNDS` passes over the whole list (3 at default scale, about a minute),
-each benchmark's times pooled over the passes, so that a shared machine's drifts reach every
-benchmark alike. The fit (`cost_model.calibration.fit`, which only sees the measurements as data) is written to
+Rounds: `ROUNDS[scale]` x max(3, repeats) (15 at default scale; 6 in the quick pass a run makes
+when none is cached). The fit (`cost_model.calibration.fit`, which only sees the measurements as
+data) is written to
 `topology.yaml` in the run directory (use it with `topology=local topology.path=FILE`), the raw
 measurements to `calibration.json`, and measured and predicted rows of every benchmark to
 results.csv (`schedule` = the benchmark, `size` = bytes).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import platform
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 
 import torch.distributed as dist
@@ -55,16 +69,15 @@ from codegen.runtime import comm
 from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
-from codegen.runtime.measure import time_ranks
 from cost_model.calibration import SHM, Measurement, fit, fit_shm, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.table import append_row
 
 from .api import Experiment
-from .harness import MIN_TIMED_MS, MORE_REPEATS
 from .optimizers import adam_program
 from .registry import register
+from .rounds import MAX_CALLS, MIN_SAMPLE_MS
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
@@ -75,7 +88,17 @@ SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1),
           "paper": (12, 27, 1)}
 KERNEL_SCALES = {"smoke": (7, 16, 3), "quick": (10, 25, 3), "default": (7, 25, 1),
                  "paper": (7, 25, 1)}  # elements
-ROUNDS = {"smoke": 1, "quick": 1, "default": 3, "paper": 3}
+ROUNDS = {"smoke": 1, "quick": 2, "default": 3, "paper": 4}  # x max(3, repeats): rounds
+# torch.matmul [m, k] x [k, n] in `pieces` calls of m / pieces rows each: the row-parallel
+# matmuls of model_parallel at 2 ranks (k = K/P, n = H = 1024), whole and in the row pieces its
+# overlap computes (S*B/P/chunks rows a call), each call's rows new to the caches as there
+MATMULS = {"smoke": [(128, 128, 256, 1), (128, 128, 256, 4), (256, 256, 256, 1)],
+           "quick": [(1024, 512, 1024, 1), (1024, 512, 1024, 8), (1024, 2048, 1024, 1),
+                     (1024, 2048, 1024, 8)],
+           "default": [(1024, 512, 1024, 1), (1024, 512, 1024, 2), (1024, 512, 1024, 4),
+                       (1024, 512, 1024, 8), (4096, 512, 1024, 1), (4096, 512, 1024, 8),
+                       (1024, 2048, 1024, 1), (1024, 2048, 1024, 8)]}
+MATMULS["paper"] = MATMULS["default"]
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
@@ -105,11 +128,6 @@ def _kernel_args(plan, step, n: int, runner) -> list:
             if plan.buffer(i).numel == loop else runner.bufs[i] for i in step.kernel.args()]
 
 
-def _timed(fn, warmup, repeats, before=None):
-    t = time_ranks(fn, warmup, repeats, before=before)
-    return t.median_ms, t.min_ms, t.max_ms
-
-
 def _exchange(comm, x, out, tag=0, chunks=1):
     me, world = dist.get_rank(), dist.get_world_size()
     right, left = (me + 1) % world, (me - 1) % world
@@ -118,144 +136,205 @@ def _exchange(comm, x, out, tag=0, chunks=1):
     return send, recv
 
 
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark: `sample(calls)` times `calls` back-to-back calls after a barrier and
+    returns ms per call for each of `kinds` (this rank's); `repeatable`: a sample of a short one
+    may hold several calls."""
+    kinds: tuple[str, ...]
+    nbytes: int
+    sample: Callable[[int], tuple[float, ...]]
+    extra: dict = field(default_factory=dict)
+    repeatable: bool = True
+
+
+def _plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
+    def sample(calls: int) -> tuple[float, ...]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return ((time.perf_counter() - t0) * 1e3 / calls,)
+    return Bench((kind,), nbytes, sample, extra)
+
+
 def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
-    """Every benchmark, in `rounds` passes over the whole list (so that drifts of a shared
-    machine reach every benchmark alike); per benchmark the median over all passes' repeats."""
-    times: dict[tuple, list[float]] = {}
-    extras: dict[tuple, dict] = {}
-
-    def record(kind, nbytes, fn, **extra):
-        # cheap ones more repeats against the noise of short timings: 3x at small sizes, and
-        # until a pass's repeats take MIN_TIMED_MS (at most MORE_REPEATS x), as measured points
-        small = nbytes <= (1 << 21)
-        repeats = spec["repeats"] * (3 if small else 1)
-        t = time_ranks(fn, spec["warmup"], repeats, min_total_ms=MIN_TIMED_MS,
-                       max_repeats=MORE_REPEATS * spec["repeats"])
-        times.setdefault((kind, nbytes), []).extend(t.times_ms)
-        extras[(kind, nbytes)] = extra
-
+    """Every benchmark in interleaved rounds (`interleaved`); per benchmark the median over
+    rounds of the slowest rank's time per call, and its min and max."""
     plan, step = spec["plan"], spec["step"]
     fn = build([step.kernel])[step.kernel.name]
     runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)},
                         CpuBackend().groups(plan.stages))
-    overlap: dict[str, list[float]] = {}
     shm = (CpuBackend(comm="shm").communicator(comm.Group.world(), NO_STREAMS)
            if spec.get("shm") else None)
-    bar = Progress([1] * spec["rounds"], label="calibrate")
-    for k in range(spec["rounds"]):
-        _communication(rank, world, spec, comm, record)
-        if shm is not None:
-            _shm_collectives(world, spec, shm, record)
-        for n in spec["kernel_elements"]:
-            args = _kernel_args(plan, step, n, runner)  # buffers of exactly n elements, as
-            record("kernel", n * KERNEL_BYTES_PER_ELEMENT,  # a plan lowered at n has
-                   lambda: fn(0, n, 0, args), flops=step.flops * n / step.kernel.numel)
-            del args
-        for m in spec["matmuls"]:
-            a, w = torch.randn(m, m), torch.randn(m, m)
-            record("matmul", 3 * m * m * 4, lambda: torch.matmul(a, w), flops=2 * m ** 3)
-        for n in spec["sequence_elements"]:
-            _sequence(plan, step, fn, runner, comm, n, spec, times, extras)
-        for key, v in _overlap(spec, runner, step, comm).items():
-            overlap.setdefault(key, []).extend(v)
-        line = bar.step(f"pass {k + 1} of {spec['rounds']} over every benchmark")
+    benches = (_communication(rank, world, spec) + _kernels(plan, step, fn, runner, spec)
+               + _matmuls(spec) + _sequences(plan, step, fn, runner, spec)
+               + _overlap(spec, runner, step)
+               + (_shm_collectives(world, spec, shm) if shm is not None else []))
+    times = interleaved(benches, spec["rounds"], spec["warmup"], rank)
+    return [{"kind": kind, "nbytes": b.nbytes, "time_ms": statistics.median(ts),
+             "time_ms_min": min(ts), "time_ms_max": max(ts), "world_size": world,
+             "rounds": len(ts), **b.extra}
+            for b, got in zip(benches, times) for kind, ts in zip(b.kinds, got)]
+
+
+def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
+                seed: int = 0) -> list[list[list[float]]]:
+    """Per bench, per kind of it, one sample per round: warm-up (each bench `warmup` times, the last
+    one's slowest-rank time sets how many calls make a sample of a short bench, as
+    `experiments.rounds` does), then `rounds` rounds, each running every bench once in a fresh
+    random order (`numpy.random.default_rng([seed, round])`: the same on every rank), the
+    round's times the slowest rank's (one all_reduce MAX), so drifts of a shared machine reach
+    every benchmark alike and benchmarks compared with each other are compared round by round."""
+    warm = torch.zeros(len(benches), dtype=torch.float64)
+    for _ in range(max(1, warmup)):
+        for i, b in enumerate(benches):
+            warm[i] = b.sample(1)[0]
+    dist.all_reduce(warm, op=dist.ReduceOp.MAX)
+    calls = [max(1, min(MAX_CALLS, math.ceil(MIN_SAMPLE_MS / max(float(w), 1e-6))))
+             if b.repeatable else 1 for b, w in zip(benches, warm)]
+    slots, width = [], 0
+    for b in benches:
+        slots.append(width)
+        width += len(b.kinds)
+    times = [[[] for _ in b.kinds] for b in benches]
+    bar = Progress([1] * rounds, label="calibrate")
+    for r in range(rounds):
+        vec = torch.zeros(width, dtype=torch.float64)
+        for i in np.random.default_rng([seed, r]).permutation(len(benches)):
+            vec[slots[i]:slots[i] + len(benches[i].kinds)] = torch.tensor(
+                benches[i].sample(calls[i]), dtype=torch.float64)
+        dist.all_reduce(vec, op=dist.ReduceOp.MAX)
+        for i, b in enumerate(benches):
+            for j in range(len(b.kinds)):
+                times[i][j].append(float(vec[slots[i] + j]))
+        line = bar.step(f"round {r + 1} of {rounds} over {len(benches)} benchmarks")
         if rank == 0:
             print(line, flush=True)
-    out = [{"kind": kind, "nbytes": b, "time_ms": statistics.median(ts), "time_ms_min": min(ts),
-            "time_ms_max": max(ts), "world_size": world, **extras[(kind, b)]}
-           for (kind, b), ts in times.items()]
-    E, K = spec["overlap_exchange"], spec["overlap_kernel"] * KERNEL_BYTES_PER_ELEMENT
-    return out + [{"kind": f"overlap_{k}", "nbytes": E if k == "exchange" else K,
-                   "time_ms": statistics.median(v), "time_ms_min": min(v),
-                   "time_ms_max": max(v), "world_size": world, "exchange_bytes": E,
-                   "kernel_bytes": K} for k, v in overlap.items()]
+    return times
 
 
-def _sequence(plan, step, fn, runner, comm, n, spec, times, extras) -> None:
-    """all_reduce(4n bytes) then the kernel on n elements, and each alone, in turns per repeat."""
-    x, args = torch.randn(n), _kernel_args(plan, step, n, runner)
-    kernel = lambda: fn(0, n, 0, args)  # noqa: E731
-    comm_only = lambda: comm.all_reduce(x)  # noqa: E731
-    cases = {"sequence": lambda: (comm_only(), kernel()), "sequence_comm": comm_only,
-             "sequence_compute": kernel}
-    extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
-             step.kernel.numel}
-    for i in range(spec["warmup"] + 2 * spec["repeats"]):
-        for kind, f in cases.items():
-            t = time_ranks(f, 0, 1)
-            if i >= spec["warmup"]:
-                times.setdefault((kind, 4 * n), []).extend(t.times_ms)
-                extras[(kind, 4 * n)] = extra
-
-
-def _communication(rank, world, spec, comm, record) -> None:
+def _communication(rank, world, spec) -> list[Bench]:
+    """Views of one pair of buffers of the largest size (every size's x, y from its start)."""
+    top = max(spec["sizes"]) // 4
+    X, Y = torch.randn(top), torch.randn(top)
+    whole_, part_ = torch.randn(top), torch.empty(top // world + 1)
+    out = []
     for b in spec["sizes"]:
         n = b // 4
-        x, y = torch.randn(n), torch.empty(n)
-        record("exchange", b, lambda: [w.wait() for w in _exchange(comm, x, y)])
+        x, y = X[:n], Y[:n]
+        out.append(_plain("exchange", b, lambda x=x, y=y: [w.wait() for w in _exchange(
+            comm, x, y)]))
         if b >= CHUNKED_FROM:
-            record("exchange_chunked", b, lambda: [w.wait() for w in _exchange(
-                comm, x, y, chunks=EXCHANGE_CHUNKS)], chunks=EXCHANGE_CHUNKS)
+            out.append(_plain("exchange_chunked", b, lambda x=x, y=y: [w.wait() for w in _exchange(
+                comm, x, y, chunks=EXCHANGE_CHUNKS)], chunks=EXCHANGE_CHUNKS))
         if world > 1:
-            def one_way():
+            def one_way(x=x, y=y):
                 if rank == 0:
                     comm.p2p(x, None, 0, 1)
                 elif rank == 1:
                     comm.p2p(None, y, 0, 1)
-            record("send", b, one_way)
-        record("all_reduce", b, lambda: comm.all_reduce(x))
+            out.append(_plain("send", b, one_way))
+        out.append(_plain("all_reduce", b, lambda x=x: comm.all_reduce(x)))
         if n % world == 0:
-            part, whole = torch.empty(n // world), torch.randn(n)
-            record("reduce_scatter", b, lambda: comm.reduce_scatter(whole, part))
-            record("all_gather", b, lambda: comm.all_gather(part, whole))
-        record("add", b, lambda: torch.add(x, y, out=x))
-        record("copy", b, lambda: y.copy_(x))
+            part, whole = part_[:n // world], whole_[:n]
+            out.append(_plain("reduce_scatter", b, lambda w=whole, p=part: comm.reduce_scatter(
+                w, p)))
+            out.append(_plain("all_gather", b, lambda w=whole, p=part: comm.all_gather(p, w)))
+        out.append(_plain("add", b, lambda x=x, y=y: torch.add(x, y, out=x)))
+        out.append(_plain("copy", b, lambda x=x, y=y: y.copy_(x)))
+    return out
 
 
-def _shm_collectives(world, spec, c, record) -> None:
+def _shm_collectives(world, spec, c) -> list[Bench]:
     """comm=shm's all_reduce, reduce_scatter and all_gather of b bytes (the whole array)."""
+    out = []
     for b in spec["sizes"]:
         n = b // 4
         if n % world:
             continue
         x, part = torch.randn(n), torch.empty(n // world)
-        record("shm_all_reduce", b, lambda: c.all_reduce(x, "sum"))
-        record("shm_reduce_scatter", b, lambda: c.reduce_scatter(x, part, "sum"))
-        record("shm_all_gather", b, lambda: c.all_gather(part, x))
+        out += [_plain("shm_all_reduce", b, lambda x=x: c.all_reduce(x, "sum")),
+                _plain("shm_reduce_scatter", b, lambda x=x, p=part: c.reduce_scatter(
+                    x, p, "sum")),
+                _plain("shm_all_gather", b, lambda x=x, p=part: c.all_gather(p, x))]
+    return out
 
 
-def _overlap(spec, runner, step, comm) -> dict[str, list[float]]:
-    """Alone and together, in turns: a kernel of K elements, an exchange of E bytes, and both
-    started at once (the kernel runs while the exchange is in flight): the kernel's time inside,
-    and the time until both are done (ms, the slowest rank's, per repeat)."""
+def _kernels(plan, step, fn, runner, spec) -> list[Bench]:
+    """The Adam kernel over n elements: its loop's buffers views of one set of the largest
+    size, from their start."""
+    loop, top = step.kernel.numel, max(spec["kernel_elements"])
+    big = _kernel_args(plan, step, top, runner)
+    sized = [plan.buffer(i).numel == loop for i in step.kernel.args()]
+    out = []
+    for n in spec["kernel_elements"]:
+        args = [t[:n] if s else t for t, s in zip(big, sized)]
+        out.append(_plain("kernel", n * KERNEL_BYTES_PER_ELEMENT, lambda n=n, a=args: fn(
+            0, n, 0, a), flops=step.flops * n / loop))
+    return out
+
+
+def _matmuls(spec) -> list[Bench]:
+    """torch.matmul of [m, k] x [k, n] f32 into a preallocated output, as the runtime calls it,
+    in `pieces` calls of m / pieces rows (b, flops and the time: one call's)."""
+    out = []
+    for m, k, n, pieces in spec["matmuls"]:
+        a, w, o = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        rows = m // pieces
+
+        def whole(a=a, w=w, o=o, rows=rows, pieces=pieces):
+            for j in range(pieces):
+                torch.matmul(a[j * rows:(j + 1) * rows], w, out=o[j * rows:(j + 1) * rows])
+        bench = _plain("matmul", 4 * (rows * k + k * n + rows * n), whole,
+                       flops=2 * rows * k * n, shape=f"{m}x{k}x{n}/{pieces}")
+        out.append(dataclasses.replace(bench, sample=lambda calls, s=bench.sample, p=pieces: tuple(
+            t / p for t in s(calls))))
+    return out
+
+
+def _sequences(plan, step, fn, runner, spec) -> list[Bench]:
+    """all_reduce(4n bytes) then the kernel on n elements, and each alone (interleaved with
+    everything else, each its own bench)."""
+    out = []
+    for n in spec["sequence_elements"]:
+        x, args = torch.randn(n), _kernel_args(plan, step, n, runner)
+        kernel = lambda n=n, a=args: fn(0, n, 0, a)  # noqa: E731
+        comm_only = lambda x=x: comm.all_reduce(x)  # noqa: E731
+        extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
+                 step.kernel.numel}
+        out += [_plain("sequence", 4 * n, lambda k=kernel, c=comm_only: (c(), k()), **extra),
+                _plain("sequence_comm", 4 * n, comm_only, **extra),
+                _plain("sequence_compute", 4 * n, kernel, **extra)]
+    return out
+
+
+def _overlap(spec, runner, step) -> list[Bench]:
+    """A kernel of K elements alone, an exchange of E bytes alone, and both started at once (the
+    kernel runs while the exchange is in flight): the kernel's time inside, and the time until
+    both are done (each its own bench, interleaved with everything else)."""
     E, K = spec["overlap_exchange"], spec["overlap_kernel"]
-    x, y = torch.randn(E // 4), torch.empty(E // 4)
-    times = {"kernel": [], "exchange": [], "inside": [], "both": []}
-    t = torch.zeros(4, dtype=torch.float64)
-    for i in range(spec["warmup"] + spec["repeats"]):
-        dist.barrier()
-        t0 = time.perf_counter()
-        runner.compute(step, 0, K)
-        t[0] = time.perf_counter() - t0
-        dist.barrier()
-        t0 = time.perf_counter()
-        for w in _exchange(comm, x, y, tag=1):
-            w.wait()
-        t[1] = time.perf_counter() - t0
+    x, y = torch.randn(E // 4), torch.randn(E // 4)
+    extra = {"exchange_bytes": E, "kernel_bytes": K * KERNEL_BYTES_PER_ELEMENT}
+
+    def both(calls: int) -> tuple[float, ...]:
         dist.barrier()
         t0 = time.perf_counter()
         works = _exchange(comm, x, y, tag=2)
         t1 = time.perf_counter()
         runner.compute(step, 0, K)
-        t[2] = time.perf_counter() - t1
+        inside = time.perf_counter() - t1
         for w in works:
             w.wait()
-        t[3] = time.perf_counter() - t0
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        if i >= spec["warmup"]:
-            for k, v in zip(times, t.tolist()):
-                times[k].append(v * 1e3)
-    return times
+        return inside * 1e3, (time.perf_counter() - t0) * 1e3
+
+    kb = K * KERNEL_BYTES_PER_ELEMENT
+    kernel = _plain("overlap_kernel", kb, lambda: runner.compute(step, 0, K), **extra)
+    exchange = _plain("overlap_exchange", E, lambda: [w.wait() for w in _exchange(
+        comm, x, y, tag=1)], **extra)
+    return [dataclasses.replace(kernel, repeatable=False),
+            dataclasses.replace(exchange, repeatable=False),
+            Bench(("overlap_inside", "overlap_both"), kb, both, extra, repeatable=False)]
 
 
 def measure(settings) -> list[dict]:
@@ -267,12 +346,12 @@ def measure(settings) -> list[dict]:
     print("building the Adam kernel ...", flush=True)
     build([step.kernel])  # compiled once here; the ranks load it from the cache
     small = settings.scale == "smoke"
-    spec = {"sizes": szs, "kernel_elements": ksz, "rounds": ROUNDS[settings.scale],
+    spec = {"sizes": szs, "kernel_elements": ksz,
+            "rounds": ROUNDS[settings.scale] * max(3, settings.repeats),
             "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
             "warmup": max(1, settings.warmup),
-            "repeats": max(3, settings.repeats), "plan": plan, "step": step,
-            "matmuls": [128, 256] if small else [256, 512, 1024],
-            "shm": settings.comm == "shm",
+            "plan": plan, "step": step, "shm": settings.comm == "shm",
+            "matmuls": MATMULS["smoke" if small else settings.scale],
             "overlap_exchange": 1 << (20 if small else 26), "overlap_kernel": 1 << (16 if small
                                                                                  else 24)}
     start = time.perf_counter()

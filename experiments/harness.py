@@ -24,7 +24,8 @@ when it differs. Then per point:
 - time: `time_point` (warm-up, repeats, a barrier before each, the slowest rank's time; a short
   step repeated until its repeats take 300 ms), baseline first, then each schedule; median, min,
   max; `compute_ms` is the time in the baseline's library computation or the Plan's kernels and
-  matmuls (rank average per call), `comm_ms` = time_ms - compute_ms, and an `ol(...)` schedule's
+  matmuls (rank average per call; the baseline's row also has `library_ms` where the baseline
+  keeps it: the part of its computation the cost model takes from the measurement), `comm_ms` = time_ms - compute_ms, and an `ol(...)` schedule's
   `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
 
 With comm=shm the library baseline also runs on gloo (`GLOO_BASELINE`, its own row), timed in
@@ -200,11 +201,15 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         timed[name] = runner
     for obj in timed.values():
         obj.compute_ms = 0.0
+    library = hasattr(timed["baseline"], "library_ms")
+    if library:
+        timed["baseline"].library_ms = 0.0
     fns = {name: (obj.step if name in ("baseline", GLOO_BASELINE) else obj.run)
            for name, obj in timed.items()}
     rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock)
     calls = max(1, spec.budget.warmup) + rounds.rounds * rounds.calls
     compute = dict(zip(fns, _rank_average([timed[n].compute_ms / calls for n in fns])))
+    library_ms = _rank_average([timed["baseline"].library_ms / calls])[0] if library else None
     del timed, fns
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None
@@ -215,7 +220,8 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         comm_ms = max(0.0, rounds.time(name).median - compute[name])
         hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
                   and comm_split is not None else None)
-        rows.append(row(name, verified[name], compute[name], hidden))
+        rows.append(row(name, verified[name], compute[name], hidden,
+                        library_ms if name == "baseline" else None))
     return rows
 
 
@@ -280,9 +286,12 @@ def _rows(exp, spec, b, world, dtype, rank, bar, rounds) -> Callable[..., dict]:
     size, shape = exp.size_and_shape(b)
     label = f"N=2^{math.log2(size):.0f}" if shape.startswith("[") else f"ranks={world} {shape:24s}"
 
-    def row(schedule, ok, compute, hidden) -> dict:
-        return publish(_row(exp.name, spec.backend, schedule, world, size, shape, dtype, rounds,
-                            ok, compute, hidden), spec.csv_path, rank, bar, label)
+    def row(schedule, ok, compute, hidden, library=None) -> dict:
+        got = _row(exp.name, spec.backend, schedule, world, size, shape, dtype, rounds, ok,
+                   compute, hidden)
+        if library is not None:
+            got["library_ms"] = round(library, 4)
+        return publish(got, spec.csv_path, rank, bar, label)
     return row
 
 

@@ -12,7 +12,9 @@ chunks it as it chunks a flat tensor.
 (torch matmul where the program has one, the library all-reduce, bias + dropout + residual in
 torch ops), and for a program of 2 stages the pipeline boundary (stage 0 computes and sends with
 a library send, stage 1 receives); library calls through the backend's communicator on the
-caller's stream (gloo's on the CPU, NCCL's on GPUs). Timed (`exact=False`) it uses torch's own dropout; checked
+caller's stream (gloo's on the CPU, NCCL's on GPUs); `compute_ms` is the time in its matmul and
+tail, `library_ms` in its tail alone (`experiments.api.Baseline`). Timed (`exact=False`) it uses
+torch's own dropout; checked
 (`exact=True`) it computes the DSL's hash mask instead (`torch_dropout_`), the only difference.
 """
 from __future__ import annotations
@@ -87,14 +89,18 @@ class MegatronBaseline:
         self.world = ctx.backend.communicator(ctx.groups.world, NO_STREAMS)
         self.stages = ctx.world_size // ctx.P
         self.stage = ctx.stage
-        self.compute_ms = 0.0
+        self.compute_ms = self.library_ms = 0.0
         self.out = torch.empty_like(self.t["residual"])
         self.y = self.t["y"].clone() if "y" in self.t else torch.empty_like(self.out)
 
-    def _timed(self, fn) -> None:
+    def _timed(self, fn, library: bool = True) -> None:
+        """fn's time into compute_ms, and into library_ms unless it is a matmul (the cost model
+        times matmuls itself; the tail in torch ops it takes from here)."""
         start = time.perf_counter()
         fn()
-        self.compute_ms += (time.perf_counter() - start) * 1e3
+        ms = (time.perf_counter() - start) * 1e3
+        self.compute_ms += ms
+        self.library_ms += ms if library else 0.0
 
     def step(self) -> None:
         peer = (self.rank + self.P) % (self.stages * self.P)
@@ -102,7 +108,7 @@ class MegatronBaseline:
             self.world.p2p(None, self.out.view(-1), peer, self.rank, 1).start().wait()
             return
         if "x" in self.t:
-            self._timed(lambda: torch.matmul(self.t["x"], self.t["weight"], out=self.y))
+            self._timed(lambda: torch.matmul(self.t["x"], self.t["weight"], out=self.y), False)
         else:
             self.y.copy_(self.t["y"])
         self.comm.all_reduce(self.y.view(-1), "sum")

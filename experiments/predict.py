@@ -16,7 +16,9 @@ topology's algorithm, then the computation), its computation taking the time the
 library computation took when it was measured in this run (`compute_ms` of the measured baseline
 row at that point and world size: the same callable timed, e.g. torch's fused Adam step), given to
 the Plan's first Compute step (the others, and the collectives' staging copies, take 0: the
-library reduces in place). Where nothing was measured (backend=sim, a GPU topology), the
+library reduces in place); a baseline that also calls a matmul (Megatron's) gives the time
+beside it (`library_ms`), and the Plan's MatMul takes the cost model's time, as the schedules'
+same torch.matmul does, so that both sides of a predicted speedup time the matmul alike. Where nothing was measured (backend=sim, a GPU topology), the
 baseline's computation is the generated kernels' (it equals the unscheduled schedule).
 
 `predictions(exp, settings)`: backend=cpu, every measured point on the local topology (or the
@@ -50,13 +52,22 @@ def local_points(exp: Experiment, rows) -> list[tuple[int, dict]]:
 
 
 def measured_baseline_compute(rows) -> dict[tuple[int, str], float]:
-    """(world size, shape) -> the measured baseline's compute_ms, from measured rows."""
+    """(world size, shape) -> the measured baseline's library time: its `library_ms` where it
+    has one (the computation beside its matmuls, which the cost model times itself), else its
+    compute_ms, from measured rows."""
     out = {}
     for r in rows:
-        if r.get("source") == "measured" and r.get("schedule") == "baseline" \
-                and r.get("compute_ms") not in (None, ""):
-            out[(int(r["world_size"]), str(r["shape"]))] = float(r["compute_ms"])
+        if r.get("source") != "measured" or r.get("schedule") != "baseline":
+            continue
+        for col in ("library_ms", "compute_ms"):
+            if _present(r.get(col)):
+                out[(int(r["world_size"]), str(r["shape"]))] = float(r[col])
+                break
     return out
+
+
+def _present(value) -> bool:
+    return value not in (None, "") and value == value  # NaN from pandas is absent
 
 
 def library_compute_us(plan, compute_ms: Optional[float]) -> dict:

@@ -25,6 +25,8 @@ the suite starts its own ranks).
 experiment=training adds `optimizer`, `step` and `loss` (loss curves), `micro_batch`,
 `samples_per_s` (throughput) with its bootstrap 95% interval `samples_per_s_lo`, `_hi` (beside
 those of the time and the speedup), `state_bytes`, `memory_bytes` and `memory_cap_bytes` (bytes per rank).
+A measured baseline's `library_ms`: the part of its compute_ms in library calls the cost model
+does not model (Megatron's tail in torch ops, beside its matmul), where the baseline keeps it.
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new), so a
 crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
@@ -43,7 +45,7 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
            "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
            "memory_bytes", "memory_cap_bytes", "speedup_gloo", "speedup_gloo_lo",
-           "speedup_gloo_hi")
+           "speedup_gloo_hi", "library_ms")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

@@ -106,3 +106,20 @@ def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
                                        world_size=2, max_elements=1 << 16, measured=rows,
                                        out_dir=tmp_path))
     assert len(pred) == len(rows) and all(r["source"] == "predicted" for r in pred)
+
+
+def test_the_matmul_rate_is_fitted_by_size_from_the_medians():
+    """A CPU's matmul is faster where its operands fit the caches: the fit keeps the rate by
+    flops (each size's median; the best is the peak), so the model times each size as measured
+    (the best rate alone made the large matmuls of model_parallel 2x too fast)."""
+    base = load_topology("local")
+    rates = {1 << 27: 0.09, 1 << 29: 0.07, 1 << 31: 0.05, 1 << 33: 0.05}  # TFLOP/s by flops
+    ms = [Measurement("matmul", 1 << 20, f / (r * 1e9) * noise, 2, flops=f)
+          for f, r in rates.items() for noise in (0.9, 1.0, 1.6)]  # median: the 1.0
+    others = [m for m in synthetic(truth()) if m.kind != "matmul"]
+    dev = fit(others + ms, base, 2).device
+    assert dev.peak("f32") == pytest.approx(0.09, rel=1e-3)
+    for f, r in rates.items():
+        assert dev.matmul_us(1 << 20, f, "f32") - dev.launch_us == pytest.approx(
+            f / (r * 1e6), rel=0.01)
+    assert dev.matmul_us(1 << 20, 1 << 30, "f32") > dev.matmul_us(1 << 20, 1 << 29, "f32") * 2

@@ -8,6 +8,7 @@ tests independent of experiments/; the last tests run the real ones at smoke sca
 from __future__ import annotations
 
 from dataclasses import replace
+import csv
 import os
 import subprocess
 import sys
@@ -146,6 +147,17 @@ def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
     for name in exp.schedules():
         assert f"### {name}\n" in report and f"| `{name}` | 4 |" in report
     assert " no |" not in report
+    # the baseline's library time beside its matmul (Megatron's tail), what the model takes
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    base = [r for r in rows if r["source"] == "measured" and r["schedule"] == "baseline"]
+    assert base
+    for r in base:
+        if experiment == "model_parallel":
+            assert 0 < float(r["library_ms"]) < float(r["compute_ms"]), r
+        elif experiment == "pipeline_parallel":
+            assert float(r["library_ms"]) == pytest.approx(float(r["compute_ms"]), abs=1e-3)
+        else:
+            assert r["library_ms"] == "", r
 
 
 def test_real_pipeline_rejects_odd_world_size(tmp_path):
