@@ -6,7 +6,8 @@ Every rank runs the same operations side by side with the runtime every experime
 (`codegen.runtime.comm` over gloo, kernels from `codegen.build`), in interleaved rounds as the
 measurement harness times schedules (`interleaved`): each round runs every benchmark once, in a
 fresh random order (the same on every rank), each sample after a barrier, the slowest rank's time
-per call (a short benchmark's sample holds several calls, as `experiments.rounds` does), and each
+per call (a short benchmark's sample holds several calls, as `experiments.rounds` does: a local
+operation's back to back, a communication's each after a barrier), and each
 benchmark's time is the median over rounds; so benchmarks that the fit compares with each other
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
 matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
@@ -149,12 +150,28 @@ class Bench:
 
 
 def _plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
+    """A local operation: a sample times its calls back to back, after one barrier."""
     def sample(calls: int) -> tuple[float, ...]:
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         return ((time.perf_counter() - t0) * 1e3 / calls,)
+    return Bench((kind,), nbytes, sample, extra)
+
+
+def _apart(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
+    """A communication: each call after its own barrier (back to back, a 4 KiB exchange took
+    1.4 ms a call here against 0.15 ms after a barrier: the ranks' waits fall out of step), a
+    sample the median of its calls."""
+    def sample(calls: int) -> tuple[float, ...]:
+        times = []
+        for _ in range(calls):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return (statistics.median(times),)
     return Bench((kind,), nbytes, sample, extra)
 
 
@@ -223,10 +240,10 @@ def _communication(rank, world, spec) -> list[Bench]:
     for b in spec["sizes"]:
         n = b // 4
         x, y = X[:n], Y[:n]
-        out.append(_plain("exchange", b, lambda x=x, y=y: [w.wait() for w in _exchange(
+        out.append(_apart("exchange", b, lambda x=x, y=y: [w.wait() for w in _exchange(
             comm, x, y)]))
         if b >= CHUNKED_FROM:
-            out.append(_plain("exchange_chunked", b, lambda x=x, y=y: [w.wait() for w in _exchange(
+            out.append(_apart("exchange_chunked", b, lambda x=x, y=y: [w.wait() for w in _exchange(
                 comm, x, y, chunks=EXCHANGE_CHUNKS)], chunks=EXCHANGE_CHUNKS))
         if world > 1:
             def one_way(x=x, y=y):
@@ -234,13 +251,13 @@ def _communication(rank, world, spec) -> list[Bench]:
                     comm.p2p(x, None, 0, 1)
                 elif rank == 1:
                     comm.p2p(None, y, 0, 1)
-            out.append(_plain("send", b, one_way))
-        out.append(_plain("all_reduce", b, lambda x=x: comm.all_reduce(x)))
+            out.append(_apart("send", b, one_way))
+        out.append(_apart("all_reduce", b, lambda x=x: comm.all_reduce(x)))
         if n % world == 0:
             part, whole = part_[:n // world], whole_[:n]
-            out.append(_plain("reduce_scatter", b, lambda w=whole, p=part: comm.reduce_scatter(
+            out.append(_apart("reduce_scatter", b, lambda w=whole, p=part: comm.reduce_scatter(
                 w, p)))
-            out.append(_plain("all_gather", b, lambda w=whole, p=part: comm.all_gather(p, w)))
+            out.append(_apart("all_gather", b, lambda w=whole, p=part: comm.all_gather(p, w)))
         out.append(_plain("add", b, lambda x=x, y=y: torch.add(x, y, out=x)))
         out.append(_plain("copy", b, lambda x=x, y=y: y.copy_(x)))
     return out
@@ -254,10 +271,10 @@ def _shm_collectives(world, spec, c) -> list[Bench]:
         if n % world:
             continue
         x, part = torch.randn(n), torch.empty(n // world)
-        out += [_plain("shm_all_reduce", b, lambda x=x: c.all_reduce(x, "sum")),
-                _plain("shm_reduce_scatter", b, lambda x=x, p=part: c.reduce_scatter(
+        out += [_apart("shm_all_reduce", b, lambda x=x: c.all_reduce(x, "sum")),
+                _apart("shm_reduce_scatter", b, lambda x=x, p=part: c.reduce_scatter(
                     x, p, "sum")),
-                _plain("shm_all_gather", b, lambda x=x, p=part: c.all_gather(p, x))]
+                _apart("shm_all_gather", b, lambda x=x, p=part: c.all_gather(p, x))]
     return out
 
 
@@ -303,8 +320,8 @@ def _sequences(plan, step, fn, runner, spec) -> list[Bench]:
         comm_only = lambda x=x: comm.all_reduce(x)  # noqa: E731
         extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
                  step.kernel.numel}
-        out += [_plain("sequence", 4 * n, lambda k=kernel, c=comm_only: (c(), k()), **extra),
-                _plain("sequence_comm", 4 * n, comm_only, **extra),
+        out += [_apart("sequence", 4 * n, lambda k=kernel, c=comm_only: (c(), k()), **extra),
+                _apart("sequence_comm", 4 * n, comm_only, **extra),
                 _plain("sequence_compute", 4 * n, kernel, **extra)]
     return out
 
