@@ -39,7 +39,7 @@ two up to the scale's largest (every size's buffers views of one set of the larg
 The baselines' library computation (torch's fused Adam, ...) is not benchmarked here: every run
 times its own baseline and the cost model takes that time (`experiments.predict`).
 
-Rounds: `ROUNDS[scale]` x max(3, repeats) (15 at default scale; 6 in the quick pass a run makes
+Rounds: `ROUNDS[scale]` x max(3, repeats) (10 at default scale; 6 in the quick pass a run makes
 when none is cached). The fit (`cost_model.calibration.fit`, which only sees the measurements as
 data) is written to
 `topology.yaml` in the run directory (use it with `topology=local topology.path=FILE`), the raw
@@ -89,7 +89,7 @@ SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1),
           "paper": (12, 27, 1)}
 KERNEL_SCALES = {"smoke": (7, 16, 3), "quick": (10, 25, 3), "default": (7, 25, 1),
                  "paper": (7, 25, 1)}  # elements
-ROUNDS = {"smoke": 1, "quick": 2, "default": 3, "paper": 4}  # x max(3, repeats): rounds
+ROUNDS = {"smoke": 1, "quick": 2, "default": 2, "paper": 4}  # x max(3, repeats): rounds
 # torch.matmul [m, k] x [k, n] in `pieces` calls of m / pieces rows each: the row-parallel
 # matmuls of model_parallel at 2 ranks (k = K/P, n = H = 1024), whole and in the row pieces its
 # overlap computes (S*B/P/chunks rows a call), each call's rows new to the caches as there
@@ -162,11 +162,16 @@ def _plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
 
 def _apart(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
     """A communication: each call after its own barrier (back to back, a 4 KiB exchange took
-    1.4 ms a call here against 0.15 ms after a barrier: the ranks' waits fall out of step), a
-    sample the median of its calls."""
+    1.4 ms a call here against 0.15-0.25 ms after a barrier: the ranks' waits fall out of step),
+    a sample the median of its calls; a short one (calls > 1) makes one untimed call first and
+    times at least 3 (the first small exchange after a large operation took 4 ms here: the
+    link's latency is what follows)."""
     def sample(calls: int) -> tuple[float, ...]:
+        if calls > 1:
+            dist.barrier()
+            fn()
         times = []
-        for _ in range(calls):
+        for _ in range(max(3, calls) if calls > 1 else 1):
             dist.barrier()
             t0 = time.perf_counter()
             fn()

@@ -64,7 +64,7 @@ class ScaleConf:
     # used budget_s seconds.
     min_rounds: int = 10
     max_rounds: int = 400
-    budget_s: float = 20.0
+    budget_s: float = 15.0
     ci_pct: float = 2.5
     verify_trials: int = 3  # random input draws per equivalence check
     max_elements: int = 1 << 24  # the largest principal tensor measured at this scale
