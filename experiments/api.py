@@ -24,8 +24,9 @@ from these fields alone. An experiment without a DSL program (calibrate, collect
 predicted)` replaces the predicted-speedup table a run prints; `fits_topology` says the run makes
 its own calibration, `needs_measurement` that it can only run with backend=cpu. An experiment
 made from another one (`target=NAME` on the command line) gives `derive(target, settings)`, which
-returns the experiment to run (autotune: the target with the schedules it chose); `section(df,
-out_dir)` adds a report section of its own.
+returns the experiment to run (autotune: the target with the schedules it chose), and
+`recorded(target, run_dir)` the same experiment again from a finished run's directory (the report's
+rebuild); `section(df, out_dir)` adds a report section of its own.
 
 Units: sizes in elements (bytes for collectives), times in milliseconds.
 """
@@ -179,6 +180,9 @@ class Experiment:
     # experiments made from another (`target=NAME`, e.g. autotune): (target, DeriveSettings) ->
     # the experiment the run verifies, measures, predicts and reports
     derive: Optional[Callable[["Experiment", DeriveSettings], "Experiment"]] = None
+    # (target, run directory) -> what `derive` made in that finished run, from the run directory
+    # alone (nothing searched again): `python -m suite.report DIR` rebuilds its report with it
+    recorded: Optional[Callable[["Experiment", Path], "Experiment"]] = None
     # a markdown section of its own for the report, from the results table and the run directory
     section: Optional[Callable[[object, Path], str]] = None
     doc: str = field(default="", compare=False)

@@ -244,10 +244,34 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
                           "program": str(c.program) if shown else ""})
     _write_table(s.out_dir / TABLE, table)
     paths = {label: steps for label, steps in picked.items() if label not in named}
+    return _made(target, named, paths, table[0]["found"] if table else 0)
+
+
+def _made(target: Experiment, named: dict, paths: dict, found: int) -> Experiment:
     return replace(target, schedules=_schedules_of(target, named, paths),
-                   figure=f"autotune of {target.name} ({target.figure}): the best of "
-                          f"{table[0]['found'] if table else 0} schedules",
-                   section=section)
+                   figure=f"autotune of {target.name} ({target.figure}): the best of {found} "
+                          "schedules", section=section)
+
+
+def recorded(target: Experiment, run_dir) -> Experiment:
+    """What `tune` made in the finished run in `run_dir`, from its autotune.csv alone (nothing
+    ranked again): per point the TOP_M best measurable schedules, found again by their path."""
+    path = run_dir / TABLE
+    if not path.exists():
+        raise ValueError(f"{path} is missing: the run's ranking is needed to rebuild its report")
+    table = pd.read_csv(path).sort_values("predicted_rank", kind="stable")
+    named = dict(target.schedules(f32))
+    paths = {}
+    for _, part in table.groupby(["size", "shape"], sort=False):
+        for _, r in part[part.measurable.astype(bool)].head(TOP_M).iterrows():
+            if r.schedule not in named:
+                paths[r.schedule] = _steps(r.path)
+    return _made(target, named, paths, int(table.found.iloc[0]) if len(table) else 0)
+
+
+def _steps(path: str) -> tuple[str, ...]:
+    """The moves of a `Schedule.path` (its printed form)."""
+    return () if path == "(unscheduled)" else tuple(path.split(" . "))
 
 
 def _verifies(reference: Program, schedule: Schedule, world_sizes, bindings) -> bool:
@@ -298,7 +322,7 @@ def section(df, out_dir) -> str:
 
 EXPERIMENT = register(Experiment(
     name="autotune", figure="the best schedule of a program per size (Fig. 10, 'CoCoNeT')",
-    derive=tune, doc="python -m suite experiment=autotune target=NAME"))
+    derive=tune, recorded=recorded, doc="python -m suite experiment=autotune target=NAME"))
 
-__all__ = ["Candidate", "EXPERIMENT", "Ranked", "Tuned", "autotune", "candidates", "section",
-           "tune"]
+__all__ = ["Candidate", "EXPERIMENT", "Ranked", "Tuned", "autotune", "candidates", "recorded",
+           "section", "tune"]

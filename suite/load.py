@@ -2,6 +2,7 @@
 
     exp = load_experiment(name, module=None)     # module: a user's dotted module or .py file
     exp = derive_experiment(cfg, exp, topology, out_dir)   # target=NAME (autotune)
+    exp = recorded_experiment(cfg, exp, run_dir)   # the same, made again from a finished run
     reference, schedules = load_programs(exp, cfg)
     check_settings(cfg, reference, schedules)    # world sizes vs. pipeline stages
 
@@ -60,6 +61,21 @@ def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> 
         sizes=cfg.experiment.sizes, verify_world_sizes=tuple(cfg.verify.world_sizes))
     try:
         return exp.derive(target, settings)
+    except ValueError as e:
+        raise SuiteError(f"{exp.name}: {one_line(e)}") from None
+
+
+def recorded_experiment(cfg: Config, exp: Experiment, run_dir: Path) -> Experiment:
+    """What `derive_experiment` made in the finished run in `run_dir`, from its records alone
+    (`Experiment.recorded`; nothing searched again); `exp` itself when it is not made from
+    another."""
+    if exp.derive is None or exp.recorded is None:
+        return exp
+    if not cfg.target:
+        raise SuiteError(f"{run_dir}: a run of {exp.name} records no target=NAME")
+    target = load_experiment(cfg.target, cfg.experiment.module)
+    try:
+        return exp.recorded(target, Path(run_dir))
     except ValueError as e:
         raise SuiteError(f"{exp.name}: {one_line(e)}") from None
 

@@ -1,4 +1,7 @@
 """The schedule space (dsl.space), its ranking (cost_model.rank) and the autotune library call."""
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 
@@ -12,6 +15,7 @@ from dsl import f16
 from dsl.space import Budget, canonical_ir, check, ir_key, schedule_space
 from experiments import DeriveSettings, MeasureSettings, harness
 from experiments.autotune import autotune, tune
+from suite import PROJECT_ROOT
 
 NAMED = ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"]
 
@@ -190,6 +194,23 @@ def test_autotune_experiment_on_sim(tmp_path):
     results = pd.read_csv(out / "results.csv")
     chosen = table[table.predicted_rank == 0].schedule.iloc[0]
     assert chosen in set(results.schedule)  # predicted by the run like the named schedules
+    # python -m suite.report rebuilds the same report from the run's tables (autotune.csv too)
+    (out / "report.md").unlink()
+    (out / "figures" / "autotune.png").unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "suite.report", str(out)], cwd=PROJECT_ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    again = (out / "report.md").read_text()
+    assert _section(again, "## Autotune") == _section(report, "## Autotune") != ""
+    assert _section(again, "## Schedules") == _section(report, "## Schedules")  # the picks too
+    assert f"### {chosen}" in again and (out / "figures" / "autotune.png").exists()
+
+
+def _section(text: str, heading: str) -> str:
+    """From `heading` to the next heading of the same level."""
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end >= 0 else len(text)]
 
 
 @pytest.mark.parametrize("args", [

@@ -1,6 +1,8 @@
 """`python -m suite.report DIR`: rebuild a run's report (report.md, report.html, figures/, tables/)
 from its results.csv and its recorded configuration (DIR/.hydra/config.yaml), re-running nothing
-but the schedules' printing (the verification table is not re-made: it says so). Bad input (no
+but the schedules' printing (the verification table is not re-made: it says so). A run of an
+experiment made from another (experiment=autotune target=NAME) is rebuilt as that run made it,
+from its own records (`Experiment.recorded`: autotune.csv), with its own section. Bad input (no
 such run directory, no results) is one line on stderr and exit 2."""
 import sys
 from pathlib import Path
@@ -10,7 +12,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..config import Config
 from ..errors import SuiteError, fail
-from ..load import load_experiment, load_programs
+from ..load import load_experiment, load_programs, recorded_experiment
 from ..run import final_summary, report
 
 
@@ -24,7 +26,8 @@ def rebuild(run_dir: Path) -> Path:
                                                   OmegaConf.load(conf)))
     except (OmegaConfBaseException, ValueError) as e:
         raise SuiteError(f"{conf}: {e}") from None
-    exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
+    exp = recorded_experiment(cfg, load_experiment(cfg.experiment.name, cfg.experiment.module),
+                              run_dir)
     _, schedules = load_programs(exp, cfg)
     path = report(cfg, exp, schedules, [], run_dir,
                   "as recorded in the run (report rebuilt by python -m suite.report)")
