@@ -53,7 +53,7 @@ def peer_step(plan: Plan, f: FusedCollective) -> Optional[PeerStep]:
         return None
     first_gather = min((i for i, s in enumerate(rest) if s in gathers), default=len(rest))
     if any(isinstance(s, Compute) for s in rest[first_gather:]):
-        return None  # as `pipelined.fusable`: a kernel after a gather runs step by step
+        return None  # as `codegen.chunked.fusable`: a kernel after a gather runs step by step
     readers = [i for i, s in enumerate(kernels)
                if any(a.buffer == head.dst for a in s.kernel.reads)]
     if len(readers) != 1 or head.dst in dict(plan.outputs).values():

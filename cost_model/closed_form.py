@@ -29,12 +29,15 @@ the lowest estimate (as NCCL's tuner picks, `src/graph/tuning.cc`), or the topol
 `plan_us(plan, topo)` is a schedule's time from `closed_rules`, one rule per Plan step kind:
 sequential steps add up; a fused collective pipelines its chunks through (communication, kernels,
 all-gathers); an overlap pipelines producer chunks into its consumer, with compute slowed by
-1/(1-u) where it overlaps communication. Units: microseconds.
+1/(1-u) where it overlaps communication. Only where the runtime pipelines them
+(`codegen.chunked.fusable`, `overlappable`: the runtime's own rule); other fused and overlapped
+steps run their parts one after the other, whole. Units: microseconds.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from codegen.chunked import fusable, overlappable
 from codegen.plan import (ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap,
                           Plan)
 
@@ -371,6 +374,14 @@ def _p2p(plan, s, topo, chunks):
 
 
 def _fused(plan, f: FusedCollective, topo, chunks):
+    """Chunk by chunk where the runtime pipelines it (`codegen.chunked.fusable`), else its parts
+    one after the other, whole (`fuse(RS-AG-C)`, a fused send outside its overlap)."""
+    if not fusable(plan, f):
+        return sum(step_us(plan, part, topo) for part in f.steps)
+    return _pipelined(plan, f, topo)
+
+
+def _pipelined(plan, f: FusedCollective, topo):
     """Phases split at 0-d all-reduces; inside a phase the chunks pipeline through its parts."""
     C = f.chunks
     u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
@@ -391,10 +402,12 @@ def _fused(plan, f: FusedCollective, topo, chunks):
 
 
 def _overlap(plan, o: Overlap, topo, chunks):
+    if not overlappable(plan, o):  # the runtime runs the producer, then the consumer
+        return step_us(plan, o.producer, topo) + step_us(plan, o.consumer, topo)
     C = o.chunks
     u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
     produce = step_us(plan, o.producer, topo, C)
-    consume = (_fused(plan, o.consumer, topo, 1) / C if isinstance(o.consumer, FusedCollective)
+    consume = (_pipelined(plan, o.consumer, topo) / C if isinstance(o.consumer, FusedCollective)
                else step_us(plan, o.consumer, topo, C))
     compute_bound = isinstance(o.producer, (MatMul, Compute))
     bottleneck = max(produce * (u if compute_bound else 1.0), consume)

@@ -19,6 +19,8 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   reads its peers' blocks of every gathered output: all of it memory traffic on the rank's
   compute stream (`Device.elementwise_us`, `kernel_us`).
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
+Fused and overlapped steps the runtime does not pipeline (`codegen.chunked.fusable`,
+`overlappable`: the runtime's own rule; e.g. `fuse(RS-AG-C)`) run their parts one after the other.
 
 Folding (`fold=None`: automatic): a one-stage plan on whole nodes simulates node 0's ranks only
 (`network.Sim`), exact because every node does the same; a collective whose algorithm is not the
@@ -38,6 +40,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from codegen.chunked import fusable, overlappable
 from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Plan
 
 from . import collectives, nccl
@@ -279,8 +282,11 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
 
 def _fused(run: Run, f: FusedCollective, ready, C_outer, peers: bool = True):
     """A fused collective, chunk by chunk (ready: one event per rank, or C per rank); on a
-    `peer_reads` topology with `peers`, as comm=shm runs it (`_peer_fused`)."""
+    `peer_reads` topology with `peers`, as comm=shm runs it (`_peer_fused`); step by step where
+    the runtime does not pipeline it (peers=False: an overlap's consumer, which it does)."""
     C = f.chunks
+    if peers and not fusable(run.plan, f):  # the runtime runs it step by step (codegen.chunked)
+        return _in_order(run, f.steps, ready, C_outer)
     ready = {r: (evs if len(evs) == C else [join(run.sim.env, evs)] * C)
              for r, evs in ready.items()}
     if peers and run.topo.peer_reads and _peer_readable(run.plan, f):
@@ -317,7 +323,19 @@ def _fused(run: Run, f: FusedCollective, ready, C_outer, peers: bool = True):
             for r in cur}
 
 
+def _in_order(run: Run, steps, ready, C_outer):
+    """Steps one after the other on every rank, each whole (as `simulate` runs a Plan's)."""
+    cur = {r: [join(run.sim.env, evs)] for r, evs in ready.items()}
+    for s in steps:
+        done = run.rule(s, cur, 1)
+        cur = {r: [join(run.sim.env, [e for e in done[r] + run.pending.pop(r, [])
+                                      if e is not None])] for r in done}
+    return {r: evs * C_outer for r, evs in cur.items()}
+
+
 def _overlap(run: Run, o, ready, C_outer):
+    if not overlappable(run.plan, o):  # the runtime runs the producer, then the consumer
+        return _in_order(run, (o.producer, o.consumer), ready, C_outer)
     C = o.chunks
     start = {r: [join(run.sim.env, evs)] * C for r, evs in ready.items()}
     produced = run.rule(o.producer, start, C)
@@ -396,7 +414,7 @@ def choices(plan: Plan, topo: Topology) -> list[tuple[str, str, str]]:
                         if nccl_runs else ""))
         elif isinstance(step, FusedCollective):
             for part in step.steps:
-                visit(part, step.chunks)
+                visit(part, step.chunks if fusable(plan, step) else 1)
         elif isinstance(step, Overlap):
             visit(step.producer, step.chunks)
             visit(step.consumer, step.chunks)

@@ -1,16 +1,19 @@
 """The schedule space (dsl.space), its ranking (cost_model.rank) and the autotune library call."""
 import subprocess
 import sys
+from dataclasses import replace
 
 import pandas as pd
 import pytest
 
 import experiments
+from cost_model.closed_form import plan_us
 from cost_model.rank import rank
 from cost_model.topology import load_topology
+from cost_model.workload import simulate
 from codegen.lower import lower
 from codegen.plan import FusedCollective
-from codegen.runtime.pipelined import fusable
+from codegen.chunked import fusable
 from dsl import f16
 from dsl.space import Budget, canonical_ir, check, ir_key, schedule_space
 from experiments import DeriveSettings, MeasureSettings, harness
@@ -174,6 +177,28 @@ def test_the_runtime_pipelines_no_kernel_after_an_all_gather(tmp_path):
         points=[{"N": 4096}], min_rounds=1, max_rounds=2, point_budget_s=0.5))
     assert {r["schedule"]: r["verified"] for r in rows} == {
         "baseline": True, "fuse(RS-AG-C)": True, "fuse(RS-C-AG)+as_slice": True}
+
+
+@pytest.mark.parametrize("topology", ["dgx2", "local"])
+def test_the_cost_model_times_fuse_rs_ag_c_step_by_step(topology):
+    """The cost model follows the runtime's rule (`codegen.chunked.fusable`): fuse(RS-AG-C) is
+    predicted, by the closed form and by the DES, at the time of its parts run one after the
+    other; fuse(RS-C-AG)+as_slice, which the runtime pipelines, is not."""
+    _, p = _program("adam_fusion")
+    space = schedule_space(p, Budget(sliceable=("m", "v")))
+    topo = load_topology(topology)
+    for name in ("fuse(RS-AG-C)", "fuse(RS-C-AG)+as_slice"):
+        plan = lower(space.named(name)[0].program, {"N": 1 << 22}, 16, fused_chunks=4)
+        flat = replace(plan, steps=tuple(
+            part for s in plan.steps
+            for part in (s.steps if isinstance(s, FusedCollective) else (s,))))
+        times = (plan_us(plan, topo), simulate(plan, topo).time_us)
+        in_order = (plan_us(flat, topo), simulate(flat, topo).time_us)
+        if name == "fuse(RS-AG-C)":
+            assert times == pytest.approx(in_order, rel=1e-9)
+        else:
+            assert times[0] != pytest.approx(in_order[0], rel=1e-3)  # chunk by chunk
+            assert times[1] != pytest.approx(in_order[1], rel=1e-3)
 
 
 def test_autotune_experiment_on_sim(tmp_path):

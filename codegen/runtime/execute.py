@@ -37,6 +37,7 @@ from dsl.types import Sliced
 
 from . import pipelined
 from .backend import TORCH, Backend, CpuBackend, Groups
+from ..chunked import fusable, overlappable
 from ..plan import Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan, walk
 
 CPU = CpuBackend()
@@ -197,7 +198,7 @@ def _p2p(r: PlanRunner, s: P2P) -> None:
 
 
 def _fused(r: PlanRunner, s: FusedCollective) -> None:
-    if r.fused and pipelined.fusable(r.plan, s):
+    if r.fused and fusable(r.plan, s):
         if r.mine(s.steps[0].stage):
             pipelined.fused_all_reduce(r, s)
         return
@@ -206,7 +207,7 @@ def _fused(r: PlanRunner, s: FusedCollective) -> None:
 
 
 def _overlap(r: PlanRunner, s: Overlap) -> None:
-    if not (r.fused and pipelined.overlappable(r.plan, s)):
+    if not (r.fused and overlappable(r.plan, s)):
         r.step(s.producer)
         r.step(s.consumer)
     elif isinstance(s.producer, MatMul):

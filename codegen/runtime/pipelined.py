@@ -19,8 +19,8 @@ it is done), so the CPU and the GPU run the same composites in the same order of
 - `peer_fused(r, f, ps)`: on comm=shm, `fused_all_reduce` with the reduction inside the kernels
   (`codegen.shm_fuse`): they read the peers' gradient chunks from shared memory and write the
   gathered outputs where the peers read them.
-`fusable(plan, f)` / `overlappable(plan, o)` say which composites run this way; others run their
-parts one after the other (same result, no overlap).
+`codegen.chunked` (`fusable`, `overlappable`: the cost model's rule too) says which composites
+run this way; others run their parts one after the other (same result, no overlap).
 """
 from __future__ import annotations
 
@@ -28,42 +28,8 @@ from typing import Optional
 
 import torch
 
-from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, P2P, Plan, walk
+from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, Plan, walk
 from ..shm_fuse import PeerStep, peer_step
-
-
-def _is_scalar_sync(plan: Plan, s) -> bool:
-    return isinstance(s, Collective) and s.kind == "all_reduce" and plan.buffer(s.src).numel == 1
-
-
-def fusable(plan: Plan, f: FusedCollective) -> bool:
-    """A fused all-reduce along dim 0: RS first, then kernels, 0-d all_reduces, all_gathers, with
-    no kernel after an all_gather (`fuse(RS-AG-C)`: its kernels loop over the gathered tensor,
-    whose chunk c is not what chunk c of the gather delivers; it runs step by step)."""
-    head = f.steps[0]
-    if not (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0):
-        return False
-    gathers = [i for i, s in enumerate(f.steps)
-               if isinstance(s, Collective) and s.kind == "all_gather" and s.dim == 0]
-    after_gather = f.steps[min(gathers, default=len(f.steps)):]
-    return (all(isinstance(s, Compute) or _is_scalar_sync(plan, s) or i in gathers
-                for i, s in enumerate(f.steps) if i)
-            and not any(isinstance(s, Compute) for s in after_gather))
-
-
-def _fused_send(plan: Plan, f) -> bool:
-    """`P2P, kernels, AG..` with no barrier."""
-    return (isinstance(f, FusedCollective) and isinstance(f.steps[0], P2P)
-            and all(isinstance(s, Compute) or (isinstance(s, Collective) and s.kind == "all_gather")
-                    for s in f.steps[1:]))
-
-
-def overlappable(plan: Plan, o: Overlap) -> bool:
-    if isinstance(o.producer, MatMul):
-        return (isinstance(o.consumer, FusedCollective) and fusable(plan, o.consumer)
-                and not any(_is_scalar_sync(plan, s) for s in o.consumer.steps))
-    return (isinstance(o.producer, Collective) and o.producer.kind == "reduce_scatter"
-            and o.producer.dim == 0 and _fused_send(plan, o.consumer))
 
 
 def _phases(plan: Plan, steps) -> list:
