@@ -61,19 +61,22 @@ class Ranking:
 
 
 def rank(plans: Mapping[str, Plan], topo: Topology, top_k: int = 8,
-         compute_us: Optional[Mapping[str, dict]] = None) -> Ranking:
-    """Every candidate ranked (see the module doc); the predicted best first."""
+         compute_us: Optional[Mapping[str, dict]] = None,
+         topologies: Optional[Mapping[str, Topology]] = None) -> Ranking:
+    """Every candidate ranked (see the module doc); the predicted best first. `topologies`
+    (candidate key -> Topology) times a candidate on its own variant of `topo` (e.g. with NCCL's
+    algorithm forced: `Topology.algo`)."""
     if not plans:
         raise ValueError("rank: no candidate plans")
     if top_k < 1:
         raise ValueError(f"rank: top_k must be >= 1, got {top_k}")
-    compute_us = compute_us or {}
+    compute_us, topologies = compute_us or {}, topologies or {}
     t0 = time.perf_counter()
-    closed = {k: plan_us(p, topo) for k, p in plans.items()}
+    closed = {k: plan_us(p, topologies.get(k, topo)) for k, p in plans.items()}
     order = sorted(closed, key=lambda k: closed[k])  # stable: ties keep the given order
     closed_rank = {k: i for i, k in enumerate(order)}
     t1 = time.perf_counter()
-    des = {k: simulate(plans[k], topo, compute_us=compute_us.get(k)).time_us
+    des = {k: simulate(plans[k], topologies.get(k, topo), compute_us=compute_us.get(k)).time_us
            for k in order[:top_k]}
     t2 = time.perf_counter()
     des_order = sorted(des, key=lambda k: des[k])

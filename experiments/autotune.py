@@ -18,8 +18,12 @@
 3. Candidates: each schedule x each `fused_chunks` (the lowering's chunk count of a fused
    collective; one candidate for a schedule without one, or whose overlap sets the chunks), lowered at `bindings` on `world_size`
    ranks; one that does not lower there (chunks that do not divide the point) is left out.
-4. Ranking: `cost_model.rank.rank`: the closed form over all candidates, the DES over the `top_k`
-   (`closed_s`, `des_s`: their wall seconds; `search_s`: all four steps).
+4. The collective algorithm, where the backend offers a choice: for each of `algorithms` (e.g.
+   `nccl_algorithms(topology)`: NCCL's, which NCCL_ALGO forces on a GPU topology) a candidate
+   with it forced (`Candidate.algo`, label `... algo=tree`), ranked on the topology with
+   `algo` set, where it changes what some collective of the plan runs; default none (NCCL's tuner).
+5. Ranking: `cost_model.rank.rank`: the closed form over all candidates, the DES over the `top_k`
+   (`closed_s`, `des_s`: their wall seconds; `search_s`: all five steps).
 
 Times are microseconds (cost model). Errors: a program that is not valid, or bindings it cannot
 take, raise the DSL's own errors.
@@ -49,7 +53,8 @@ import pandas as pd
 
 from codegen.lower import lower
 from cost_model.rank import Ranked, rank
-from cost_model.topology import Topology
+from cost_model.topology import NCCL_ALGOS, Topology
+from cost_model.workload import choices
 from dsl import DSLError, Program, f32
 from dsl.equivalence import EquivalenceError
 from dsl.space import Budget, Schedule, check, ir_key, schedule_space
@@ -67,6 +72,7 @@ class Candidate:
     schedule: Schedule
     fused_chunks: Optional[int]  # None: the schedule has no fused collective
     label: str  # unique within one autotune call
+    algo: Optional[str] = None  # NCCL's algorithm forced (NCCL_ALGO); None: NCCL's tuner picks
 
     @property
     def program(self) -> Program:
@@ -146,7 +152,7 @@ def autotune(program: Program, topology: Topology, bindings: Mapping[str, int],
              top_k: int = 8,
              fused_chunks: Sequence[int] = (2, 4, 8), verify_world_sizes: Sequence[int] = (2,),
              verify_bindings: Optional[Sequence[Mapping[str, int]]] = None,
-             trials: int = 1) -> Tuned:
+             trials: int = 1, algorithms: Sequence[str] = ()) -> Tuned:
     """See the module doc."""
     t0 = time.perf_counter()
     space = schedule_space(program, replace(budget, sliceable=tuple(sliceable)))
@@ -159,10 +165,30 @@ def autotune(program: Program, topology: Topology, bindings: Mapping[str, int],
         except DSLError:
             continue  # this point does not admit the candidate's chunks
         kept[c.label] = c
-    ranked = rank(plans, topology, top_k=top_k)
+    topologies, forcing = {}, {algo: replace(topology, algo=algo) for algo in algorithms}
+    for label, plan in list(plans.items()):
+        for algo, forced in _forced(plan, topology, forcing):
+            c = replace(kept[label], label=f"{label} algo={algo}", algo=algo)
+            plans[c.label], kept[c.label], topologies[c.label] = plan, c, forced
+    ranked = rank(plans, topology, top_k=top_k, topologies=topologies)
     ranking = [(kept[r.key], r) for r in ranked]
     return Tuned(ranking[0][0], ranking, space.found, len(plans), unverifiable, space.truncated,
                  time.perf_counter() - t0, ranked.closed_s, ranked.des_s, ranked.des_count)
+
+
+def nccl_algorithms(topology: Topology) -> tuple[str, ...]:
+    """The algorithms a user can force on `topology` (NCCL_ALGO): NCCL's, on a GPU topology that
+    does not force one already; none elsewhere."""
+    return NCCL_ALGOS if topology.nccl is not None and topology.algo is None else ()
+
+
+def _forced(plan, topology: Topology, forcing: Mapping[str, Topology]):
+    """(algo, topology with it forced) for each of `forcing` that changes what some collective
+    of the plan runs (NCCL falls back to its own pick where a forced one does not apply)."""
+    tuner = choices(plan, topology)
+    for algo, forced in forcing.items():
+        if choices(plan, forced) != tuner:
+            yield algo, forced
 
 
 # -- the experiment ------------------------------------------------------------------------------
@@ -324,5 +350,5 @@ EXPERIMENT = register(Experiment(
     name="autotune", figure="the best schedule of a program per size (Fig. 10, 'CoCoNeT')",
     derive=tune, recorded=recorded, doc="python -m suite experiment=autotune target=NAME"))
 
-__all__ = ["Candidate", "EXPERIMENT", "Ranked", "Tuned", "autotune", "candidates", "recorded",
-           "section", "tune"]
+__all__ = ["Candidate", "EXPERIMENT", "Ranked", "Tuned", "autotune", "candidates",
+           "nccl_algorithms", "recorded", "section", "tune"]

@@ -10,14 +10,14 @@ import experiments
 from cost_model.closed_form import plan_us
 from cost_model.rank import rank
 from cost_model.topology import load_topology
-from cost_model.workload import simulate
+from cost_model.workload import choices, simulate
 from codegen.lower import lower
 from codegen.plan import FusedCollective
 from codegen.chunked import fusable
 from dsl import f16
 from dsl.space import Budget, canonical_ir, check, ir_key, schedule_space
 from experiments import DeriveSettings, MeasureSettings, harness
-from experiments.autotune import autotune, tune
+from experiments.autotune import autotune, nccl_algorithms, tune
 from suite import PROJECT_ROOT
 
 NAMED = ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"]
@@ -177,6 +177,28 @@ def test_the_runtime_pipelines_no_kernel_after_an_all_gather(tmp_path):
         points=[{"N": 4096}], min_rounds=1, max_rounds=2, point_budget_s=0.5))
     assert {r["schedule"]: r["verified"] for r in rows} == {
         "baseline": True, "fuse(RS-AG-C)": True, "fuse(RS-C-AG)+as_slice": True}
+
+
+def test_autotune_searches_nccls_algorithm_where_it_can_be_forced():
+    """algorithms=nccl_algorithms(topo) (NCCL_ALGO on a GPU topology): a candidate per algorithm
+    that changes what one of the plan's collectives runs, timed with it forced; none on CPUs."""
+    e, p = _program("adam_fusion")
+    topo = load_topology("dgx2")
+    assert nccl_algorithms(load_topology("local")) == ()
+    assert nccl_algorithms(replace(topo, algo="ring")) == ()  # already forced by the user
+    plain = autotune(p, topo, {"N": 1 << 24}, 256, sliceable=("m", "v"), top_k=4)
+    tuned = autotune(p, topo, {"N": 1 << 24}, 256, sliceable=("m", "v"), top_k=4,
+                     algorithms=nccl_algorithms(topo))
+    forced = [(c, r) for c, r in tuned.ranking if c.algo is not None]
+    assert forced and tuned.candidates == plain.candidates + len(forced)
+    assert {c.label for c, _ in tuned.ranking if c.algo is None} == \
+        {c.label for c, _ in plain.ranking}
+    for c, r in forced:
+        assert c.label.endswith(f" algo={c.algo}")
+        plan = lower(c.program, {"N": 1 << 24}, 256, fused_chunks=c.fused_chunks or 4)
+        assert choices(plan, replace(topo, algo=c.algo)) != choices(plan, topo)
+        assert r.closed_us == pytest.approx(plan_us(plan, replace(topo, algo=c.algo)))
+        assert r.closed_us != pytest.approx(plan_us(plan, topo))
 
 
 @pytest.mark.parametrize("topology", ["dgx2", "local"])
