@@ -183,6 +183,9 @@ class Experiment:
     # (target, run directory) -> what `derive` made in that finished run, from the run directory
     # alone (nothing searched again): `python -m suite.report DIR` rebuilds its report with it
     recorded: Optional[Callable[["Experiment", Path], "Experiment"]] = None
+    # schedule name -> the NCCL algorithm forced for it (NCCL_ALGO; autotune's picks on sim):
+    # predicted on the topology with `algo` set (a GPU topology; ignored elsewhere)
+    algos: Mapping[str, str] = field(default_factory=dict, compare=False)
     # a markdown section of its own for the report, from the results table and the run directory
     section: Optional[Callable[[object, Path], str]] = None
     doc: str = field(default="", compare=False)

@@ -40,7 +40,9 @@ autotune section (`section`) gives per point the chosen schedule (the measured b
 point's top m, else the predicted best), its predicted and measured times, the runner-up, the best
 named schedule, the predicted rank against the measured rank, and the best-of-schedules line
 (the paper's "CoCoNeT" line of Fig. 10). Only the fused-collective chunk count the harness
-measures (`harness.FUSED_CHUNKS`) is searched there.
+measures (`harness.FUSED_CHUNKS`) is searched there; with backend=sim on a GPU topology that forces
+no algorithm, NCCL's algorithm too (`nccl_algorithms`; autotune.csv's `algo`, a pick predicted
+with it forced: `Experiment.algos`, results.csv's `algo` column names what each collective ran).
 """
 from __future__ import annotations
 
@@ -231,17 +233,19 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
     for b in points:
         tuned = autotune(program, s.topology, b, world, sliceable=_sliceable(target, dtype),
                          fused_chunks=(FUSED_CHUNKS,), top_k=2 * TOP_M,
-                         verify_bindings=target.verify_bindings("smoke"))
+                         verify_bindings=target.verify_bindings("smoke"),
+                         algorithms=nccl_algorithms(s.topology) if s.backend == "sim" else ())
         print(f"autotune {target.name} {target.size_and_shape(b)[1]} on {s.topology.name} "
               f"({world} ranks): {tuned.found} schedules; {tuned.candidates} candidates ranked "
               f"by the closed form in {tuned.closed_s:.2f} s, the best {tuned.des_count} by the "
               f"DES in {tuned.des_s:.2f} s (search {tuned.search_s:.1f} s); predicted best "
-              f"{names.get(tuned.chosen.schedule.key, tuned.chosen.label)}", flush=True)
-        tunings.append((b, tuned, [(names.get(c.schedule.key, c.label), c, r)
+              f"{_label(names, tuned.chosen)}", flush=True)
+        tunings.append((b, tuned, [(_label(names, c), c, r)
                                    for c, r in tuned.ranking]))
     everywhere = set.intersection(*({label for label, _, _ in ranked}
                                     for _, _, ranked in tunings)) if tunings else set()
     schedules = {label: c.schedule for _, _, ranked in tunings for label, c, _ in ranked}
+    algos = {label: c.algo for _, _, ranked in tunings for label, c, _ in ranked if c.algo}
     own = s.sizes or target.points(s.scale, s.max_elements)
     everywhere = {label for label in everywhere  # and pass the suite's checks: verification
                   if _verifies(program, schedules[label], s.verify_world_sizes,
@@ -267,14 +271,18 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
                           "candidates": tuned.candidates, "search_s": round(tuned.search_s, 3),
                           "closed_s": round(tuned.closed_s, 4), "des_count": tuned.des_count,
                           "des_s": round(tuned.des_s, 4), "path": c.schedule.path,
+                          "algo": c.algo or "",
                           "program": str(c.program) if shown else ""})
     _write_table(s.out_dir / TABLE, table)
     paths = {label: steps for label, steps in picked.items() if label not in named}
-    return _made(target, named, paths, table[0]["found"] if table else 0)
+    return _made(target, named, paths, table[0]["found"] if table else 0,
+                 {label: a for label, a in algos.items() if label in paths})
 
 
-def _made(target: Experiment, named: dict, paths: dict, found: int) -> Experiment:
-    return replace(target, schedules=_schedules_of(target, named, paths),
+def _made(target: Experiment, named: dict, paths: dict, found: int, algos: dict) -> Experiment:
+    """The target with the picked schedules (`paths`), each predicted with its forced NCCL
+    algorithm (`algos`, `Experiment.algos`)."""
+    return replace(target, schedules=_schedules_of(target, named, paths), algos=algos,
                    figure=f"autotune of {target.name} ({target.figure}): the best of {found} "
                           "schedules", section=section)
 
@@ -287,17 +295,28 @@ def recorded(target: Experiment, run_dir) -> Experiment:
         raise ValueError(f"{path} is missing: the run's ranking is needed to rebuild its report")
     table = pd.read_csv(path).sort_values("predicted_rank", kind="stable")
     named = dict(target.schedules(f32))
-    paths = {}
+    paths, algos = {}, {}
     for _, part in table.groupby(["size", "shape"], sort=False):
         for _, r in part[part.measurable.astype(bool)].head(TOP_M).iterrows():
             if r.schedule not in named:
                 paths[r.schedule] = _steps(r.path)
-    return _made(target, named, paths, int(table.found.iloc[0]) if len(table) else 0)
+                if isinstance(r.get("algo"), str) and r.algo:
+                    algos[r.schedule] = r.algo
+    return _made(target, named, paths, int(table.found.iloc[0]) if len(table) else 0, algos)
 
 
 def _steps(path: str) -> tuple[str, ...]:
     """The moves of a `Schedule.path` (its printed form)."""
     return () if path == "(unscheduled)" else tuple(path.split(" . "))
+
+
+def _label(names: dict, c: Candidate) -> str:
+    """The paper's name of a named schedule, else the candidate's label; with its forced
+    algorithm (`algo=tree`: not the named schedule, which NCCL's tuner runs)."""
+    name = names.get(c.schedule.key)
+    if name is None:
+        return c.label
+    return name if c.algo is None else f"{name} algo={c.algo}"
 
 
 def _verifies(reference: Program, schedule: Schedule, world_sizes, bindings) -> bool:

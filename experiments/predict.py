@@ -28,6 +28,7 @@ run's world size, a GPU topology in the paper's setting scaled to it (`PaperSett
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Optional
 
@@ -138,6 +139,8 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
     dtype = dtype or f32
     progs = schedules if schedules is not None else dict(exp.schedules(dtype))
     base = exp.program(dtype)
+    forced = {name: dataclasses.replace(topo, algo=algo) for name, algo in exp.algos.items()
+              if topo.nccl is not None}  # NCCL_ALGO for that schedule
     rows = []
     for b in points:
         size, shape = exp.size_and_shape(b)
@@ -148,11 +151,11 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
             base_plan, topo, compute_us=library_compute_us(base_plan, measured)))}
         for name, p in progs.items():
             plan = lower(p, b, world_size)
-            results[name] = (plan, simulate(plan, topo))
+            results[name] = (plan, simulate(plan, forced.get(name, topo)))
         base_ms = results["baseline"][1].time_ms
         for name, (plan, r) in results.items():
             compute, comm, hidden = _split(r)
-            picked = choices(plan, topo)
+            picked = choices(plan, forced.get(name, topo))
             rows.append({"experiment": exp.name, "schedule": name, "source": "predicted",
                          "backend": "sim", "topology": topo.name, "world_size": world_size,
                          "size": size, "shape": shape, "dtype": dtype.name,

@@ -17,7 +17,8 @@ from codegen.chunked import fusable
 from dsl import f16
 from dsl.space import Budget, canonical_ir, check, ir_key, schedule_space
 from experiments import DeriveSettings, MeasureSettings, harness
-from experiments.autotune import autotune, nccl_algorithms, tune
+from experiments.autotune import autotune, nccl_algorithms, recorded, tune
+from experiments.predict import predict
 from suite import PROJECT_ROOT
 
 NAMED = ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"]
@@ -155,6 +156,30 @@ def test_tune_picks_only_schedules_that_lower_at_every_point(tmp_path):
     assert set(table[table["shape"] == table["shape"].iloc[0]].schedule) < set(table.schedule)
 
 
+def test_tune_on_sim_searches_nccls_algorithm(tmp_path):
+    """backend=sim on dgx2 (256 GPUs): a pick with NCCL's algorithm forced (AR-C at 1024
+    elements: NCCL's tuner runs the tree, forcing the ring is a candidate of its own) is predicted
+    by the run with it forced (results.csv's algo column) and made again from autotune.csv."""
+    e, topo = experiments.get("adam_fusion"), load_topology("dgx2")
+    derived = tune(e, DeriveSettings(scale="smoke", backend="sim", topology=topo, world_size=2,
+                                     max_elements=1 << 16, out_dir=tmp_path,
+                                     sizes=[{"N": 1 << 10}]))
+    table = pd.read_csv(tmp_path / "autotune.csv")
+    forced = table[table.algo.notna()]
+    assert len(forced) and all(s.endswith(f" algo={a}") for s, a in zip(forced.schedule,
+                                                                         forced.algo))
+    assert derived.algos and set(derived.algos) <= set(derived.schedules())
+    label, algo = next(iter(derived.algos.items()))
+    plain = label[:-len(f" algo={algo}")]
+    rows = {r["schedule"]: r for r in predict(derived, topo, [{"N": 1 << 10}], 256,
+                                               schedules={k: derived.schedules()[k]
+                                                          for k in (label, plain)})}
+    assert algo in rows[label]["algo"].split(";") and algo not in rows[plain]["algo"].split(";")
+    assert rows[label]["time_ms"] == pytest.approx(
+        float(table[table.schedule == label].predicted_us.iloc[0]) / 1e3, rel=1e-4)
+    assert recorded(e, tmp_path).algos == derived.algos
+
+
 # -- experiment=autotune (the suite command) ------------------------------------------------------
 from test_suite_cli import assert_one_line_error, suite_cmd as suite  # noqa: E402
 
@@ -267,7 +292,7 @@ def test_autotune_sim_picks_pass_the_suites_checks(tmp_path, args):
     """The suite checks every schedule at the verification bindings (B=1) on verify.world_sizes
     and, on sim, at the target's own sweep on the run's ranks (B=1 on 2 ranks): a pick split
     along B (ranked at B=8, 16) is not taken. pipeline_parallel at B=16: all 105 schedules ranked
-    (>= 100 candidates by the closed form, in the report)."""
+    (>= 100 candidates by the closed form, in the report; more with NCCL's algorithm forced)."""
     out = tmp_path / "run"
     proc = suite("experiment=autotune", "backend=sim", *args, f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -275,7 +300,8 @@ def test_autotune_sim_picks_pass_the_suites_checks(tmp_path, args):
     assert not table.measurable.all() and table.measurable.any()
     if "target=pipeline_parallel" in args:
         assert table.candidates.iloc[0] >= 100 and table.closed_s.max() < 10
-        assert "| 105 | 105 in " in (out / "report.md").read_text()
+        n = int(table.candidates.iloc[0])  # 105 schedules, some also with an NCCL algorithm forced
+        assert n >= 105 and f"| 105 | {n} | {n} in " in (out / "report.md").read_text()
 
 
 def test_autotune_needs_a_target_with_a_program(tmp_path):
