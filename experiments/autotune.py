@@ -242,10 +242,10 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
               f"{_label(names, tuned.chosen)}", flush=True)
         tunings.append((b, tuned, [(_label(names, c), c, r)
                                    for c, r in tuned.ranking]))
-    everywhere = set.intersection(*({label for label, _, _ in ranked}
-                                    for _, _, ranked in tunings)) if tunings else set()
     schedules = {label: c.schedule for _, _, ranked in tunings for label, c, _ in ranked}
     algos = {label: c.algo for _, _, ranked in tunings for label, c, _ in ranked if c.algo}
+    everywhere = set.intersection(*(_present({label for label, _, _ in ranked}, algos)
+                                    for _, _, ranked in tunings)) if tunings else set()
     own = s.sizes or target.points(s.scale, s.max_elements)
     everywhere = {label for label in everywhere  # and pass the suite's checks: verification
                   if _verifies(program, schedules[label], s.verify_world_sizes,
@@ -308,6 +308,13 @@ def recorded(target: Experiment, run_dir) -> Experiment:
 def _steps(path: str) -> tuple[str, ...]:
     """The moves of a `Schedule.path` (its printed form)."""
     return () if path == "(unscheduled)" else tuple(path.split(" . "))
+
+
+def _present(labels: set, algos: dict) -> set:
+    """The labels a point can run: its own, and each forced-algorithm label whose schedule is
+    there without it (forcing changed nothing there: the same plan, the same time)."""
+    return labels | {label for label, algo in algos.items()
+                     if label[:-len(f" algo={algo}")] in labels}
 
 
 def _label(names: dict, c: Candidate) -> str:

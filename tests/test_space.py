@@ -159,12 +159,16 @@ def test_tune_picks_only_schedules_that_lower_at_every_point(tmp_path):
 def test_tune_on_sim_searches_nccls_algorithm(tmp_path):
     """backend=sim on dgx2 (256 GPUs): a pick with NCCL's algorithm forced (AR-C at 1024
     elements: NCCL's tuner runs the tree, forcing the ring is a candidate of its own) is predicted
-    by the run with it forced (results.csv's algo column) and made again from autotune.csv."""
+    by the run with it forced (results.csv's algo column) and made again from autotune.csv; it
+    is a pick also where forcing changes nothing (2^28: the ring is NCCL's own pick there)."""
     e, topo = experiments.get("adam_fusion"), load_topology("dgx2")
     derived = tune(e, DeriveSettings(scale="smoke", backend="sim", topology=topo, world_size=2,
                                      max_elements=1 << 16, out_dir=tmp_path,
-                                     sizes=[{"N": 1 << 10}]))
+                                     sizes=[{"N": 1 << 10}, {"N": 1 << 28}]))
     table = pd.read_csv(tmp_path / "autotune.csv")
+    # at 2^28 NCCL's tuner runs the ring itself: forcing it is the same candidate, ranked once,
+    # and the pick made at 1024 runs there too
+    assert not (table[table["shape"] == "[268435456]"].algo == "ring").any()
     forced = table[table.algo.notna()]
     assert len(forced) and all(s.endswith(f" algo={a}") for s, a in zip(forced.schedule,
                                                                          forced.algo))
