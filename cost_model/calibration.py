@@ -269,10 +269,11 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     with its links replaced by shared memory's: the library link from `shm_all_reduce`, the ring
     link from `shm_reduce_scatter` and `shm_all_gather`, each size's achieved bandwidth solved
     for in the same closed forms as gloo's (`fit`), and `peer_reads` (a fused all-reduce's
-    kernel reads its peers' chunks: memory traffic, `cost_model.workload`). ValueError without
+    kernel reads its peers' chunks: memory traffic, `cost_model.workload`) at
+    `peer_memory_gbps` (`kernel_stream`: every rank streaming at once). ValueError without
     shm measurements."""
-    ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
-    ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in ms if m.kind.startswith(SHM)]
+    every = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
+    ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in every if m.kind.startswith(SHM)]
     if not ms:
         raise ValueError("no shm_* measurements to fit comm=shm's links to")
     P, group = world_size, tuple(range(world_size))
@@ -293,7 +294,16 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
         fitted.library.rate_by if fitted.library else "message")
     return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
                                library=library, peer_reads=True,
+                               peer_memory_gbps=peer_memory_gbps(every, fitted.device.launch_us),
                                source=source or fitted.source)
+
+
+def peer_memory_gbps(ms: list[Measurement], launch_us: float) -> float:
+    """GB/s per rank with every rank streaming memory at once: the median over sizes of
+    `kernel_stream`'s bytes / (time - launch) (the slowest rank's, data beyond the caches);
+    0 (the device's own curve) without any."""
+    rates = [b / max(t - launch_us, 1e-3) / 1e3 for b, t in _series(ms, "kernel_stream")]
+    return round(statistics.median(rates), 3) if rates else 0.0
 
 
 def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:
@@ -385,7 +395,9 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_us) / 1e3
     if m.kind == "sequence_compute":
         return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
-    if m.kind in ("kernel", "overlap_kernel"):
+    if m.kind == "kernel_stream" and topo.peer_memory_gbps:  # topo: fit_shm's
+        return (dev.launch_us + b / (topo.peer_memory_gbps * 1e3)) / 1e3
+    if m.kind in ("kernel", "overlap_kernel", "kernel_stream"):
         return dev.kernel_us(b, m.flops, "f32") / 1e3
     if m.kind == "add":
         return dev.elementwise_us(3 * b) / 1e3

@@ -17,7 +17,8 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   memory, then (once every rank has) runs the kernels, which read the P-1 peers' chunks besides
   its own and write the gathered outputs twice (its slot, its own block); at the end each rank
   reads its peers' blocks of every gathered output: all of it memory traffic on the rank's
-  compute stream (`Device.elementwise_us`, `kernel_us`).
+  compute stream, at the topology's `peer_memory_gbps` (every rank streaming at once; where 0,
+  `Device.elementwise_us`, `kernel_us`).
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
 Fused and overlapped steps the runtime does not pipeline (`codegen.chunked.fusable`,
 `overlappable`: the runtime's own rule; e.g. `fuse(RS-AG-C)`) run their parts one after the other.
@@ -44,7 +45,9 @@ from codegen.chunked import fusable, overlappable
 from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Plan
 
 from . import collectives, nccl
-from .closed_form import choose, collective_us, spec_of, staging_us, step_us
+from .closed_form import _dtype as dtype_of
+from .closed_form import (choose, collective_us, kernel_bytes, spec_of, staging_us,
+                          step_us)
 from .collectives import CollSpec
 from .network import Sim, join
 from .topology import Topology
@@ -246,10 +249,23 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
     gathers = [s for s in f.steps[1:] if isinstance(s, Collective)]
     mine = run.members(head.stage)
 
+    rate = run.topo.peer_memory_gbps  # GB/s per rank, all ranks streaming at once; 0: device's
+
     def memory_us(nbytes: float) -> float:  # traffic inside a kernel: no launch of its own
+        if rate:
+            return nbytes / (rate * 1e3)
         return dev.kernel_us(nbytes, 0.0, "f32") - dev.launch_us
 
-    publish_us = dev.elementwise_us(2 * head.nbytes * (P - 1) / P / C)
+    def copy_us(nbytes: float) -> float:  # a copy of its own (a launch)
+        return dev.launch_us + memory_us(nbytes) if rate else dev.elementwise_us(nbytes)
+
+    def kernel_us(k) -> float:  # a chunk of a kernel: its own traffic at the shared rate
+        if not rate:
+            return step_us(plan, k, run.topo, C)
+        flops_us = k.flops / C / (dev.peak(dtype_of(plan, k)) * 1e6)
+        return dev.launch_us + max(flops_us, memory_us(kernel_bytes(plan, k, run.topo) / C))
+
+    publish_us = copy_us(2 * head.nbytes * (P - 1) / P / C)
     peers_us = memory_us((P - 1) * head.nbytes / P / C)  # the peers' chunks the kernel reads
     own_us = sum(memory_us(2 * g.nbytes / P / C) for g in gathers)  # the second write
     posted = {r: [] for r in mine}
@@ -264,7 +280,7 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
         for c in range(C):
             ev_c = join(env, [posted[q][c] for q in mine] + ([ev] if ev else []))
             for i, k in enumerate(kernels):
-                us = (step_us(plan, k, run.topo, C) + (peers_us if i == 0 else 0.0)
+                us = (kernel_us(k) + (peers_us if i == 0 else 0.0)
                       + (own_us if i == len(kernels) - 1 else 0.0))
                 ev_c = run.sim.compute(r, us, run.name(k), f"peers c{c}", [ev_c])
             ev = ev_c
@@ -274,7 +290,7 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
     for r in mine:
         ev = everyone
         for g in gathers:
-            ev = run.sim.compute(r, dev.elementwise_us(2 * g.nbytes * (P - 1) / P),
+            ev = run.sim.compute(r, copy_us(2 * g.nbytes * (P - 1) / P),
                                  run.name(g), "read peers", [ev, done[r]])
         out[r] = [ev] * C_outer
     return _pass(run, ready, mine, out)

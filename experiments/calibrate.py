@@ -21,6 +21,10 @@ two up to the scale's largest (every size's buffers views of one set of the larg
   `comm.all_gather`, b = the whole array), checked against the model, not fitted;
 - `kernel`: the generated kernel of the lowered Adam program over 2^k elements (b = 28 bytes of
   traffic per element), on every rank;
+  `kernel_stream`: the same kernel over n elements (a fused step's chunk), each call on the next
+  piece of the largest size's buffers (beyond the caches), on every rank at once: the memory
+  rate ranks that share the memory bus get streaming a step's data (`fit_shm`'s
+  `peer_memory_gbps`; the sweep above reuses its buffers, which small sizes find in the caches);
   `add` / `copy`: torch's in-place add and copy of b bytes (a ring's reduction, an all-gather's
   own-block copy); `matmul`: torch.matmul of [m, k] x [k, n] f32 into its output, whole and in
   row pieces (each call's rows new to the caches), at the shapes model_parallel's row-parallel
@@ -102,6 +106,8 @@ MATMULS = {"smoke": [(128, 128, 256, 1), (128, 128, 256, 4), (256, 256, 256, 1)]
 MATMULS["paper"] = MATMULS["default"]
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
+STREAM_SCALES = {"smoke": (12, 14, 2), "quick": (18, 22, 2), "default": (18, 22, 1),
+                 "paper": (18, 22, 1)}  # elements: a fused step's chunks (kernel_stream)
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
                    "paper": (19, 23, 1)}  # elements
 
@@ -294,7 +300,23 @@ def _kernels(plan, step, fn, runner, spec) -> list[Bench]:
         args = [t[:n] if s else t for t, s in zip(big, sized)]
         out.append(_plain("kernel", n * KERNEL_BYTES_PER_ELEMENT, lambda n=n, a=args: fn(
             0, n, 0, a), flops=step.flops * n / loop))
+    for n in spec.get("stream_elements", []):
+        out.append(_streaming(fn, big, sized, n, top, step.flops * n / loop))
     return out
+
+
+def _streaming(fn, big, sized, n: int, top: int, flops: float) -> Bench:
+    """`kernel_stream`: the kernel over n elements, each call on the next n-element piece of the
+    largest buffers (cycling; the sweep's largest size, beyond the caches), so each call's data
+    comes from memory as a fused step's chunks do; every rank at once after a barrier, the
+    slowest rank's time (`interleaved`): the memory rate the ranks share."""
+    pieces, at = max(1, top // n), [0]
+
+    def call():
+        i = at[0] % pieces
+        at[0] += 1
+        fn(0, n, 0, [t[i * n:(i + 1) * n] if s else t for t, s in zip(big, sized)])
+    return _plain("kernel_stream", n * KERNEL_BYTES_PER_ELEMENT, call, flops=flops)
 
 
 def _matmuls(spec) -> list[Bench]:
@@ -371,6 +393,7 @@ def measure(settings) -> list[dict]:
     spec = {"sizes": szs, "kernel_elements": ksz,
             "rounds": ROUNDS[settings.scale] * max(3, settings.repeats),
             "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
+            "stream_elements": [n for n in sizes(settings.scale, STREAM_SCALES) if n < max(ksz)],
             "warmup": max(1, settings.warmup),
             "plan": plan, "step": step, "shm": settings.comm == "shm",
             "matmuls": MATMULS["smoke" if small else settings.scale],
@@ -409,7 +432,9 @@ def predict(settings) -> list[dict]:
     raw = json.loads((out_dir / CALIBRATION).read_text())
     topo = load_topology(path=out_dir / TOPOLOGY)
     shm = load_topology(path=out_dir / TOPOLOGY_SHM) if (out_dir / TOPOLOGY_SHM).exists() else None
-    return [_row(m, "predicted", "sim", predict_ms(shm if m["kind"].startswith(SHM) else topo,
+    on_shm = lambda kind: shm is not None and (kind.startswith(SHM)  # noqa: E731
+                                               or kind == "kernel_stream")
+    return [_row(m, "predicted", "sim", predict_ms(shm if on_shm(m["kind"]) else topo,
                                                    Measurement.of(m)))
             for m in raw if shm is not None or not m["kind"].startswith(SHM)]
 
