@@ -118,60 +118,6 @@ void adam_k1_12c90372f0(int64_t begin, int64_t end, int64_t rank, std::vector<at
   }
 }
 
-void adam_k1_143bfe543d(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_143bfe543d takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
-  }
-}
-
 void adam_k1_1c14fd9d5f(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 9, "adam_k1_1c14fd9d5f takes 9 buffers");
   float* b1 = bufs[0].data_ptr<float>();
@@ -280,116 +226,8 @@ void adam_k1_30ff66a695(int64_t begin, int64_t end, int64_t rank, std::vector<at
   }
 }
 
-void adam_k1_4069cc3bd5(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_4069cc3bd5 takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
-  }
-}
-
 void adam_k1_6eadf585c1(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 9, "adam_k1_6eadf585c1 takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b9 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v24 = std::sqrt(v19);  // t24
-    const float v26 = (v24 / v25);  // t26
-    const float v27 = (v26 + v7);  // t27
-    const float v29 = (v14 / v27);  // t29
-    const float v30 = (v28 * v29);  // t30
-    const float v31 = (v1 - v30);  // t31
-    const float v32 = v14;  // m.new
-    const float v33 = v19;  // v.new
-    const float v34 = v31;  // w.new
-    b2[e] = v32;
-    b3[e] = v33;
-    b1[e] = v34;
-  }
-}
-
-void adam_k1_7a12e9a9d8(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "adam_k1_7a12e9a9d8 takes 9 buffers");
   float* b1 = bufs[0].data_ptr<float>();
   float* b2 = bufs[1].data_ptr<float>();
   float* b3 = bufs[2].data_ptr<float>();
@@ -606,12 +444,9 @@ void adam_k1_f49e83575c(int64_t begin, int64_t end, int64_t rank, std::vector<at
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("adam_k1_12c90372f0", &adam_k1_12c90372f0, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_143bfe543d", &adam_k1_143bfe543d, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_1c14fd9d5f", &adam_k1_1c14fd9d5f, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_30ff66a695", &adam_k1_30ff66a695, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_4069cc3bd5", &adam_k1_4069cc3bd5, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_6eadf585c1", &adam_k1_6eadf585c1, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_7a12e9a9d8", &adam_k1_7a12e9a9d8, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_8e71c44682", &adam_k1_8e71c44682, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_aae3613a5d", &adam_k1_aae3613a5d, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_f49e83575c", &adam_k1_f49e83575c, pybind11::call_guard<pybind11::gil_scoped_release>());

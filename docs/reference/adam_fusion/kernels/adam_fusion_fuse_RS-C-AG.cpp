@@ -64,116 +64,6 @@ static inline uint16_t cc_bf16_store(float f) {
   return f != f ? nan : rounded;
 }
 
-void adam_k1_103a3f1ea6(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 12, "adam_k1_103a3f1ea6 takes 12 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b35 = bufs[8].data_ptr<float>();
-  float* b41 = bufs[9].data_ptr<float>();
-  float* b46 = bufs[10].data_ptr<float>();
-  float* b53 = bufs[11].data_ptr<float>();
-  const int64_t ro4194304 = rank * 4194304;
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v35 = b35[e];
-    const float v38 = b2[e + ro4194304];
-    const float v42 = b3[e + ro4194304];
-    const float v52 = b1[e + ro4194304];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v38);  // t11
-    const float v40 = (v12 * v37);  // t13
-    const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v42);  // t15
-    const float v44 = (v16 * v37);  // t17
-    const float v45 = (v44 * v37);  // t18
-    const float v46 = (v43 + v45);  // v.next
-    const float v47 = std::sqrt(v46);  // t24
-    const float v48 = (v47 / v25);  // t26
-    const float v49 = (v48 + v7);  // t27
-    const float v50 = (v41 / v49);  // t29
-    const float v51 = (v28 * v50);  // t30
-    const float v53 = (v52 - v51);  // t31
-    b41[e] = v41;
-    b46[e] = v46;
-    b53[e] = v53;
-  }
-}
-
-void adam_k1_549c574637(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 12, "adam_k1_549c574637 takes 12 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b35 = bufs[8].data_ptr<float>();
-  float* b41 = bufs[9].data_ptr<float>();
-  float* b46 = bufs[10].data_ptr<float>();
-  float* b53 = bufs[11].data_ptr<float>();
-  const int64_t ro1048576 = rank * 1048576;
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v35 = b35[e];
-    const float v38 = b2[e + ro1048576];
-    const float v42 = b3[e + ro1048576];
-    const float v52 = b1[e + ro1048576];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v38);  // t11
-    const float v40 = (v12 * v37);  // t13
-    const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v42);  // t15
-    const float v44 = (v16 * v37);  // t17
-    const float v45 = (v44 * v37);  // t18
-    const float v46 = (v43 + v45);  // v.next
-    const float v47 = std::sqrt(v46);  // t24
-    const float v48 = (v47 / v25);  // t26
-    const float v49 = (v48 + v7);  // t27
-    const float v50 = (v41 / v49);  // t29
-    const float v51 = (v28 * v50);  // t30
-    const float v53 = (v52 - v51);  // t31
-    b41[e] = v41;
-    b46[e] = v46;
-    b53[e] = v53;
-  }
-}
-
 void adam_k1_730ff76d12(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 12, "adam_k1_730ff76d12 takes 12 buffers");
   float* b1 = bufs[0].data_ptr<float>();
@@ -209,61 +99,6 @@ void adam_k1_730ff76d12(int64_t begin, int64_t end, int64_t rank, std::vector<at
     const float v38 = b2[e + ro24];
     const float v42 = b3[e + ro24];
     const float v52 = b1[e + ro24];
-    const float v37 = (v35 * 0.5f);  // t10
-    const float v39 = (v5 * v38);  // t11
-    const float v40 = (v12 * v37);  // t13
-    const float v41 = (v39 + v40);  // m.next
-    const float v43 = (v6 * v42);  // t15
-    const float v44 = (v16 * v37);  // t17
-    const float v45 = (v44 * v37);  // t18
-    const float v46 = (v43 + v45);  // v.next
-    const float v47 = std::sqrt(v46);  // t24
-    const float v48 = (v47 / v25);  // t26
-    const float v49 = (v48 + v7);  // t27
-    const float v50 = (v41 / v49);  // t29
-    const float v51 = (v28 * v50);  // t30
-    const float v53 = (v52 - v51);  // t31
-    b41[e] = v41;
-    b46[e] = v46;
-    b53[e] = v53;
-  }
-}
-
-void adam_k1_92258168c6(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 12, "adam_k1_92258168c6 takes 12 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b5 = bufs[4].data_ptr<float>();
-  float* b6 = bufs[5].data_ptr<float>();
-  float* b7 = bufs[6].data_ptr<float>();
-  float* b8 = bufs[7].data_ptr<float>();
-  float* b35 = bufs[8].data_ptr<float>();
-  float* b41 = bufs[9].data_ptr<float>();
-  float* b46 = bufs[10].data_ptr<float>();
-  float* b53 = bufs[11].data_ptr<float>();
-  const int64_t ro16777216 = rank * 16777216;
-  const float v4 = b4[0];
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  const float v25 = std::sqrt(v23);  // t25
-  const float v28 = (v4 / v21);  // t28
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v35 = b35[e];
-    const float v38 = b2[e + ro16777216];
-    const float v42 = b3[e + ro16777216];
-    const float v52 = b1[e + ro16777216];
     const float v37 = (v35 * 0.5f);  // t10
     const float v39 = (v5 * v38);  // t11
     const float v40 = (v12 * v37);  // t13
@@ -615,10 +450,7 @@ void adam_k1_f08a13a7dd(int64_t begin, int64_t end, int64_t rank, std::vector<at
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("adam_k1_103a3f1ea6", &adam_k1_103a3f1ea6, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_549c574637", &adam_k1_549c574637, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_730ff76d12", &adam_k1_730ff76d12, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("adam_k1_92258168c6", &adam_k1_92258168c6, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_963be9aa3d", &adam_k1_963be9aa3d, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_a4b3d13635", &adam_k1_a4b3d13635, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("adam_k1_d5da2991cc", &adam_k1_d5da2991cc, pybind11::call_guard<pybind11::gil_scoped_release>());

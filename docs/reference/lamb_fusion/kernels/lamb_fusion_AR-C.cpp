@@ -127,69 +127,6 @@ void lamb_k1_0ab4f43878(int64_t begin, int64_t end, int64_t rank, std::vector<at
   b48[0] = b48[0] + static_cast<float>(acc48);
 }
 
-void lamb_k1_5f85f60033(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 14, "lamb_k1_5f85f60033 takes 14 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b5 = bufs[3].data_ptr<float>();
-  float* b6 = bufs[4].data_ptr<float>();
-  float* b7 = bufs[5].data_ptr<float>();
-  float* b8 = bufs[6].data_ptr<float>();
-  float* b9 = bufs[7].data_ptr<float>();
-  float* b14 = bufs[8].data_ptr<float>();
-  float* b19 = bufs[9].data_ptr<float>();
-  float* b24 = bufs[10].data_ptr<float>();
-  float* b31 = bufs[11].data_ptr<float>();
-  float* b46 = bufs[12].data_ptr<float>();
-  float* b48 = bufs[13].data_ptr<float>();
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v24 = b24[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  double acc46 = 0;
-  double acc48 = 0;
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768) reduction(+: acc46, acc48)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v25 = (v14 / v21);  // t25
-    const float v26 = (v19 / v23);  // t26
-    const float v27 = std::sqrt(v26);  // t27
-    const float v28 = (v27 + v7);  // t28
-    const float v29 = (v25 / v28);  // t29
-    const float v30 = (v24 * v1);  // t30
-    const float v31 = (v29 + v30);  // t31
-    const float v45 = (v1 * v1);  // norm.w.sq
-    acc46 += static_cast<double>(v45);
-    const float v47 = (v31 * v31);  // norm.u.sq
-    acc48 += static_cast<double>(v47);
-    b14[e] = v14;
-    b19[e] = v19;
-    b31[e] = v31;
-  }
-  b46[0] = b46[0] + static_cast<float>(acc46);
-  b48[0] = b48[0] + static_cast<float>(acc48);
-}
-
 void lamb_k1_6ce7cb4c41(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 14, "lamb_k1_6ce7cb4c41 takes 14 buffers");
   float* b1 = bufs[0].data_ptr<float>();
@@ -353,69 +290,6 @@ void lamb_k1_a25311425c(int64_t begin, int64_t end, int64_t rank, std::vector<at
     const float v3 = b3[e];
     const float v1 = b1[e];
     const float v10 = (v9 * 0.25f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v25 = (v14 / v21);  // t25
-    const float v26 = (v19 / v23);  // t26
-    const float v27 = std::sqrt(v26);  // t27
-    const float v28 = (v27 + v7);  // t28
-    const float v29 = (v25 / v28);  // t29
-    const float v30 = (v24 * v1);  // t30
-    const float v31 = (v29 + v30);  // t31
-    const float v45 = (v1 * v1);  // norm.w.sq
-    acc46 += static_cast<double>(v45);
-    const float v47 = (v31 * v31);  // norm.u.sq
-    acc48 += static_cast<double>(v47);
-    b14[e] = v14;
-    b19[e] = v19;
-    b31[e] = v31;
-  }
-  b46[0] = b46[0] + static_cast<float>(acc46);
-  b48[0] = b48[0] + static_cast<float>(acc48);
-}
-
-void lamb_k1_a56def5871(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 14, "lamb_k1_a56def5871 takes 14 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b5 = bufs[3].data_ptr<float>();
-  float* b6 = bufs[4].data_ptr<float>();
-  float* b7 = bufs[5].data_ptr<float>();
-  float* b8 = bufs[6].data_ptr<float>();
-  float* b9 = bufs[7].data_ptr<float>();
-  float* b14 = bufs[8].data_ptr<float>();
-  float* b19 = bufs[9].data_ptr<float>();
-  float* b24 = bufs[10].data_ptr<float>();
-  float* b31 = bufs[11].data_ptr<float>();
-  float* b46 = bufs[12].data_ptr<float>();
-  float* b48 = bufs[13].data_ptr<float>();
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v24 = b24[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  double acc46 = 0;
-  double acc48 = 0;
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768) reduction(+: acc46, acc48)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
     const float v11 = (v5 * v2);  // t11
     const float v13 = (v12 * v10);  // t13
     const float v14 = (v11 + v13);  // m.next
@@ -631,69 +505,6 @@ void lamb_k1_e8e18faa59(int64_t begin, int64_t end, int64_t rank, std::vector<at
   b48[0] = b48[0] + static_cast<float>(acc48);
 }
 
-void lamb_k1_fe9ff38504(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 14, "lamb_k1_fe9ff38504 takes 14 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b5 = bufs[3].data_ptr<float>();
-  float* b6 = bufs[4].data_ptr<float>();
-  float* b7 = bufs[5].data_ptr<float>();
-  float* b8 = bufs[6].data_ptr<float>();
-  float* b9 = bufs[7].data_ptr<float>();
-  float* b14 = bufs[8].data_ptr<float>();
-  float* b19 = bufs[9].data_ptr<float>();
-  float* b24 = bufs[10].data_ptr<float>();
-  float* b31 = bufs[11].data_ptr<float>();
-  float* b46 = bufs[12].data_ptr<float>();
-  float* b48 = bufs[13].data_ptr<float>();
-  const float v5 = b5[0];
-  const float v6 = b6[0];
-  const float v7 = b7[0];
-  const float v8 = b8[0];
-  const float v24 = b24[0];
-  const float v12 = (1.0f - v5);  // t12
-  const float v16 = (1.0f - v6);  // t16
-  const float v20 = std::pow(v5, v8);  // t20
-  const float v21 = (1.0f - v20);  // t21
-  const float v22 = std::pow(v6, v8);  // t22
-  const float v23 = (1.0f - v22);  // t23
-  double acc46 = 0;
-  double acc48 = 0;
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768) reduction(+: acc46, acc48)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v9 = b9[e];
-    const float v2 = b2[e];
-    const float v3 = b3[e];
-    const float v1 = b1[e];
-    const float v10 = (v9 * 0.5f);  // t10
-    const float v11 = (v5 * v2);  // t11
-    const float v13 = (v12 * v10);  // t13
-    const float v14 = (v11 + v13);  // m.next
-    const float v15 = (v6 * v3);  // t15
-    const float v17 = (v16 * v10);  // t17
-    const float v18 = (v17 * v10);  // t18
-    const float v19 = (v15 + v18);  // v.next
-    const float v25 = (v14 / v21);  // t25
-    const float v26 = (v19 / v23);  // t26
-    const float v27 = std::sqrt(v26);  // t27
-    const float v28 = (v27 + v7);  // t28
-    const float v29 = (v25 / v28);  // t29
-    const float v30 = (v24 * v1);  // t30
-    const float v31 = (v29 + v30);  // t31
-    const float v45 = (v1 * v1);  // norm.w.sq
-    acc46 += static_cast<double>(v45);
-    const float v47 = (v31 * v31);  // norm.u.sq
-    acc48 += static_cast<double>(v47);
-    b14[e] = v14;
-    b19[e] = v19;
-    b31[e] = v31;
-  }
-  b46[0] = b46[0] + static_cast<float>(acc46);
-  b48[0] = b48[0] + static_cast<float>(acc48);
-}
-
 void lamb_k2_4db882d233(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 9, "lamb_k2_4db882d233 takes 9 buffers");
   float* b1 = bufs[0].data_ptr<float>();
@@ -774,128 +585,8 @@ void lamb_k2_5966782ff6(int64_t begin, int64_t end, int64_t rank, std::vector<at
   }
 }
 
-void lamb_k2_6816067b2b(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "lamb_k2_6816067b2b takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b14 = bufs[4].data_ptr<float>();
-  float* b19 = bufs[5].data_ptr<float>();
-  float* b31 = bufs[6].data_ptr<float>();
-  float* b46 = bufs[7].data_ptr<float>();
-  float* b48 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v46 = b46[0];
-  const float v48 = b48[0];
-  const float v32 = std::sqrt(v46);  // norm.w
-  const float v33 = std::sqrt(v48);  // norm.u
-  const bool v34 = (v32 > 0.0f);  // t34
-  const bool v35 = (v33 > 0.0f);  // t35
-  const float v36 = (v32 / v33);  // t36
-  const float v37 = (v35 ? v36 : 1.0f);  // t37
-  const float v38 = (v34 ? v37 : 1.0f);  // trust
-  const float v39 = (v4 * v38);  // t39
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v31 = b31[e];
-    const float v1 = b1[e];
-    const float v14 = b14[e];
-    const float v19 = b19[e];
-    const float v40 = (v39 * v31);  // t40
-    const float v41 = (v1 - v40);  // t41
-    const float v42 = v14;  // m.new
-    const float v43 = v19;  // v.new
-    const float v44 = v41;  // w.new
-    b2[e] = v42;
-    b3[e] = v43;
-    b1[e] = v44;
-  }
-}
-
-void lamb_k2_833b5f60cb(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "lamb_k2_833b5f60cb takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b14 = bufs[4].data_ptr<float>();
-  float* b19 = bufs[5].data_ptr<float>();
-  float* b31 = bufs[6].data_ptr<float>();
-  float* b46 = bufs[7].data_ptr<float>();
-  float* b48 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v46 = b46[0];
-  const float v48 = b48[0];
-  const float v32 = std::sqrt(v46);  // norm.w
-  const float v33 = std::sqrt(v48);  // norm.u
-  const bool v34 = (v32 > 0.0f);  // t34
-  const bool v35 = (v33 > 0.0f);  // t35
-  const float v36 = (v32 / v33);  // t36
-  const float v37 = (v35 ? v36 : 1.0f);  // t37
-  const float v38 = (v34 ? v37 : 1.0f);  // trust
-  const float v39 = (v4 * v38);  // t39
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v31 = b31[e];
-    const float v1 = b1[e];
-    const float v14 = b14[e];
-    const float v19 = b19[e];
-    const float v40 = (v39 * v31);  // t40
-    const float v41 = (v1 - v40);  // t41
-    const float v42 = v14;  // m.new
-    const float v43 = v19;  // v.new
-    const float v44 = v41;  // w.new
-    b2[e] = v42;
-    b3[e] = v43;
-    b1[e] = v44;
-  }
-}
-
 void lamb_k2_b3ef58129d(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
   TORCH_CHECK(bufs.size() == 9, "lamb_k2_b3ef58129d takes 9 buffers");
-  float* b1 = bufs[0].data_ptr<float>();
-  float* b2 = bufs[1].data_ptr<float>();
-  float* b3 = bufs[2].data_ptr<float>();
-  float* b4 = bufs[3].data_ptr<float>();
-  float* b14 = bufs[4].data_ptr<float>();
-  float* b19 = bufs[5].data_ptr<float>();
-  float* b31 = bufs[6].data_ptr<float>();
-  float* b46 = bufs[7].data_ptr<float>();
-  float* b48 = bufs[8].data_ptr<float>();
-  const float v4 = b4[0];
-  const float v46 = b46[0];
-  const float v48 = b48[0];
-  const float v32 = std::sqrt(v46);  // norm.w
-  const float v33 = std::sqrt(v48);  // norm.u
-  const bool v34 = (v32 > 0.0f);  // t34
-  const bool v35 = (v33 > 0.0f);  // t35
-  const float v36 = (v32 / v33);  // t36
-  const float v37 = (v35 ? v36 : 1.0f);  // t37
-  const float v38 = (v34 ? v37 : 1.0f);  // trust
-  const float v39 = (v4 * v38);  // t39
-  const int nt = at::get_num_threads();
-  #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
-  for (int64_t e = begin; e < end; ++e) {
-    const float v31 = b31[e];
-    const float v1 = b1[e];
-    const float v14 = b14[e];
-    const float v19 = b19[e];
-    const float v40 = (v39 * v31);  // t40
-    const float v41 = (v1 - v40);  // t41
-    const float v42 = v14;  // m.new
-    const float v43 = v19;  // v.new
-    const float v44 = v41;  // w.new
-    b2[e] = v42;
-    b3[e] = v43;
-    b1[e] = v44;
-  }
-}
-
-void lamb_k2_bffdc938df(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {
-  TORCH_CHECK(bufs.size() == 9, "lamb_k2_bffdc938df takes 9 buffers");
   float* b1 = bufs[0].data_ptr<float>();
   float* b2 = bufs[1].data_ptr<float>();
   float* b3 = bufs[2].data_ptr<float>();
@@ -1016,21 +707,15 @@ void lamb_k2_ff92f9bbfd(int64_t begin, int64_t end, int64_t rank, std::vector<at
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lamb_k1_0ab4f43878", &lamb_k1_0ab4f43878, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("lamb_k1_5f85f60033", &lamb_k1_5f85f60033, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k1_6ce7cb4c41", &lamb_k1_6ce7cb4c41, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k1_9c521fb838", &lamb_k1_9c521fb838, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k1_a25311425c", &lamb_k1_a25311425c, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("lamb_k1_a56def5871", &lamb_k1_a56def5871, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k1_aaf825613b", &lamb_k1_aaf825613b, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k1_e1476df636", &lamb_k1_e1476df636, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k1_e8e18faa59", &lamb_k1_e8e18faa59, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("lamb_k1_fe9ff38504", &lamb_k1_fe9ff38504, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k2_4db882d233", &lamb_k2_4db882d233, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k2_5966782ff6", &lamb_k2_5966782ff6, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("lamb_k2_6816067b2b", &lamb_k2_6816067b2b, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("lamb_k2_833b5f60cb", &lamb_k2_833b5f60cb, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k2_b3ef58129d", &lamb_k2_b3ef58129d, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("lamb_k2_bffdc938df", &lamb_k2_bffdc938df, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k2_d3497e6672", &lamb_k2_d3497e6672, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("lamb_k2_ff92f9bbfd", &lamb_k2_ff92f9bbfd, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
