@@ -36,9 +36,13 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
   of that transport: the fitted one with its library link fitted to `shm_all_reduce` and its
   ring link to `shm_reduce_scatter` and `shm_all_gather`, as `fit` fits gloo's.
 Achieved bandwidths are smoothed by a running median over neighbouring sizes before the curve
-is taken, so one noisy size does not bend it. `predict_ms(topo, m)` is the model's time for a
-measurement, for the calibration's own predicted-vs-measured table. Units: `time_ms` in ms,
-`nbytes` in bytes, topology fields as named (`_us`, `_gbps`).
+is taken, so one noisy size does not bend it; a link benchmark's times are first made
+non-decreasing in size (`_monotone`: an isotonic fit by medians; a size measured slower than
+larger ones takes their median), so a stalled small size reads neither as fixed cost nor as a
+slow wire.
+`predict_ms(topo, m)` is the model's time for a measurement, for the calibration's own
+predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes, topology fields as named
+(`_us`, `_gbps`).
 """
 from __future__ import annotations
 
@@ -87,6 +91,22 @@ def _series(ms: Iterable[Measurement], kind: str) -> list[tuple[int, float]]:
     return sorted((b, statistics.median(ts)) for b, ts in by.items())
 
 
+def _monotone(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """(bytes, time) by size made non-decreasing in size: the isotonic fit in least absolute
+    deviations (adjacent sizes that go the wrong way pooled into one block at the block's
+    median, until no block is slower than the next). Moving more bytes does not take less
+    time: a size measured slower than larger ones was hit by something the model does not
+    describe (a scheduler stall) and takes its neighbours' median; a flat, noisy run of small
+    sizes keeps its median (a running minimum would take the lowest of the noise)."""
+    blocks: list[list[float]] = []
+    for _, t in points:
+        blocks.append([t])
+        while len(blocks) > 1 and statistics.median(blocks[-2]) > statistics.median(blocks[-1]):
+            blocks[-2:] = [blocks[-2] + blocks[-1]]
+    times = [statistics.median(b) for b in blocks for _ in b]
+    return [(b, t) for (b, _), t in zip(points, times)]
+
+
 def _smooth(values: list[float]) -> list[float]:
     """A running median of three (the ends keep theirs)."""
     if len(values) < 3:
@@ -124,10 +144,11 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
     `message_of(b)` bytes give a bulk rate to take their small wire time off), the median
     taken. Then each size's achieved bandwidth is solved for in every benchmark where the wire
     is a third of its time or more (so every message a benchmark's path serializes is counted
-    as the model counts it), the median over the benchmarks taken and smoothed over sizes: the
+    as the model counts it; each benchmark's times made non-decreasing in size first,
+    `_monotone`), the median over the benchmarks taken and smoothed over sizes: the
     best is the bandwidth, each size's share of it the efficiency by message size."""
     first = next(iter(benchmarks))
-    points = _series(ms, first)
+    points = _monotone(_series(ms, first))
     overhead = min(overhead_us, _fixed(points))
     message_of = benchmarks[first][0]
     bulk = _bulk_rate([(message_of(b) * messages, t) for b, t in points])
@@ -138,13 +159,13 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
 
     fixed = []
     for kind, (_, model) in benchmarks.items():
-        series = _series(ms, kind)
+        series = _monotone(_series(ms, kind))
         for b, t in series[:max(1, min(5, len(series) // 2))]:
             fixed.append(_solve(lambda lat: model(link(bulk, lat), b), t))
     latency = statistics.median(fixed)
     rates: dict[int, list[float]] = {}
     for kind, (size_of, model) in benchmarks.items():
-        for b, t in _series(ms, kind):
+        for b, t in _monotone(_series(ms, kind)):
             if model(link(1e9, latency), b) > t * 2 / 3:  # the wire is too small a part
                 continue
             per_byte = _solve(lambda y: model(link(1.0 / max(y, 1e-12), latency), b), t, 1.0)

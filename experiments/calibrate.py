@@ -6,8 +6,10 @@ Every rank runs the same operations side by side with the runtime every experime
 (`codegen.runtime.comm` over gloo, kernels from `codegen.build`), in interleaved rounds as the
 measurement harness times schedules (`interleaved`): each round runs every benchmark once, in a
 fresh random order (the same on every rank), each sample after a barrier, the slowest rank's time
-per call (a short benchmark's sample holds several calls, as `experiments.rounds` does: a local
-operation's back to back, a communication's each after a barrier), and each
+per call (a short benchmark's sample holds several calls, `experiments.rounds.calls_for`: a
+local operation's back to back, a communication's each after its own barrier, the sample their
+median, `experiments.rounds.sample_ms`, as every experiment's rounds and `collectives` time
+them), and each
 benchmark's time is the median over rounds; so benchmarks that the fit compares with each other
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
 matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
@@ -54,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import platform
 import statistics
 import time
@@ -71,7 +72,7 @@ from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import Compute
 from codegen.runtime import comm
-from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
+from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel, WallClock
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
 from cost_model.calibration import SHM, Measurement, fit, fit_shm, predict_ms
@@ -82,7 +83,7 @@ from reports.table import append_row
 from .api import Experiment
 from .optimizers import adam_program
 from .registry import register
-from .rounds import MAX_CALLS, MIN_SAMPLE_MS
+from .rounds import calls_for, sample_ms
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
@@ -153,6 +154,7 @@ class Bench:
     sample: Callable[[int], tuple[float, ...]]
     extra: dict = field(default_factory=dict)
     repeatable: bool = True
+    stat: str = "median"  # its samples' statistic (`experiments.rounds.calls_for`: how many calls)
 
 
 def _plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
@@ -166,24 +168,17 @@ def _plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
     return Bench((kind,), nbytes, sample, extra)
 
 
-def _apart(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
-    """A communication: each call after its own barrier (back to back, a 4 KiB exchange took
-    1.4 ms a call here against 0.15-0.25 ms after a barrier: the ranks' waits fall out of step),
-    a sample the median of its calls; a short one (calls > 1) makes one untimed call first and
-    times at least 3 (the first small exchange after a large operation took 4 ms here: the
-    link's latency is what follows)."""
-    def sample(calls: int) -> tuple[float, ...]:
-        if calls > 1:
-            dist.barrier()
-            fn()
-        times = []
-        for _ in range(max(3, calls) if calls > 1 else 1):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return (statistics.median(times),)
-    return Bench((kind,), nbytes, sample, extra)
+def _apart(kind: str, nbytes: int, fn: Callable[[], object], stat: str = "fastest",
+           **extra) -> Bench:
+    """A communication: `experiments.rounds.sample_ms`, each call after its own barrier (back to
+    back, a 4 KiB exchange took 1.4 ms a call here against 0.15-0.25 ms after a barrier); with
+    the "fastest" statistic (the link benchmarks, as `experiments.collectives` samples the same
+    calls) at least MIN_CALLS of them, the fastest: the model has no term for the 4 ms scheduler
+    stalls that hit a share of gloo's two-way exchanges, a share that changes with the load;
+    "median": a step's parts (`sequence*`), as the experiments' rounds sample steps."""
+    clock = WallClock()
+    return Bench((kind,), nbytes, lambda calls: (sample_ms(fn, calls, clock, stat),), extra,
+                 stat=stat)
 
 
 def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
@@ -219,8 +214,7 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
         for i, b in enumerate(benches):
             warm[i] = b.sample(1)[0]
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
-    calls = [max(1, min(MAX_CALLS, math.ceil(MIN_SAMPLE_MS / max(float(w), 1e-6))))
-             if b.repeatable else 1 for b, w in zip(benches, warm)]
+    calls = [calls_for(float(w), b.stat) if b.repeatable else 1 for b, w in zip(benches, warm)]
     slots, width = [], 0
     for b in benches:
         slots.append(width)
@@ -347,8 +341,9 @@ def _sequences(plan, step, fn, runner, spec) -> list[Bench]:
         comm_only = lambda x=x: comm.all_reduce(x)  # noqa: E731
         extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
                  step.kernel.numel}
-        out += [_apart("sequence", 4 * n, lambda k=kernel, c=comm_only: (c(), k()), **extra),
-                _apart("sequence_comm", 4 * n, comm_only, **extra),
+        out += [_apart("sequence", 4 * n, lambda k=kernel, c=comm_only: (c(), k()), "median",
+                       **extra),
+                _apart("sequence_comm", 4 * n, comm_only, "median", **extra),
                 _plain("sequence_compute", 4 * n, kernel, **extra)]
     return out
 

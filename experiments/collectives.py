@@ -11,11 +11,15 @@ scale's max_elements x 4 bytes; smoke: every fourth power). Rows: `schedule` = t
 `size` = bytes, `time_ms`, `algbw_gbps` = bytes / time, `busbw_gbps` = algbw x the nccl-tests
 factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e9 bytes/s).
 Measured: the run's backend's communicator (cpu: `comm.all_reduce`, gloo's, and the rings over
-send/recv for reduce_scatter and all_gather; cuda: NCCL's), timed by `harness.time_point` with the
-backend's clock; with comm=shm, gloo and shared memory in the same run, each (size, collective)
-timed in interleaved rounds (at most min(scale.budget_s, POINT_BUDGET_S) s per point), rows naming
-the transport in `comm`, a shm row's `speedup` (`speedup_lo/hi`: its 95% interval) gloo's time
-over its own, paired per round. Each result
+send/recv for reduce_scatter and all_gather; cuda: NCCL's), with the backend's clock, in
+interleaved rounds (`experiments.rounds`). One transport: every (collective, size) one function
+of one set of rounds, each sample the fastest of at least 3 calls each after a barrier (the
+slowest rank's), as `experiments.calibrate` samples the same calls to fit the model, until every
+time's 95% interval is within +-scale.ci_pct% or scale.budget_s runs out (rows: `time_ms` the
+median over rounds, `time_ms_lo/hi` its interval, `rounds`, `stopped`); with comm=shm, gloo and shared memory in the
+same run, each (size, collective) timed in its own rounds (at most min(scale.budget_s,
+POINT_BUDGET_S) s per point), rows naming the transport in `comm`, a shm row's `speedup`
+(`speedup_lo/hi`: its 95% interval) gloo's time over its own, paired per round. Each result
 checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
 collective alone in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm;
 the library's for the kinds the runtime leaves to it), on all the topology's devices (local:
@@ -24,6 +28,7 @@ GPU topologies).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Optional
 
@@ -38,7 +43,6 @@ from cost_model.workload import simulate_collective
 from reports.table import append_row
 
 from .api import Experiment
-from .harness import time_point
 from .registry import register
 from .rounds import Budget, interleave
 
@@ -103,11 +107,13 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
               budget: Optional[Budget] = None, seed: int = 0) -> list[dict]:
     """Every collective at every size through the backend's communicator for each transport in
     `comms` (None: the backend's default; cpu: the rings over gloo; cuda: NCCL), timed with the
-    backend's clock; rows name the transport in `comm`. One transport: `time_point` (warm-up,
-    repeats). Several (comm=shm: gloo, then shm): each (size, collective) timed in interleaved
-    rounds (`experiments.rounds.interleave` with `budget`), the first transport the reference
-    whose paired per-round time ratio over each other's is that one's `speedup` (with its 95%
-    interval); the reference's own rows have speedup 1."""
+    backend's clock in interleaved rounds (`experiments.rounds.interleave` with `budget`); rows
+    name the transport in `comm`. One transport: every (collective, size) one function of the
+    same rounds, as `experiments.calibrate` times the same calls (so the model it fits is
+    compared with these on equal terms). Several (comm=shm: gloo, then shm): each (size,
+    collective) its own rounds, the first transport the reference whose paired per-round time
+    ratio over each other's is that one's `speedup` (with its 95% interval); the reference's own
+    rows have speedup 1."""
     targets = []
     for comm in comms:
         backend = backends.get(backend_name, **({"comm": comm} if comm else {}))
@@ -115,27 +121,41 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
         targets.append((label, backend, backend.communicator(backend.groups().world,
                                                              backends.NO_STREAMS)))
     backend, clock = targets[0][1], targets[0][1].clock()
+    budget = budget or Budget(warmup=warmup)
+    szs = [b for b in szs if (b // 4) % world == 0]
+    if len(targets) == 1:
+        (label, _, c), = targets
+        top = max(szs, default=0) // 4  # every size's buffers: views of one pair of the largest
+        full_ = backend.buffer((top,), torch.float32)
+        part_ = backend.buffer((top // world,), torch.float32)
+        fns, ok = {}, {}
+        for b in szs:
+            full, part = full_[:b // 4], part_[:b // 4 // world]
+            for kind in KINDS:
+                fns[(kind, b)] = _op(kind, c, full, part)
+                ok[(kind, b)] = _check(kind, fns[(kind, b)], full, part, rank, world)
+        rounds = interleave({f"{k} {b}": f for (k, b), f in fns.items()},
+                            dataclasses.replace(budget, sample="fastest"), key=(seed, NAME),
+                            clock=clock, baseline=None)
+        out = []
+        for kind, b in fns:
+            ts, t = rounds.times_ms[f"{kind} {b}"], rounds.time(f"{kind} {b}")
+            out.append(row(kind, b, t.median, world, "measured", backend.name, "local",
+                           time_ms_min=round(min(ts), 6), time_ms_max=round(max(ts), 6),
+                           time_ms_lo=round(t.lo, 6), time_ms_hi=round(t.hi, 6),
+                           rounds=rounds.rounds, stopped=rounds.stopped,
+                           verified=ok[(kind, b)], comm=label))
+        return out
     out = []
     for b in szs:
-        n = b // 4
-        if n % world:
-            continue
-        full = backend.buffer((n,), torch.float32)  # shared by the transports, used in turn
-        part = backend.buffer((n // world,), torch.float32)
+        full = backend.buffer((b // 4,), torch.float32)  # shared by the transports, used in turn
+        part = backend.buffer((b // 4 // world,), torch.float32)
         for kind in KINDS:
             ops = {label: _op(kind, c, full, part) for label, _, c in targets}
             ok = {label: _check(kind, ops[label], full, part, rank, world) for label in ops}
-            if len(targets) == 1:
-                (label, op), = ops.items()
-                t = time_point(op, warmup, repeats, clock)
-                out.append(row(kind, b, t.median_ms, world, "measured", backend.name, "local",
-                               time_ms_min=round(t.min_ms, 6), time_ms_max=round(t.max_ms, 6),
-                               verified=ok[label], comm=label))
-                continue
             ref = targets[0][0]
             fns = {("baseline" if label == ref else label): op for label, op in ops.items()}
-            rounds = interleave(fns, budget or Budget(warmup=warmup), key=(seed, kind, b),
-                                clock=clock)
+            rounds = interleave(fns, budget, key=(seed, kind, b), clock=clock)
             for label in ops:
                 name = "baseline" if label == ref else label
                 t, x = rounds.time(name), rounds.speedup(name)
@@ -172,9 +192,12 @@ def measure(settings) -> list[dict]:
     start = time.perf_counter()
     # comm=shm: gloo and shared memory side by side, in one run, in interleaved rounds
     comms = ("ring", settings.comm) if settings.comm == "shm" else (settings.comm,)
+    # one transport: the whole sweep in one set of rounds, the scale's budget for a point;
+    # several: each (size, collective) its own, at most POINT_BUDGET_S
     budget = Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
                     max_rounds=max(settings.min_rounds, settings.max_rounds),
-                    budget_s=min(settings.point_budget_s, POINT_BUDGET_S), ci_pct=settings.ci_pct)
+                    budget_s=(min(settings.point_budget_s, POINT_BUDGET_S) if len(comms) > 1
+                              else settings.point_budget_s), ci_pct=settings.ci_pct)
     rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
                                                            settings.repeats, settings.backend,
                                                            comms, budget, settings.seed),

@@ -207,9 +207,10 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     fns = {name: (obj.step if name in ("baseline", GLOO_BASELINE) else obj.run)
            for name, obj in timed.items()}
     rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock)
-    calls = max(1, spec.budget.warmup) + rounds.rounds * rounds.calls
-    compute = dict(zip(fns, _rank_average([timed[n].compute_ms / calls for n in fns])))
-    library_ms = _rank_average([timed["baseline"].library_ms / calls])[0] if library else None
+    calls = {n: max(1, spec.budget.warmup) + rounds.rounds * rounds.calls[n] for n in fns}
+    compute = dict(zip(fns, _rank_average([timed[n].compute_ms / calls[n] for n in fns])))
+    library_ms = (_rank_average([timed["baseline"].library_ms / calls["baseline"]])[0] if library
+                  else None)
     del timed, fns
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None

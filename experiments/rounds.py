@@ -4,22 +4,38 @@
     r.times_ms["AR-C"]            # one sample per round: ms per call, the slowest rank's
     r.speedup("AR-C")             # Interval: median of baseline[i] / AR-C[i] over rounds i, 95% CI
     r.stopped                     # "converged" | "budget" | "rounds"
+    interleave(fns, budget, key, clock, baseline=None)   # times alone, nothing paired
 
 On every rank of the default process group, collectively:
-- warm-up: each function `budget.warmup` times (at least once), in the given order; the last
-  warm-up's time (the slowest rank's) sets `calls`, how many back-to-back calls make one sample
-  (a step shorter than MIN_SAMPLE_MS is called several times per sample, at most MAX_CALLS);
-- rounds: each round runs every function once (one sample each: `clock.settle()`, a barrier,
-  `calls` calls timed by the backend's clock), in a fresh random order drawn from
-  `numpy.random.default_rng([*key, round])`, so the same on every rank and different each round;
-  the round's times and "this rank ran out of time" go through one all_reduce MAX, so every rank
-  holds the same samples and takes the same decision;
+- warm-up: each function `budget.warmup` times (at least once), in the given order; each one's
+  last warm-up (the slowest rank's time) sets its `calls[name]` (`calls_for`), how many calls
+  make one of its samples (a call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at
+  most MAX_CALLS; with `budget.sample == "fastest"` at least MIN_CALLS always), so a function
+  is called max(1, warmup) + rounds x calls[name] times in all;
+- a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
+  alone by the backend's clock; the sample is the `budget.sample` statistic of those calls'
+  times in ms: "median" (the experiments' schedules) or "fastest" (their minimum: the
+  microbenchmarks of `experiments.calibrate` and `experiments.collectives`, which the cost
+  model is fitted to and checked on: the time of a call that no stall hit). Never back to back:
+  on gloo, a communication that follows another at once waits behind it (2 ranks on the 2-core
+  VM: a 1 KiB send/recv exchange 0.1 ms after a barrier, 3-4 ms a call back to back). Even
+  apart, a two-way exchange (each rank's isend and irecv at once; gloo's ring steps and its
+  all-reduce) stalls for one or two 4 ms scheduler ticks in 5-60% of calls, by load, while
+  gloo's TCP loop threads hold both cores; a one-way send does not. The median of such a mix
+  flips between the two modes from run to run (a 4 KiB reduce-scatter 0.21 or 1.76 ms); the
+  fastest of 3 stays within 10-25% (load 6);
+- rounds: each round runs every function once (one sample each), in a fresh random order drawn
+  from `numpy.random.default_rng([*key, round])`, so the same on every rank and different each
+  round; the round's samples and "this rank ran out of time" go through one all_reduce MAX, so
+  every rank holds the same samples (the slowest rank's) and takes the same decision;
 - stop: after at least `budget.min_rounds`, when every paired speedup's bootstrap 95% interval
   (RESAMPLES resamples of the rounds, seeded by `key`: the same on every rank) lies within
-  +-`budget.ci_pct`% of its median ("converged"), or when the point has used `budget.budget_s`
-  seconds of wall time on some rank ("budget"), or after `budget.max_rounds` ("rounds").
+  +-`budget.ci_pct`% of its median (with `baseline=None`: every function's time interval)
+  ("converged"), or when the point has used `budget.budget_s` seconds of wall time on some rank
+  ("budget"), or after `budget.max_rounds` ("rounds").
 
-Pure statistics (`paired`, `bootstrap_median`) are separate from the rank loop. Units: ms, s, %.
+Pure statistics (`paired`, `bootstrap_median`, `calls_for`) are separate from the rank loop.
+Units: ms, s, %.
 """
 from __future__ import annotations
 
@@ -27,14 +43,16 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-MIN_SAMPLE_MS, MAX_CALLS = 5.0, 64  # a sample lasts at least this long, in at most this many calls
+# a sample of a short call: calls adding up to MIN_SAMPLE_MS, at least MIN_CALLS, at most MAX_CALLS
+MIN_SAMPLE_MS, MIN_CALLS, MAX_CALLS = 5.0, 3, 64
 RESAMPLES = 1000  # bootstrap resamples per interval
+SAMPLES = {"median": statistics.median, "fastest": min}  # a sample's statistic of its calls
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +62,11 @@ class Budget:
     max_rounds: int = 400
     budget_s: float = 20.0  # wall seconds per point (warm-up included)
     ci_pct: float = 2.5  # stop when every speedup's 95% interval is within +-ci_pct% of its median
+    sample: str = "median"  # a sample's statistic of its calls (SAMPLES)
+
+    def __post_init__(self):
+        if self.sample not in SAMPLES:
+            raise ValueError(f"Budget.sample={self.sample!r} is not one of {sorted(SAMPLES)}")
 
 
 @dataclass(frozen=True)
@@ -61,7 +84,7 @@ class Interval:
 @dataclass(frozen=True)
 class Rounds:
     times_ms: Mapping[str, tuple[float, ...]]  # per function, one sample (ms per call) per round
-    calls: int  # calls per sample
+    calls: Mapping[str, int]  # per function, calls per sample (each timed alone; a sample: median)
     stopped: str  # converged | budget | rounds
     elapsed_s: float
     key: tuple
@@ -99,32 +122,44 @@ def bootstrap_median(samples: Sequence[float], key: tuple = (0,),
 
 
 def converged(times_ms: Mapping[str, Sequence[float]], key: tuple, ci_pct: float,
-              baseline: str = "baseline") -> bool:
-    """Every paired speedup's 95% interval within +-ci_pct% of its median."""
+              baseline: Optional[str] = "baseline") -> bool:
+    """Every paired speedup's 95% interval within +-ci_pct% of its median (baseline None: every
+    time's interval)."""
+    if baseline is None:
+        return all(bootstrap_median(t, key).halfwidth_pct <= ci_pct for t in times_ms.values())
     base = times_ms[baseline]
     return all(bootstrap_median(paired(base, t), key).halfwidth_pct <= ci_pct
                for name, t in times_ms.items() if name != baseline)
 
 
+def calls_for(call_ms: float, sample: str = "median") -> int:
+    """Calls per sample of a call that took `call_ms`: 1 from MIN_SAMPLE_MS up (MIN_CALLS for
+    the "fastest" statistic), else enough to add up to it, at least MIN_CALLS (a statistic of
+    several), at most MAX_CALLS."""
+    if call_ms >= MIN_SAMPLE_MS:
+        return MIN_CALLS if sample == "fastest" else 1
+    return max(MIN_CALLS, min(MAX_CALLS, math.ceil(MIN_SAMPLE_MS / max(call_ms, 1e-6))))
+
+
 def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple,
-               clock, baseline: str = "baseline") -> Rounds:
+               clock, baseline: Optional[str] = "baseline") -> Rounds:
     """Time `fns` in interleaved rounds on every rank (see the module)."""
-    if baseline not in fns:
+    if baseline is not None and baseline not in fns:
         raise ValueError(f"interleave needs the {baseline!r} function to pair speedups with")
     started = time.monotonic()
     names = list(fns)
     warm = torch.zeros(len(names), dtype=torch.float64)
     for _ in range(max(1, budget.warmup)):
         for i, name in enumerate(names):
-            warm[i] = _sample(fns[name], 1, clock)
+            warm[i] = sample_ms(fns[name], 1, clock)  # one call: any statistic
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
-    calls = max(1, min(MAX_CALLS, math.ceil(MIN_SAMPLE_MS / max(float(warm.min()), 1e-6))))
+    calls = {name: calls_for(float(w), budget.sample) for name, w in zip(names, warm)}
     times: dict[str, list[float]] = {n: [] for n in names}
     round_ = torch.zeros(len(names) + 1, dtype=torch.float64)
     stopped = "rounds"
     for r in range(budget.max_rounds):
         for i in np.random.default_rng([*_ints(key), r]).permutation(len(names)):
-            round_[i] = _sample(fns[names[i]], calls, clock) / calls
+            round_[i] = sample_ms(fns[names[i]], calls[names[i]], clock, budget.sample)
         round_[-1] = float(time.monotonic() - started > budget.budget_s)
         dist.all_reduce(round_, op=dist.ReduceOp.MAX)
         for i, name in enumerate(names):
@@ -144,14 +179,18 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
                   time.monotonic() - started, tuple(key))
 
 
-def _sample(fn: Callable[[], None], calls: int, clock) -> float:
-    """ms of `calls` back-to-back calls, after the device settles and the ranks meet."""
-    clock.settle()
-    dist.barrier()
-    clock.start()
-    for _ in range(calls):
+def sample_ms(fn: Callable[[], None], calls: int, clock, sample: str = "median") -> float:
+    """One sample: the `sample` statistic (SAMPLES) of the ms of `calls` calls, each timed alone
+    after the device settles and the ranks meet (this rank's times; see the module)."""
+    stat = SAMPLES[sample]
+    times = []
+    for _ in range(max(1, calls)):
+        clock.settle()
+        dist.barrier()
+        clock.start()
         fn()
-    return clock.stop()
+        times.append(clock.stop())
+    return stat(times)
 
 
 def _ints(key) -> list[int]:

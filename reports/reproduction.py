@@ -99,8 +99,9 @@ def _bytes(n) -> str:
 
 def repeatability(df) -> str:
     """The machine's own repeatability: the same collective, same runtime call, measured twice in
-    this run (by `calibrate` first, by `collectives` minutes later), as |second / first - 1| per
-    size: the floor under any prediction's error here."""
+    this run the same way (by `calibrate` first, by `collectives` minutes later; each the median
+    over interleaved rounds of the fastest of at least 3 calls after a barrier), as
+    |second / first - 1| per size: the floor under any prediction's error here."""
     if df.empty:
         return ""
     meas = df[df.source == "measured"]
@@ -118,9 +119,11 @@ def repeatability(df) -> str:
         return ""
     return "\n".join(["## Repeatability of this machine", "",
                       "The same collective through the same runtime call, measured twice in this "
-                      "run (by `calibrate`, then by `collectives` minutes later), differs by "
-                      "|second/first - 1| (sizes 4 KiB and up): no prediction of this machine can "
-                      "be trusted closer than this.", "",
+                      "run the same way (by `calibrate`, then by `collectives` minutes later: "
+                      "the median over interleaved rounds of the fastest of at least 3 calls, "
+                      "each after a barrier), differs by |second/first - 1| (the sizes both "
+                      "measured, 4 KiB and up): no prediction of this machine can be trusted "
+                      "closer than this.", "",
                       "| collective | sizes | median | largest |", "|---|---:|---:|---:|",
                       *lines]) + "\n"
 

@@ -7,8 +7,8 @@
 calibration cached in `.cache/calibration/<key>/` (topology.yaml, calibration.json,
 fingerprint.json), where `key` hashes the machine's `fingerprint()`: CPU model, cores, memory,
 torch and C++ compiler versions, and the calibration code's version (a hash of
-experiments/calibrate.py and cost_model/calibration.py). When none matches, the run calibrates
-first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibrate's
+experiments/calibrate.py, experiments/rounds.py and cost_model/calibration.py). When none
+matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibrate's
 "quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
 written to a temporary folder and moved into place whole, so a crash leaves no half calibration. `calibration=refresh` calibrates again and replaces the cache;
@@ -40,7 +40,8 @@ from experiments import MeasureSettings
 from . import CACHE_DIR, PROJECT_ROOT
 
 MODES = ("auto", "refresh", "off")
-CODE = ("experiments/calibrate.py", "cost_model/calibration.py")  # the calibration code's version
+# the calibration code's version (experiments.rounds: how calibrate samples communications)
+CODE = ("experiments/calibrate.py", "experiments/rounds.py", "cost_model/calibration.py")
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
 
