@@ -71,7 +71,11 @@ class Access:
     rank_stride: int = 0
 
     def is_contiguous(self, loop: tuple[int, ...]) -> bool:
-        return self.strides == contiguous_strides(loop)
+        """Whether the element index is the flat loop index e: the loop's contiguous strides at
+        every dimension of extent > 1 (a dimension of extent 1 adds 0, whatever its stride, e.g.
+        the micro-batch B=1 of an [S, B, H] activation read with stride 0)."""
+        return len(self.strides) == len(loop) and all(
+            s == c for s, c, n in zip(self.strides, contiguous_strides(loop), loop) if n != 1)
 
 
 @dataclass(frozen=True)

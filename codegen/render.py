@@ -113,6 +113,10 @@ class Renderer:
     storage_type: dict[DType, str] = {}  # the element type of a buffer of that dtype
     acc_type = {"float": "double", "int": "int64_t"}
     index_type = "int64_t"
+    # the unsigned type a loop of at most 2^32 elements divides its flat e in by a divisor that is
+    # not a power of two, to find its multi-index ("": in index_type); SIMD units divide 32-bit
+    # integers by a constant (a multiply), not 64-bit ones
+    narrow_index = ""
     float_suffix = {DType.f16: "f", DType.bf16: "f", DType.f32: "f", DType.f64: ""}
     inf, nan = "INFINITY", "NAN"
     bool_literals = ("false", "true")
@@ -261,9 +265,13 @@ class Renderer:
         if d not in w.index:
             L = w.kernel.loop
             inner = math.prod(L[d + 1:])
-            expr = "e" if inner == 1 else f"e / {inner}"
+            e, u = "e", ""
+            pow2 = all(n & (n - 1) == 0 for n in (inner, L[d]))  # shifts and masks vectorise
+            if self.narrow_index and math.prod(L) <= 2 ** 32 and not pow2:  # e fits in 32 bits
+                e, u = f"static_cast<{self.narrow_index}>(e)", "u"
+            expr = "e" if inner == 1 else f"{e} / {inner}{u}"
             if d > 0:
-                expr = f"e % {L[d]}" if inner == 1 else f"({expr}) % {L[d]}"
+                expr = f"{e} % {L[d]}{u}" if inner == 1 else f"({expr}) % {L[d]}{u}"
             w.index[d] = f"const {self.index_type} i{d} = {expr};"
         return f"i{d}"
 

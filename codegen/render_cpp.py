@@ -80,6 +80,8 @@ class CppRenderer(Renderer):
     torch_type = {**storage_type, DType.f16: "at::Half", DType.bf16: "at::BFloat16"}  # data_ptr<T>
     inf, nan = "INFINITY", "NAN"
     int64_literal = "INT64_C({})"  # int64_t is `long` here: a `5LL` would not match cc_max<int64_t>
+    # e.g. a bias's index e % 3072 in 64 bits stops the loop vectorising (4-5x slower on AVX2)
+    narrow_index = "uint32_t"
     indent = "  "
 
     def load(self, ptr: str, index: str, dt: DType) -> str:

@@ -183,6 +183,30 @@ def test_golden(make, want):
     assert R.render(make()) == want
 
 
+@pytest.mark.parametrize("rows, cols, want", [
+    (1024, 3072, "const int64_t i1 = static_cast<uint32_t>(e) % 3072u;"),  # 3M elements: 32-bit
+    (2 ** 22, 3072, "const int64_t i1 = e % 3072;"),  # 12.9G elements: e needs 64 bits
+    (1024, 4096, "const int64_t i1 = e % 4096;")])  # a power of two: a mask, in 64 bits
+def test_multi_index_divides_in_32_bits_where_the_loop_fits(rows, cols, want):
+    """A bias's index e % H with H not a power of two: in 64 bits the loop does not vectorise
+    (the pipeline boundary's kernel at H=3072 ran 4-5x slower per element than at H=4096)."""
+    b = Builder("bias")
+    x, bias = b.input("x", f32, [M, K], Local()), b.input("bias", f32, [K], Replicated())
+    out = b.op("add", x, bias, name="out")
+    k = _kernel("bias", (rows, cols), b.build(),
+                reads=(Access(0, 0, (cols, 1)), Access(1, 1, (0, 1))), writes=((out.value.id, 2),))
+    text = R.render(k)
+    assert want in text and "const float v0 = b0[e];" in text
+
+
+def test_a_unit_dimension_does_not_break_contiguity():
+    """[S, B, H] with B=1 read with stride 0 on B is still element e (not i0 * H + i2: the
+    pipeline boundary's kernel rebuilt every index and ran 4x slower per element)."""
+    assert Access(0, 0, (3072, 0, 1)).is_contiguous((1024, 1, 3072))
+    assert not Access(0, 0, (3072, 0, 1)).is_contiguous((1024, 2, 3072))
+    assert not Access(0, 0, (1, 0, 1024)).is_contiguous((1024, 1, 3072))
+
+
 def test_dropout_constants_are_the_interpreters():
     from dsl.interpret import mix32
     assert int(mix32(np.uint32(42 ^ 0x9E3779B9))) == 0xA0DF3600
