@@ -86,10 +86,15 @@ def _work_us(topo: Topology, spec: CollSpec, b: float, reads: int) -> float:
 
 def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float]:
     S, P, C = spec.nbytes, spec.P, spec.chunks
-    if P == 1:
-        return 0.0, 0.0
     link = topo.library if spec.library else None
     work = topo.ring_work_on_compute and not spec.library
+    if P == 1:  # the CPU runtime's ring of one still copies its input into its output
+        if not (work and algorithm == "ring"):
+            return 0.0, 0.0
+        if spec.kind == "reduce_scatter":  # whole, at its start
+            return _work_us(topo, spec, S, 1), 0.0
+        copy = _work_us(topo, spec, S / C, 1) if spec.kind == "all_gather" else 0.0
+        return copy, copy  # chunk by chunk
     if algorithm == "ring":
         phases = {"all_reduce": ("rs", "ag"), "reduce_scatter": ("rs",),
                   "all_gather": ("ag",)}[spec.kind]

@@ -21,7 +21,8 @@ picks the lowest estimate, unless the topology forces one):
   channels: it crosses nodes on all the NIC rails together, and on a mesh (DGX-1) uses every
   Hamiltonian cycle of NVLinks in both directions (`network.mesh_ring_links`). With `ring_work_on_compute` (CPU ranks)
   every received chunk of a reduce-scatter is added by a kernel on the rank's compute stream and
-  an all-gather first copies its own chunk into the output, as the runtime's ring does.
+  an all-gather first copies its own chunk into the output, as the runtime's ring does; in a
+  group of one (a pipeline stage of one rank) the ring still copies its input into its output.
 - tree (all_reduce across nodes): NCCL's double binary tree: two trees, each carrying half the
   data, over the nodes (the second mirrored), with a chain through the devices of each node;
   chunks reduce up to the root and are broadcast down, pipelined.
@@ -180,8 +181,9 @@ class _Build:
         mine = [r for r in self.sims if r in set(members)]
         st = {"members": members, "b": b, "ready": ready, "phase": phase, "channels": channels,
               "tag": tag, "mine": mine, "pos": {m: i for i, m in enumerate(members)},
-              "recv": {}, "done": {r: (list(ready[r]) if P == 1 else [None] * C) for r in mine}}
+              "recv": {}, "done": {r: [None] * C for r in mine}}
         if P == 1:
+            st["done"] = self.alone(phase, b, C, {r: ready[r] for r in mine}, tag)
             return st
         for c in range(C):
             for r in mine:
@@ -193,6 +195,25 @@ class _Build:
                 st["recv"][(0, c, sim.rep(right))] = self.send(
                     r, right, b, f"{tag}{phase} c{c} s0", [dep, ready[r][c]], channels, c)
         return st
+
+    def alone(self, phase: str, b: float, C: int, ready, tag: str = "") -> dict:
+        """A ring of one member (a pipeline stage of one rank): with `work` (CPU ranks) the
+        runtime's ring still copies its input into its output, a reduce-scatter the whole of it
+        at its start, an all-gather chunk by chunk into its own block (b bytes a chunk);
+        otherwise nothing: done[r][c] = ready[r][c]."""
+        if not self.work or phase not in ("rs", "ag"):
+            return {r: list(evs) for r, evs in ready.items()}
+        done = {}
+        for r, evs in ready.items():
+            if phase == "rs":
+                ev = self.sim.compute(r, self.kernel_us(b * C, 1), self.step, f"{tag}copy",
+                                      [e for e in evs if e is not None])
+                done[r] = [ev] * C
+            else:
+                done[r] = [self.sim.compute(r, self.kernel_us(b, 1), self.step,
+                                            f"{tag}copy c{self.first + c}", [evs[c]])
+                           for c in range(C)]
+        return done
 
     def ring_chunk(self, st: dict, c: int) -> dict:
         sim, members, P = self.sim, st["members"], len(st["members"])
@@ -273,7 +294,9 @@ def simulate(sim: Sim, spec: CollSpec, algorithm: str, ready, step: str, first_c
     S, P, C, kind = spec.nbytes, spec.P, spec.chunks, spec.kind
     ready = {r: (ready[r] if ready.get(r) is not None else [None] * C) for r in b.sims}
     if P == 1:
-        return ready, b.finished(ready)
+        phase = {"reduce_scatter": "rs", "all_gather": "ag"}.get(kind, "")
+        done = b.alone(phase if algorithm == "ring" else "", S / C, C, ready)
+        return done, b.finished(done)
     if uses_nccl(spec, b.topo):
         done = _nccl_calls(b, spec, algorithm, ready)
     elif algorithm == "ring":

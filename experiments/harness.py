@@ -24,7 +24,8 @@ when it differs. Then per point:
 - time: `time_point` (warm-up, repeats, a barrier before each, the slowest rank's time; a short
   step repeated until its repeats take 300 ms), baseline first, then each schedule; median, min,
   max; `compute_ms` is the time in the baseline's library computation or the Plan's kernels and
-  matmuls (rank average per call; the baseline's row also has `library_ms` where the baseline
+  matmuls (per call, averaged over the ranks that compute: a pipeline's one stage; the
+  baseline's row also has `library_ms` where the baseline
   keeps it: the part of its computation the cost model takes from the measurement), `comm_ms` = time_ms - compute_ms, and an `ol(...)` schedule's
   `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
 
@@ -227,10 +228,13 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
 
 
 def _rank_average(values: list) -> list:
-    """Each value averaged over the ranks."""
+    """Each value averaged over the ranks that spent time in it (> 0), 0 where none did: a
+    pipeline's computation runs on one stage's ranks, and the other stage's (which only send or
+    receive) do not halve it."""
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return [float(x) / dist.get_world_size() for x in t]
+    both = torch.stack([t, (t > 0).to(torch.float64)])
+    dist.all_reduce(both)
+    return [float(total) / float(n) if n > 0 else 0.0 for total, n in zip(*both)]
 
 
 def _baseline_matches_program(exp: Experiment, program, rank: int, world: int, backend,
