@@ -173,7 +173,7 @@ def _apart(kind: str, nbytes: int, fn: Callable[[], object], stat: str = "fastes
     """A communication: `experiments.rounds.sample_ms`, each call after its own barrier (back to
     back, a 4 KiB exchange took 1.4 ms a call here against 0.15-0.25 ms after a barrier); with
     the "fastest" statistic (the link benchmarks, as `experiments.collectives` samples the same
-    calls) at least MIN_CALLS of them, the fastest: the model has no term for the 4 ms scheduler
+    calls) the fastest of MIN_CALLS (3) calls, at every size: the model has no term for the 4 ms scheduler
     stalls that hit a share of gloo's two-way exchanges, a share that changes with the load;
     "median": a step's parts (`sequence*`), as the experiments' rounds sample steps."""
     clock = WallClock()

@@ -10,11 +10,11 @@ On every rank of the default process group, collectively:
 - warm-up: each function `budget.warmup` times (at least once), in the given order; each one's
   last warm-up (the slowest rank's time) sets its `calls[name]` (`calls_for`), how many calls
   make one of its samples (a call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at
-  most MAX_CALLS; with `budget.sample == "fastest"` at least MIN_CALLS always), so a function
-  is called max(1, warmup) + rounds x calls[name] times in all;
+  most MAX_CALLS; with `budget.sample == "fastest"` MIN_CALLS always), so a function is called
+  max(1, warmup) + rounds x calls[name] times in all;
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
   alone by the backend's clock; the sample is the `budget.sample` statistic of those calls'
-  times in ms: "median" (the experiments' schedules) or "fastest" (their minimum: the
+  times in ms: "median" (the experiments' schedules) or "fastest" (the minimum of 3: the
   microbenchmarks of `experiments.calibrate` and `experiments.collectives`, which the cost
   model is fitted to and checked on: the time of a call that no stall hit). Never back to back:
   on gloo, a communication that follows another at once waits behind it (2 ranks on the 2-core
@@ -133,11 +133,15 @@ def converged(times_ms: Mapping[str, Sequence[float]], key: tuple, ci_pct: float
 
 
 def calls_for(call_ms: float, sample: str = "median") -> int:
-    """Calls per sample of a call that took `call_ms`: 1 from MIN_SAMPLE_MS up (MIN_CALLS for
-    the "fastest" statistic), else enough to add up to it, at least MIN_CALLS (a statistic of
-    several), at most MAX_CALLS."""
+    """Calls per sample of a call that took `call_ms`. "fastest": MIN_CALLS always (the fastest
+    of n calls falls as n grows: a fixed n keeps samples of every size and every context alike;
+    with n set by the warm-up, collectives read a 4 KiB reduce-scatter at a third of calibrate's
+    under load). "median": 1 from
+    MIN_SAMPLE_MS up, else enough to add up to it, at least MIN_CALLS, at most MAX_CALLS."""
+    if sample == "fastest":
+        return MIN_CALLS
     if call_ms >= MIN_SAMPLE_MS:
-        return MIN_CALLS if sample == "fastest" else 1
+        return 1
     return max(MIN_CALLS, min(MAX_CALLS, math.ceil(MIN_SAMPLE_MS / max(call_ms, 1e-6))))
 
 

@@ -100,7 +100,7 @@ def _bytes(n) -> str:
 def repeatability(df) -> str:
     """The machine's own repeatability: the same collective, same runtime call, measured twice in
     this run the same way (by `calibrate` first, by `collectives` minutes later; each the median
-    over interleaved rounds of the fastest of at least 3 calls after a barrier), as
+    over interleaved rounds of the fastest of 3 calls, each after a barrier), as
     |second / first - 1| per size: the floor under any prediction's error here."""
     if df.empty:
         return ""
@@ -120,7 +120,7 @@ def repeatability(df) -> str:
     return "\n".join(["## Repeatability of this machine", "",
                       "The same collective through the same runtime call, measured twice in this "
                       "run the same way (by `calibrate`, then by `collectives` minutes later: "
-                      "the median over interleaved rounds of the fastest of at least 3 calls, "
+                      "the median over interleaved rounds of the fastest of 3 calls, "
                       "each after a barrier), differs by |second/first - 1| (the sizes both "
                       "measured, 4 KiB and up): no prediction of this machine can be trusted "
                       "closer than this.", "",

@@ -70,6 +70,8 @@ def test_calls_per_sample():
     assert calls_for(12.0) == 1 and calls_for(12.0, "fastest") == MIN_CALLS
     assert calls_for(4.0) == MIN_CALLS  # a statistic of several, not of 2
     assert calls_for(0.1) == 50 and calls_for(1e-4) == MAX_CALLS
+    # the fastest of n falls with n: a fixed n at every size, in every context
+    assert {calls_for(t, "fastest") for t in (1e-4, 0.1, 4.0, 12.0, 500.0)} == {MIN_CALLS}
     with pytest.raises(ValueError, match="sample"):
         Budget(sample="mean")
 
