@@ -16,9 +16,12 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   `peer_fused`: per chunk every rank copies its peers' blocks of the gradient chunk into shared
   memory, then (once every rank has) runs the kernels, which read the P-1 peers' chunks besides
   its own and write the gathered outputs twice (its slot, its own block); at the end each rank
-  reads its peers' blocks of every gathered output: all of it memory traffic on the rank's
+  copies its peers' blocks of every gathered output: all of it memory traffic on the rank's
   compute stream, at the topology's `peer_memory_gbps` (every rank streaming at once; where 0,
-  `Device.elementwise_us`, `kernel_us`).
+  `Device.elementwise_us`, `kernel_us`). Bytes per rank (`copy_bytes`, `own_block_bytes`): a
+  copy reads, writes and, on a `write_allocate` device, reads the destination's line first (its
+  destination is never read before); the kernel's second write likewise, unless the kernel
+  reads that buffer itself (in place).
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
 Fused and overlapped steps the runtime does not pipeline (`codegen.chunked.fusable`,
 `overlappable`: the runtime's own rule; e.g. `fuse(RS-AG-C)`) run their parts one after the other.
@@ -241,6 +244,22 @@ def _peer_readable(plan: Plan, f: FusedCollective) -> bool:
             and all(rest[i].src in written for i in gathers))
 
 
+def copy_bytes(nbytes: float, write_allocate: bool) -> float:
+    """The memory traffic of copying nbytes into lines the copy has not read: the read, the
+    write and, on a `write_allocate` device, the destination's line read before it is written."""
+    return nbytes * (3 if write_allocate else 2)
+
+
+def own_block_bytes(plan: Plan, kernels, gathers, write_allocate: bool) -> float:
+    """The traffic of a comm=shm fused kernel's second write of each gather's source (into this
+    rank's own block of the gather's destination, `codegen.shm_fuse.own_blocks`), per rank:
+    the block, and on a `write_allocate` device once more where no kernel of the step reads
+    that destination (where one does, e.g. Adam's w, the write lands on lines just read)."""
+    read = {a.buffer for k in kernels for a in k.kernel.reads}
+    return sum(g.nbytes / plan.P * (2 if write_allocate and g.dst not in read else 1)
+               for g in gathers)
+
+
 def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
     """comm=shm's fused all-reduce (see the module): ready has C events per rank."""
     plan, dev, C, P = run.plan, run.topo.device, f.chunks, run.plan.P
@@ -256,8 +275,9 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
             return nbytes / (rate * 1e3)
         return dev.kernel_us(nbytes, 0.0, "f32") - dev.launch_us
 
-    def copy_us(nbytes: float) -> float:  # a copy of its own (a launch)
-        return dev.launch_us + memory_us(nbytes) if rate else dev.elementwise_us(nbytes)
+    def copy_us(nbytes: float) -> float:  # a copy of nbytes into fresh lines (a launch)
+        traffic = copy_bytes(nbytes, dev.write_allocate)
+        return dev.launch_us + memory_us(traffic) if rate else dev.elementwise_us(traffic)
 
     def kernel_us(k) -> float:  # a chunk of a kernel: its own traffic at the shared rate
         if not rate:
@@ -265,9 +285,9 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
         flops_us = k.flops / C / (dev.peak(dtype_of(plan, k)) * 1e6)
         return dev.launch_us + max(flops_us, memory_us(kernel_bytes(plan, k, run.topo) / C))
 
-    publish_us = copy_us(2 * head.nbytes * (P - 1) / P / C)
+    publish_us = copy_us(head.nbytes * (P - 1) / P / C)
     peers_us = memory_us((P - 1) * head.nbytes / P / C)  # the peers' chunks the kernel reads
-    own_us = sum(memory_us(2 * g.nbytes / P / C) for g in gathers)  # the second write
+    own_us = memory_us(own_block_bytes(plan, kernels, gathers, dev.write_allocate) / C)
     posted = {r: [] for r in mine}
     for c in range(C):
         for r in mine:
@@ -290,7 +310,7 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
     for r in mine:
         ev = everyone
         for g in gathers:
-            ev = run.sim.compute(r, copy_us(2 * g.nbytes * (P - 1) / P),
+            ev = run.sim.compute(r, copy_us(g.nbytes * (P - 1) / P),
                                  run.name(g), "read peers", [ev, done[r]])
         out[r] = [ev] * C_outer
     return _pass(run, ready, mine, out)

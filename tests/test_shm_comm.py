@@ -216,15 +216,52 @@ def test_on_a_peer_reads_topology_the_fused_step_is_memory_traffic_on_each_rank(
     (k,) = [s for s in f.steps if isinstance(s, Compute)]
     (g,) = [s for s in f.steps[1:] if isinstance(s, Collective)]
     mem = lambda b: dev.kernel_us(b, 0.0, "f32") - dev.launch_us  # noqa: E731
-    expect = (C * dev.elementwise_us(2 * head.nbytes / 2 / C)
+    assert dev.write_allocate  # a copy: read, write, the destination's line read first
+    expect = (C * dev.elementwise_us(3 * head.nbytes / 2 / C)
               + C * (step_us(plan, k, topo, C) + mem(head.nbytes / 2 / C)
-                     + mem(2 * g.nbytes / 2 / C))
-              + dev.elementwise_us(2 * g.nbytes / 2) + topo.step_overhead_us)
+                     + mem(g.nbytes / 2 / C))  # the own block: lines of w the kernel read
+              + dev.elementwise_us(3 * g.nbytes / 2) + topo.step_overhead_us)
     assert simulate(plan, topo).time_us == pytest.approx(expect, rel=1e-6)
     split = lower(adam_fusion.schedules()["RS-C-AG+as_slice"], {"N": n}, P, fused_chunks=C)
     assert simulate(plan, topo).time_us < simulate(split, topo).time_us
     plain = dataclasses.replace(topo, peer_reads=False)  # the chunked rings' model otherwise
     assert simulate(plan, plain).time_us != pytest.approx(expect, rel=1e-3)
+
+
+def _traffic_topology(write_allocate: bool):
+    """local_shm.yaml streaming 1 GB/s per rank with no launch, no step overhead and compute
+    for free: a task's microseconds are the kilobytes it moves."""
+    path = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "local_shm.yaml"
+    topo = load_topology("local", path=str(path))
+    dev = dataclasses.replace(topo.device, launch_us=0.0, write_allocate=write_allocate,
+                              peak_tflops={k: 1e6 for k in topo.device.peak_tflops})
+    return dataclasses.replace(topo, device=dev, peer_memory_gbps=1.0, step_overhead_us=0.0)
+
+
+@pytest.mark.parametrize("write_allocate", [True, False])
+def test_the_fused_steps_modelled_bytes_are_what_the_runtime_moves(write_allocate):
+    """Per rank, per unit u = one rank's slice (N/2 f32) of Adam's fuse(RS-C-AG)+as_slice on 2
+    ranks, counted from `pipelined.peer_fused` and the kernel `codegen.shm_fuse` generates:
+    publish (its peer's block of g copied into its slot): read u, write u, and on a
+    write-allocate CPU the slot's lines read first: 3u (2u without);
+    the kernel: reads its own and the peer's block of g, m, v, its slice of w (5u), writes m, v
+    (in place), w's slice into its slot (fresh: +u write-allocate) and into its own block of w
+    (in place: the lines it just read): 4u + 1u;
+    read peers (the peer's slot copied into its block of w): 3u (2u).
+    A regression in any of these counts (e.g. the second write charged a line read again, or
+    a copy charged two passes on a write-allocate CPU) fails here."""
+    n, P, C = 1 << 22, 2, 4
+    u = n // P * 4
+    plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": n}, P, fused_chunks=C)
+    r = simulate(plan, _traffic_topology(write_allocate))
+    df = r.trace[(r.trace["rank"] == 0) & (r.trace.stream == "compute")]
+    kb = {task: float((d.end - d.start).sum()) for task, d in
+          df.assign(task=df.task.str.replace(r" c\d+$", "", regex=True)).groupby("task")}
+    wa = 1 if write_allocate else 0
+    assert kb["publish"] * 1e3 == pytest.approx((2 + wa) * u, rel=1e-9)
+    assert kb["peers"] * 1e3 == pytest.approx((9 + wa) * u, rel=1e-9)
+    assert kb["read peers"] * 1e3 == pytest.approx((2 + wa) * u, rel=1e-9)
+    assert r.time_us * 1e3 == pytest.approx((13 + 3 * wa) * u, rel=1e-9)
 
 
 def test_the_cost_model_runs_peer_style_exactly_what_the_runtime_does():
