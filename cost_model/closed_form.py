@@ -54,11 +54,38 @@ _CHOICE: dict = {}
 def collective_us(spec: CollSpec, algorithm: str, topo: Topology) -> float:
     if uses_nccl(spec, topo):
         return spec.chunks * nccl_call(spec, topo, algorithm).time_us if spec.P > 1 else 0.0
+    shm = shm_all_reduce_us(spec, topo)
+    if shm is not None:
+        return shm
     shape = _shape(spec, algorithm, topo)
     if len(shape) == 3:  # a ring knows its chunked time
         return shape[2]
     L1, bottleneck = shape
     return L1 + (spec.chunks - 1) * bottleneck
+
+
+def shm_all_reduce_bytes(nbytes: float, P: int, write_allocate: bool) -> float:
+    """The memory traffic per member of comm=shm's all-reduce of nbytes
+    (`codegen.runtime.shm_comm.ShmComm.all_reduce`), in slices s = nbytes / P: it copies its
+    peers' P-1 slices into its slot, reduces its own slice in place (P-1 passes of an add that
+    reads two slices and writes one), copies the result into its slot and copies its peers' P-1
+    reduced slices out of theirs. A copy reads, writes and, on a `write_allocate` device, reads
+    the destination's line first (3 s; 2 s without): (2 copy + 3)(P-1) s + copy s."""
+    copy = 3 if write_allocate else 2
+    return nbytes / P * ((2 * copy + 3) * (P - 1) + copy)
+
+
+def shm_all_reduce_us(spec: CollSpec, topo: Topology):
+    """comm=shm's library all-reduce as what it is, memory traffic on each member at the
+    topology's `peer_memory_gbps` (every rank streaming at once) plus the library link's fixed
+    cost per call (its flags and Python: `latency_us` + `overhead_us`), per chunk; None where
+    the topology does not share memory that way (`peer_reads` with a calibrated rate)."""
+    if not (topo.peer_reads and topo.peer_memory_gbps and spec.library and topo.library
+            and spec.kind == "all_reduce" and spec.P > 1):
+        return None
+    lib, calls = topo.library, spec.chunks
+    traffic = shm_all_reduce_bytes(spec.nbytes / calls, spec.P, topo.device.write_allocate)
+    return calls * (lib.latency_us + lib.overhead_us + traffic / (topo.peer_memory_gbps * 1e3))
 
 
 def choose(spec: CollSpec, topo: Topology) -> str:

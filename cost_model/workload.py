@@ -7,7 +7,8 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 `rule(run, step, ready, C) -> done`: `ready[r]` / `done[r]` are per-chunk events of rank r.
 - Compute / MatMul / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
 - Collective: the collectives layer's algorithm (the tuner's pick; on a GPU topology NCCL's calls,
-  `cost_model.nccl`); P2P: rank i of the source stage sends to rank i of the destination stage,
+  `cost_model.nccl`; comm=shm's library all-reduce, `closed_form.shm_all_reduce_us`: memory
+  traffic on every member at `peer_memory_gbps`, as `_peer_fused` charges); P2P: rank i of the source stage sends to rank i of the destination stage,
   chunk by chunk (on a GPU topology each message holds its ports for `nccl.p2p_us`).
 - FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
   scatter, or P2P), then the kernels on chunk c as soon as it is there, then chunk c's all-gathers;
@@ -49,8 +50,8 @@ from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Pla
 
 from . import collectives, nccl
 from .closed_form import _dtype as dtype_of
-from .closed_form import (choose, collective_us, kernel_bytes, spec_of, staging_us,
-                          step_us)
+from .closed_form import (choose, collective_us, kernel_bytes, shm_all_reduce_us, spec_of,
+                          staging_us, step_us)
 from .collectives import CollSpec
 from .network import Sim, join
 from .topology import Topology
@@ -121,10 +122,16 @@ def _collective(run: Run, s: Collective, ready, C):
 
 
 def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first: int = 0):
-    algo = algo or choose(spec, run.topo)
     group = set(spec.group)
     mine = [r for r in run.sim.ranks if r in group]
     sub = {r: ready[r] for r in mine}
+    shm_us = shm_all_reduce_us(spec, run.topo)
+    if shm_us is not None:  # comm=shm's all-reduce: memory traffic on every member, then all done
+        ev = [run.sim.delay(r, shm_us, run.name(s), "shm all_reduce (memory)", list(sub[r]))
+              for r in mine]
+        every = join(run.sim.env, ev)
+        return _pass(run, ready, mine, {r: [every] * spec.chunks for r in mine})
+    algo = algo or choose(spec, run.topo)
     if run.sim.fold and algo not in FOLDABLE and not collectives.uses_nccl(spec, run.topo):
         # closed form inside a folded run
         us = collective_us(spec, algo, run.topo)

@@ -26,11 +26,12 @@ from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import RankError, launch
 from codegen.runtime.shm_comm import ShmComm
 from codegen.shm_fuse import peer_step
-from cost_model.closed_form import step_us
+from cost_model.closed_form import choose, collective_us, shm_all_reduce_bytes, spec_of, step_us
 from cost_model.workload import _peer_readable
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
 from experiments import adam_fusion, lamb_fusion
+from experiments.predict import library_compute_us
 
 
 def _segments() -> set:
@@ -262,6 +263,31 @@ def test_the_fused_steps_modelled_bytes_are_what_the_runtime_moves(write_allocat
     assert kb["peers"] * 1e3 == pytest.approx((9 + wa) * u, rel=1e-9)
     assert kb["read peers"] * 1e3 == pytest.approx((2 + wa) * u, rel=1e-9)
     assert r.time_us * 1e3 == pytest.approx((13 + 3 * wa) * u, rel=1e-9)
+
+
+@pytest.mark.parametrize("write_allocate", [True, False])
+def test_the_shm_baselines_modelled_bytes_are_what_its_all_reduce_moves(write_allocate):
+    """The library baseline on comm=shm: ShmComm.all_reduce's memory traffic per rank (2 ranks,
+    slices s = N/2 f32: its peer's slice copied into its slot, its own slice reduced in place
+    (reads 2 s, writes s), copied into its slot, the peer's reduced slice copied out: 3 copies
+    of 3 s (2 s without write-allocate) and 3 s) plus the library's fixed cost, then torch's
+    optimizer at its measured time; the same in the DES and the closed form, and at 3 ranks."""
+    topo = _traffic_topology(write_allocate)
+    n, copy = 1 << 22, 3 if write_allocate else 2
+    s = n // 2 * 4
+    assert shm_all_reduce_bytes(4 * n, 2, write_allocate) == (3 * copy + 3) * s
+    assert shm_all_reduce_bytes(4 * n, 3, write_allocate) == (5 * copy + 6) * (4 * n / 3)
+    plan = lower(adam_fusion.EXPERIMENT.program(), {"N": n}, 2)
+    fixed = topo.library.latency_us + topo.library.overhead_us
+    r = simulate(plan, topo, compute_us=library_compute_us(plan, 5.0))
+    assert r.time_us == pytest.approx(fixed + (3 * copy + 3) * s / 1e3 + 5000.0, rel=1e-9)
+    (ar,) = [st for st in plan.steps if isinstance(st, Collective)]
+    spec = spec_of(plan, ar, topo)
+    assert collective_us(spec, choose(spec, topo), topo) == pytest.approx(
+        fixed + (3 * copy + 3) * s / 1e3, rel=1e-9)
+    gloo = dataclasses.replace(topo, peer_reads=False)  # not shared memory: the fitted link
+    assert simulate(plan, gloo, compute_us=library_compute_us(plan, 5.0)).time_us != \
+        pytest.approx(r.time_us, rel=1e-3)
 
 
 def test_the_cost_model_runs_peer_style_exactly_what_the_runtime_does():
