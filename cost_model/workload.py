@@ -8,7 +8,8 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 - Compute / MatMul / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
 - Collective: the collectives layer's algorithm (the tuner's pick; on a GPU topology NCCL's calls,
   `cost_model.nccl`; comm=shm's library all-reduce, `closed_form.shm_all_reduce_us`: memory
-  traffic on every member at `peer_memory_gbps`, as `_peer_fused` charges); P2P: rank i of the source stage sends to rank i of the destination stage,
+  traffic on every member at `peer_memory_gbps`, as `_peer_fused` charges); P2P: rank i of the
+  source stage sends to rank i of the destination stage,
   chunk by chunk (on a GPU topology each message holds its ports for `nccl.p2p_us`).
 - FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
   scatter, or P2P), then the kernels on chunk c as soon as it is there, then chunk c's all-gathers;

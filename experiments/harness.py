@@ -24,9 +24,10 @@ when it differs. Then per point:
 - time: `time_point` (warm-up, repeats, a barrier before each, the slowest rank's time; a short
   step repeated until its repeats take 300 ms), baseline first, then each schedule; median, min,
   max; `compute_ms` is the time in the baseline's library computation or the Plan's kernels and
-  matmuls (per call, averaged over the ranks that compute: a pipeline's one stage; the
-  baseline's row also has `library_ms` where the baseline
-  keeps it: the part of its computation the cost model takes from the measurement), `comm_ms` = time_ms - compute_ms, and an `ol(...)` schedule's
+  matmuls (the median call's, averaged over the ranks that compute: a pipeline's one stage;
+  the baseline's row also has `library_ms` where the baseline keeps it: the part of its
+  computation the cost model takes from the measurement), `comm_ms` = time_ms - compute_ms, and
+  an `ol(...)` schedule's
   `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
 
 With comm=shm the library baseline also runs on gloo (`GLOO_BASELINE`, its own row), timed in
@@ -40,6 +41,7 @@ by its module spec: `registry.source_of`), so its fields need not be picklable.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -200,19 +202,16 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         verified[name] = agree(_close(runner.outputs(), _local(plan, reference, runner.tp),
                                       _local(plan, error(reference), runner.tp)))
         timed[name] = runner
-    for obj in timed.values():
-        obj.compute_ms = 0.0
     library = hasattr(timed["baseline"], "library_ms")
-    if library:
-        timed["baseline"].library_ms = 0.0
-    fns = {name: (obj.step if name in ("baseline", GLOO_BASELINE) else obj.run)
-           for name, obj in timed.items()}
+    counted = {name: _per_call(obj, obj.step if name in ("baseline", GLOO_BASELINE) else obj.run,
+                               library and name == "baseline") for name, obj in timed.items()}
+    fns = {name: fn for name, (fn, _) in counted.items()}
     rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock)
-    calls = {n: max(1, spec.budget.warmup) + rounds.rounds * rounds.calls[n] for n in fns}
-    compute = dict(zip(fns, _rank_average([timed[n].compute_ms / calls[n] for n in fns])))
-    library_ms = (_rank_average([timed["baseline"].library_ms / calls["baseline"]])[0] if library
-                  else None)
-    del timed, fns
+    compute = dict(zip(fns, _rank_average([statistics.median(s["compute_ms"])
+                                           for _, s in counted.values()])))
+    library_ms = (_rank_average([statistics.median(counted["baseline"][1]["library_ms"])])[0]
+                  if library else None)
+    del timed, fns, counted
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None
     if exp.split_schedule in compute:
@@ -225,6 +224,21 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         rows.append(row(name, verified[name], compute[name], hidden,
                         library_ms if name == "baseline" else None))
     return rows
+
+
+def _per_call(obj, fn: Callable[[], None], library: bool):
+    """(fn counting, samples): each call's compute_ms (and library_ms) in `samples`, so that a
+    row's compute is the median call's, as its time is the median round's (a mean would take
+    in the calls a busy machine preempted, which the time's median leaves out)."""
+    samples = {"compute_ms": [], "library_ms": []}
+
+    def call():
+        before = (obj.compute_ms, getattr(obj, "library_ms", 0.0))
+        fn()
+        samples["compute_ms"].append(obj.compute_ms - before[0])
+        if library:
+            samples["library_ms"].append(obj.library_ms - before[1])
+    return call, samples
 
 
 def _rank_average(values: list) -> list:

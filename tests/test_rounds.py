@@ -1,13 +1,16 @@
 """Interleaved rounds (experiments.rounds): the bootstrap interval of a median, the pairing of
 speedups per round, and the rank loop on 2 gloo ranks: the same random order on every rank and a
 fresh one each round, a known speedup recovered, and the stop reasons (converged, budget)."""
+import statistics
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from codegen.runtime.backend import WallClock
 from codegen.runtime.launch import launch
+from experiments.harness import _per_call
 from experiments.rounds import Budget, bootstrap_median, converged, interleave, paired
 
 
@@ -116,3 +119,21 @@ def test_times_without_a_baseline_converge_on_their_own_intervals():
     assert stopped == "converged"
     assert 1.9 < a < 3.5 and 3.9 < b < 6.0
     assert calls == {"a": 3, "b": 3}
+
+
+def test_a_rows_compute_is_the_median_calls_not_the_mean():
+    """experiments.harness counts each call's compute_ms: a call a busy machine preempted (here
+    50 ms among 1 ms calls) moves a mean, not the median the row reports, as its time's."""
+    obj = SimpleNamespace(compute_ms=0.0, library_ms=0.0)
+    costs = iter([1.0, 1.0, 50.0, 1.0, 2.0])
+
+    def step():
+        c = next(costs)
+        obj.compute_ms += c
+        obj.library_ms += c / 2
+    call, samples = _per_call(obj, step, library=True)
+    for _ in range(5):
+        call()
+    assert samples["compute_ms"] == [1.0, 1.0, 50.0, 1.0, 2.0]
+    assert statistics.median(samples["compute_ms"]) == 1.0
+    assert statistics.median(samples["library_ms"]) == 0.5
