@@ -26,7 +26,8 @@ from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import RankError, launch
 from codegen.runtime.shm_comm import ShmComm
 from codegen.shm_fuse import peer_step
-from cost_model.closed_form import choose, collective_us, shm_all_reduce_bytes, spec_of, step_us
+from cost_model.closed_form import (choose, collective_us, kernel_bytes, shm_all_reduce_bytes,
+                                    spec_of)
 from cost_model.workload import _peer_readable
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
@@ -216,12 +217,13 @@ def test_on_a_peer_reads_topology_the_fused_step_is_memory_traffic_on_each_rank(
     head, dev = f.steps[0], topo.device
     (k,) = [s for s in f.steps if isinstance(s, Compute)]
     (g,) = [s for s in f.steps[1:] if isinstance(s, Collective)]
-    mem = lambda b: dev.kernel_us(b, 0.0, "f32") - dev.launch_us  # noqa: E731
+    mem = lambda b: b / (topo.peer_memory_gbps * 1e3)  # noqa: E731
     assert dev.write_allocate  # a copy: read, write, the destination's line read first
-    expect = (C * dev.elementwise_us(3 * head.nbytes / 2 / C)
-              + C * (step_us(plan, k, topo, C) + mem(head.nbytes / 2 / C)
+    kernel = dev.launch_us + mem(kernel_bytes(plan, k, topo) / C)
+    expect = (C * (dev.launch_us + mem(3 * head.nbytes / 2 / C))
+              + C * (kernel + mem(head.nbytes / 2 / C)
                      + mem(g.nbytes / 2 / C))  # the own block: lines of w the kernel read
-              + dev.elementwise_us(3 * g.nbytes / 2) + topo.step_overhead_us)
+              + dev.launch_us + mem(3 * g.nbytes / 2) + topo.step_overhead_us)
     assert simulate(plan, topo).time_us == pytest.approx(expect, rel=1e-6)
     split = lower(adam_fusion.schedules()["RS-C-AG+as_slice"], {"N": n}, P, fused_chunks=C)
     assert simulate(plan, topo).time_us < simulate(split, topo).time_us
