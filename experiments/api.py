@@ -14,9 +14,8 @@ the library code a practitioner writes) fills in:
 - `paper`: the paper's setting to predict (`PaperSetting`), or None.
 
 and optionally `measure_worlds` (world sizes to measure at; default: the run's), `split_schedule`
-(whose communication an overlapped `ol(...)` schedule is compared with), `rtol` (the verification
-tolerance of measured points; default `dsl.equivalence.tolerance`), `check_bindings` (where the
-baseline is checked against `dsl.interpret`; default the first verification binding).
+(whose communication an overlapped `ol(...)` schedule is compared with), `check_bindings` (where
+the baseline is checked against `dsl.interpret`; default the first verification binding).
 
 The measurement (`experiments.harness.measure`) and the predictions (`experiments.predict`) work
 from these fields alone. An experiment without a DSL program (calibrate, collectives) leaves
@@ -169,7 +168,6 @@ class Experiment:
     paper: Optional[PaperSetting] = None
     measure_worlds: Optional[tuple[int, ...]] = None
     split_schedule: Optional[str] = None
-    rtol: Optional[float] = None
     check_bindings: Optional[Mapping[str, int]] = None
     # experiments without a DSL program
     measure: Optional[Callable[[MeasureSettings], list]] = None

@@ -38,7 +38,6 @@ def optimizer_points(scale: str, max_elements: int) -> list[dict[str, int]]:
     return [{"N": 1 << k} for k in range(lo, hi + 1, step) if 1 << k <= max_elements]
 
 
-RTOL = 2e-6  # f32: one step differs only by reduction and op order (a few ulp of w, m, v)
 _DP_SIZES = {"smoke": [1 << 20], "default": [1 << k for k in range(10, 31, 2)],
              "paper": [1 << k for k in range(10, 31)]}
 PAPER = PaperSetting(topologies=(("dgx2", 16),), world_size=256, dtype=f32,
