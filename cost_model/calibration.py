@@ -16,6 +16,9 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
 - `all_reduce` (gloo's): the library link, the same way, as a ring of 2(P-1) steps of b/P bytes.
 - `kernel` (the generated Adam kernel over b bytes of traffic): launch overhead (the smallest
   sizes' time), memory bandwidth and its efficiency curve by kernel bytes.
+- `kernel_stream` (the same kernel, each call on fresh data beyond the caches, every rank at
+  once): the device's `stream_memory_gbps`, the rate of a generated kernel inside a step (the
+  median over sizes of bytes / (time - launch)); comm=shm's `peer_memory_gbps` too (`fit_shm`).
 - `matmul` (torch.matmul at several shapes, `flops` each): the device's f32 peak and the rate by
   size, `matmul_efficiency_by_flops` (the achieved flop/s by flops, smoothed; the best is the
   peak, each size's share of it the curve; matmul_efficiency 1).
@@ -56,7 +59,8 @@ from .closed_form import collective_us
 from .network import Sim
 from .topology import Device, LinkClass, Topology
 
-FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel", "matmul", "overlap_kernel", "overlap_exchange",
+FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel",
+          "kernel_stream", "matmul", "overlap_kernel", "overlap_exchange",
           "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute")
 LIBRARY = "library_"  # kinds library_<routine>: a library routine's time by bytes
 CHECKED = ("send",)
@@ -362,6 +366,7 @@ def fit_device(ms: list[Measurement], base: Device) -> Device:
         base, memory_bandwidth_gbps=round(mem_bw, 3), launch_us=round(launch, 2),
         library_steps_us=library_steps_us(ms) or base.library_steps_us,
         memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()}, matmul_efficiency=1.0,
+        stream_memory_gbps=peer_memory_gbps(ms, launch) or base.stream_memory_gbps,
         matmul_efficiency_by_flops=mm_eff,
         library_efficiency=lib,
         peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)})
@@ -418,7 +423,9 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
     if m.kind == "kernel_stream" and topo.peer_memory_gbps:  # topo: fit_shm's
         return (dev.launch_us + b / (topo.peer_memory_gbps * 1e3)) / 1e3
-    if m.kind in ("kernel", "overlap_kernel", "kernel_stream"):
+    if m.kind == "kernel_stream":
+        return dev.step_kernel_us(b, m.flops, "f32") / 1e3
+    if m.kind in ("kernel", "overlap_kernel"):
         return dev.kernel_us(b, m.flops, "f32") / 1e3
     if m.kind == "add":
         return dev.elementwise_us(3 * b) / 1e3

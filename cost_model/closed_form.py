@@ -356,8 +356,8 @@ def step_us(plan: Plan, step, topo: Topology, chunks: int = 1) -> float:
 
 
 def _compute(plan, s, topo, chunks):
-    return topo.device.kernel_us(kernel_bytes(plan, s, topo) / chunks, s.flops / chunks,
-                                 _dtype(plan, s))
+    return topo.device.step_kernel_us(kernel_bytes(plan, s, topo) / chunks, s.flops / chunks,
+                                      _dtype(plan, s))
 
 
 def kernel_bytes(plan: Plan, s: Compute, topo: Topology) -> float:

@@ -17,7 +17,11 @@ message and kernel sizes in bytes.
   interpolates in log-log between sizes, the smallest size's time below it, per byte beyond the
   largest; None where the device has no figure for the routine). `write_allocate`: a store
   reads its cache line first (CPUs without streaming stores), so a kernel's writes to a buffer
-  it does not read cost their bytes twice.
+  it does not read cost their bytes twice. `stream_memory_gbps`: the memory rate of a generated
+  kernel inside a program's step, every rank at once on data beyond the caches (calibration's
+  `kernel_stream`; a step's buffers were last touched by communication or by the step before, not
+  by the kernel itself as in the `memory_efficiency` sweep, which reuses its buffers); 0: the
+  sweep's curve (`step_kernel_us`).
 - `LinkClass`: one port or link, per direction: a message of b bytes holds it for
   `overhead_us + b / (bandwidth_gbps * efficiency(b))` (the per-message software cost and the
   wire), then arrives `latency_us` later (propagation and pipeline latency, which does not hold
@@ -135,6 +139,7 @@ class Device:
     library_steps_us: Dict[str, Dict[int, float]] = field(default_factory=dict,
                                                           metadata={"curves": True})
     write_allocate: bool = False
+    stream_memory_gbps: float = field(default=0.0, metadata=_positive(False))
 
     def library_step_us(self, routine: str, nbytes: float) -> Optional[float]:
         """The library routine's time on nbytes (us), from `library_steps_us`; None without."""
@@ -157,6 +162,14 @@ class Device:
         mem = nbytes / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency,
                                                                        nbytes)) if nbytes else 0.0
         return self.launch_us + max(flops / (self.peak(dtype) * 1e6), mem)
+
+    def step_kernel_us(self, nbytes: float, flops: float, dtype: str) -> float:
+        """A generated kernel inside a step: launch + max(flops / peak, bytes / the streaming
+        rate), or `kernel_us` where the device has no streaming rate."""
+        if not self.stream_memory_gbps:
+            return self.kernel_us(nbytes, flops, dtype)
+        return self.launch_us + max(flops / (self.peak(dtype) * 1e6),
+                                    nbytes / (self.stream_memory_gbps * 1e3))
 
     def matmul_us(self, nbytes: float, flops: float, dtype: str) -> float:
         """A library matmul: launch + max(flops / (peak * efficiency), bytes / memory bw), the

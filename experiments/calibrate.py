@@ -447,7 +447,8 @@ def _row(m: dict, source: str, backend: str, time_ms: float) -> dict:
 def describe(topo) -> str:
     d, link, lib = topo.device, topo.intra.link, topo.library
     return (f"  device: memory {d.memory_bandwidth_gbps:.1f} GB/s (best), launch "
-            f"{d.launch_us:.0f} us, matmul f32 {d.peak('f32') * 1e3:.0f} GFLOP/s\n"
+            f"{d.launch_us:.0f} us, streaming {d.stream_memory_gbps:.1f} GB/s (a kernel in a "
+            f"step), matmul f32 {d.peak('f32') * 1e3:.0f} GFLOP/s\n"
             f"  ring send/recv: {link.bandwidth_gbps:.2f} GB/s, overhead {link.overhead_us:.0f} us"
             f" per message, latency {link.latency_us:.0f} us (small messages)\n"
             f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us\n"
