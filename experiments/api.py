@@ -40,6 +40,8 @@ import torch
 
 Bindings = Mapping[str, int]
 
+GLOO_BASELINE = "baseline(gloo)"  # comm=shm: the library baseline on gloo, in the same rounds
+
 
 class Baseline(Protocol):
     """The library baseline on one rank, built from this rank's inputs of the unscheduled program.
@@ -132,6 +134,9 @@ class PredictSettings:
     out_dir: Path
     sizes: Optional[list] = None  # experiment.sizes: bindings replacing the sweep
     schedules: Optional[Mapping[str, object]] = None  # the schedules to predict; None: all
+    # comm=shm: the gloo-calibrated Topology the library baseline on gloo (GLOO_BASELINE) is
+    # predicted on; None: not predicted
+    gloo_topology: object = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -65,12 +65,11 @@ from reports.progress import Progress
 from reports.table import append_row
 
 from . import registry
-from .api import BaselineContext, Experiment, MeasureSettings
+from .api import GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings
 from .rounds import Budget, interleave
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 FUSED_CHUNKS = 4  # chunks of a fused collective
-GLOO_BASELINE = "baseline(gloo)"  # comm=shm: the library baseline on gloo, in the same rounds
 
 
 # -- timing and publishing (shared with calibrate and collectives) --------------------------------

@@ -20,6 +20,10 @@ library reduces in place); a baseline that also calls a matmul (Megatron's) give
 beside it (`library_ms`), and the Plan's MatMul takes the cost model's time, as the schedules'
 same torch.matmul does, so that both sides of a predicted speedup time the matmul alike. Where nothing was measured (backend=sim, a GPU topology), the
 baseline's computation is the generated kernels' (it equals the unscheduled schedule).
+A comm=shm run also measured the library baseline on gloo (GLOO_BASELINE): given the
+gloo-calibrated topology (`PredictSettings.gloo_topology`), that baseline is predicted on it the
+same way (its computation the measured `baseline(gloo)` row's), as a row of its own, and every
+row gains `speedup_gloo` = predicted gloo baseline time / its predicted time.
 
 `predictions(exp, settings)`: backend=cpu, every measured point on the local topology (or the
 calibrated one the run was given), then the experiment's paper setting (`exp.paper`);
@@ -39,7 +43,7 @@ from cost_model.validation import paper_results
 from cost_model.workload import choices, simulate
 from dsl import f32
 
-from .api import Experiment, PredictSettings
+from .api import GLOO_BASELINE, Experiment, PredictSettings
 
 
 def local_points(exp: Experiment, rows) -> list[tuple[int, dict]]:
@@ -52,13 +56,13 @@ def local_points(exp: Experiment, rows) -> list[tuple[int, dict]]:
     return list(seen.values())
 
 
-def measured_baseline_compute(rows) -> dict[tuple[int, str], float]:
+def measured_baseline_compute(rows, schedule: str = "baseline") -> dict[tuple[int, str], float]:
     """(world size, shape) -> the measured baseline's library time: its `library_ms` where it
     has one (the computation beside its matmuls, which the cost model times itself), else its
-    compute_ms, from measured rows."""
+    compute_ms, from measured rows (`schedule`: GLOO_BASELINE for the baseline on gloo)."""
     out = {}
     for r in rows:
-        if r.get("source") != "measured" or r.get("schedule") != "baseline":
+        if r.get("source") != "measured" or r.get("schedule") != schedule:
             continue
         for col in ("library_ms", "compute_ms"):
             if _present(r.get(col)):
@@ -133,9 +137,12 @@ def paper_result_rows(name: str) -> list[dict]:
 
 def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int, dtype=None,
             schedules: Optional[dict] = None, baseline_compute_ms: Optional[dict] = None,
-            show=None) -> list[dict]:
+            show=None, gloo: Optional[Topology] = None,
+            gloo_compute_ms: Optional[dict] = None) -> list[dict]:
     """Rows for every point x (baseline, schedules) on `topo` at `world_size` ranks;
-    `baseline_compute_ms`: shape -> the measured baseline's compute ms (see the module doc)."""
+    `baseline_compute_ms`: shape -> the measured baseline's compute ms (see the module doc).
+    `gloo` (comm=shm): the library baseline also on that topology (a GLOO_BASELINE row, its
+    computation `gloo_compute_ms`: shape -> ms), and every row's `speedup_gloo` over it."""
     dtype = dtype or f32
     progs = schedules if schedules is not None else dict(exp.schedules(dtype))
     base = exp.program(dtype)
@@ -149,13 +156,21 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
         measured = (baseline_compute_ms or {}).get(shape)
         results = {"baseline": (base_plan, simulate(
             base_plan, topo, compute_us=library_compute_us(base_plan, measured)))}
+        on = {}  # schedule -> its topology, where not forced/topo
+        if gloo is not None:
+            on[GLOO_BASELINE] = gloo
+            results[GLOO_BASELINE] = (base_plan, simulate(base_plan, gloo, compute_us=(
+                library_compute_us(base_plan, (gloo_compute_ms or {}).get(shape)))))
         for name, p in progs.items():
             plan = lower(p, b, world_size)
             results[name] = (plan, simulate(plan, forced.get(name, topo)))
         base_ms = results["baseline"][1].time_ms
+        gloo_ms = results[GLOO_BASELINE][1].time_ms if gloo is not None else None
         for name, (plan, r) in results.items():
             compute, comm, hidden = _split(r)
-            picked = choices(plan, forced.get(name, topo))
+            picked = choices(plan, on.get(name) or forced.get(name, topo))
+            over_gloo = {} if gloo_ms is None else {
+                "speedup_gloo": round(gloo_ms / r.time_ms, 4)}
             rows.append({"experiment": exp.name, "schedule": name, "source": "predicted",
                          "backend": "sim", "topology": topo.name, "world_size": world_size,
                          "size": size, "shape": shape, "dtype": dtype.name,
@@ -163,9 +178,9 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
                          "compute_ms": round(compute, 6), "comm_ms": round(comm, 6),
                          "overlapped_ms": round(hidden, 6),
                          "algo": ";".join(a for _, a, _ in picked),
-                         "proto": ";".join(p for _, _, p in picked)})
+                         "proto": ";".join(p for _, _, p in picked), **over_gloo})
         if show:
-            best = max((n for n in results if n != "baseline"),
+            best = max((n for n in results if n not in ("baseline", GLOO_BASELINE)),
                        key=lambda n: base_ms / results[n][1].time_ms)
             show(f"  predicted {topo.name} P={world_size} {shape:24s} baseline {base_ms:10.3f} ms"
                  f"  best {best} x{base_ms / results[best][1].time_ms:.2f}"
@@ -217,6 +232,8 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
             paper_result_rows(exp.name)
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
+    on_gloo = measured_baseline_compute(settings.measured, GLOO_BASELINE)
+    gloo = settings.gloo_topology if on_gloo else None  # comm=shm measured it: predict it too
     rows = []
     # the local topology models this machine's CPU ranks: GPU measurements (backend=cuda) are
     # not predicted on it (no calibrated topology of this GPU); the paper setting still is
@@ -224,6 +241,7 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     for world, b in here:
         compute = {s: ms for (w, s), ms in measured.items() if w == world}
         rows += predict(exp, local, [b], world, schedules=chosen and dict(chosen),
-                        baseline_compute_ms=compute, show=show)
+                        baseline_compute_ms=compute, show=show, gloo=gloo,
+                        gloo_compute_ms={s: ms for (w, s), ms in on_gloo.items() if w == world})
     return rows + paper_rows(exp, settings.scale, schedules=chosen, show=show) + \
         paper_result_rows(exp.name)

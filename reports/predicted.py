@@ -4,8 +4,10 @@
   size, shape) with its predicted time on the same topology and world size: measured median, min,
   max, predicted, and fidelity two ways: the time error `predicted / measured - 1` (`error`) and
   the speedup error `predicted speedup / measured speedup - 1` (`speedup_error`; NaN for the
-  baseline, whose speedup is 1 by definition).
-- `summary(acc)`: the median and largest |time error| and |speedup error|, the machine's
+  baseline, whose speedup is 1 by definition); a comm=shm run's rows with `speedup_gloo` on
+  both sides (over the library baseline on gloo) also get `speedup_gloo_error`, the same for it.
+- `summary(acc)`: the median and largest |time error| and |speedup error| (and |speedup_gloo
+  error| where there is one), the machine's
   repeatability beside them (the median half-width, in % of the median, of the measured rows'
   95% intervals of the time and of the paired speedup: `time_ms_lo/hi`, `speedup_lo/hi`; NaN
   where the rows have none), and the ordering check: for every pair of schedules at the same
@@ -32,6 +34,7 @@ from .training import training_section
 from .validation import validation_section
 
 KEYS = ["schedule", "world_size", "size", "shape"]
+GLOO_BASELINE = "baseline(gloo)"  # comm=shm's library baseline on gloo (experiments.api's name)
 
 
 def accuracy(df, experiment: str, topology: str = "local"):
@@ -40,13 +43,19 @@ def accuracy(df, experiment: str, topology: str = "local"):
     pred = rows[(rows.source == "predicted") & (rows.topology == topology)]
     if meas.empty or pred.empty:
         return meas.iloc[0:0].assign(predicted_ms=[], error=[])
-    pred = pred[KEYS + ["time_ms", "speedup"]].rename(
-        columns={"time_ms": "predicted_ms", "speedup": "predicted_speedup"})
+    gloo = "speedup_gloo" in pred and "speedup_gloo" in meas
+    pred = pred[KEYS + ["time_ms", "speedup"] + (["speedup_gloo"] if gloo else [])].rename(
+        columns={"time_ms": "predicted_ms", "speedup": "predicted_speedup",
+                 "speedup_gloo": "predicted_speedup_gloo"})
     meas = meas.assign(shape=meas["shape"].astype(str))
     pred = pred.assign(shape=pred["shape"].astype(str))
     out = meas.merge(pred.drop_duplicates(KEYS), on=KEYS, how="inner")
     speedup_error = (out.predicted_speedup / out.speedup - 1.0).where(out.schedule != "baseline")
-    return out.assign(error=out.predicted_ms / out.time_ms - 1.0, speedup_error=speedup_error)
+    out = out.assign(error=out.predicted_ms / out.time_ms - 1.0, speedup_error=speedup_error)
+    if gloo:  # NaN for the gloo baseline itself (x1 by definition) and rows without it
+        out = out.assign(speedup_gloo_error=(out.predicted_speedup_gloo / out.speedup_gloo - 1.0)
+                         .where(out.schedule != GLOO_BASELINE))
+    return out
 
 
 def _halfwidth_pct(acc, column: str) -> float:
@@ -72,10 +81,15 @@ def summary(acc) -> dict:
                 total += 1
                 agree += (a.time_ms < b.time_ms) == (a.predicted_ms < b.predicted_ms)
     err, sp = acc.error.abs(), acc.speedup_error.abs().dropna()
+    sg = (acc.speedup_gloo_error.abs().dropna() if "speedup_gloo_error" in acc
+          else acc.error.iloc[0:0])
     return {"points": len(acc), "median_abs_error": float(err.median()),
             "max_abs_error": float(err.max()), "speedup_points": len(sp),
             "median_abs_speedup_error": float(sp.median()) if len(sp) else float("nan"),
             "max_abs_speedup_error": float(sp.max()) if len(sp) else float("nan"),
+            "speedup_gloo_points": len(sg),
+            "median_abs_speedup_gloo_error": float(sg.median()) if len(sg) else float("nan"),
+            "max_abs_speedup_gloo_error": float(sg.max()) if len(sg) else float("nan"),
             "time_repeatability_pct": _halfwidth_pct(acc, "time_ms"),
             "speedup_repeatability_pct": _halfwidth_pct(acc, "speedup"),
             "ordered_pairs": total, "ordered_agree": agree}
@@ -89,6 +103,9 @@ def summary_line(s: dict) -> str:
                f"{pct(100 * s['median_abs_speedup_error'])}, largest "
                f"{pct(100 * s['max_abs_speedup_error'])}" if s.get("speedup_points") else
                "no speedup to compare")
+    if s.get("speedup_gloo_points"):
+        speedup += (f"; over the gloo baseline median {pct(100 * s['median_abs_speedup_gloo_error'])}"
+                    f", largest {pct(100 * s['max_abs_speedup_gloo_error'])}")
     return (f"{s['points']} points: time error median {pct(100 * s['median_abs_error'])}, "
             f"largest {pct(100 * s['max_abs_error'])}; {speedup}; machine repeatability "
             f"(median 95% interval) time +-{pct(s['time_repeatability_pct'])}, speedup "
@@ -97,18 +114,25 @@ def summary_line(s: dict) -> str:
             f"overlap")
 
 
+def _pct(x) -> str:
+    return "" if x != x else f"{100 * x:+.1f}%"
+
+
 def accuracy_table(acc) -> str:
+    gloo = "speedup_gloo_error" in acc
     lines = ["| schedule | ranks | size | measured ms [min, max] | predicted ms | time error "
-             "| measured speedup [95%] | predicted speedup | speedup error |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| measured speedup [95%] | predicted speedup | speedup error |"
+             + (" measured / predicted over gloo | error |" if gloo else ""),
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if gloo else "")]
     for _, r in acc.sort_values(["world_size", "size", "schedule"]).iterrows():
         ci = (f" [{r.speedup_lo:.3f}, {r.speedup_hi:.3f}]" if "speedup_lo" in r
               and r.speedup_lo == r.speedup_lo else "")
-        sp_err = "" if r.speedup_error != r.speedup_error else f"{100 * r.speedup_error:+.1f}%"
+        over = (f" x{r.speedup_gloo:.3f} / x{r.predicted_speedup_gloo:.3f} | "
+                f"{_pct(r.speedup_gloo_error)} |" if gloo else "")
         lines.append(f"| {r.schedule} | {r.world_size} | {_size(r['size'])} | "
                      f"{r.time_ms:.2f} [{r.time_ms_min:.2f}, {r.time_ms_max:.2f}] | "
                      f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% | x{r.speedup:.3f}{ci} | "
-                     f"x{r.predicted_speedup:.3f} | {sp_err} |")
+                     f"x{r.predicted_speedup:.3f} | {_pct(r.speedup_error)} |{over}")
     return "\n".join(lines) + "\n"
 
 

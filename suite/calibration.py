@@ -15,7 +15,9 @@ written to a temporary folder and moved into place whole, so a crash leaves no h
 `calibration=off` uses the shipped figures (conf/topology/local.yaml, uncalibrated).
 With comm=shm the calibration also measures the shared-memory collectives and the run predicts
 with the topology fitted to them (topology_shm.yaml, beside topology.yaml; a cached calibration
-without it is measured again). `topology.path=FILE` always wins. Every report names the
+without it is measured again); the library baseline on gloo, which such a run times too, is
+predicted with the same calibration's topology.yaml (`Calibration.gloo_path`).
+`topology.path=FILE` always wins (and predicts no gloo baseline). Every report names the
 calibration it used (`describe`).
 """
 from __future__ import annotations
@@ -49,10 +51,11 @@ TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures
 @dataclass(frozen=True)
 class Calibration:
     key: str
-    path: Path  # the cached topology.yaml
+    path: Path  # the cached topology.yaml (comm=shm: topology_shm.yaml)
     created: str  # UTC time it was measured
     fresh: bool  # calibrated by this run
     took_s: float = 0.0
+    gloo_path: Optional[Path] = None  # comm=shm: the same calibration's gloo topology.yaml
 
 
 def fingerprint() -> dict:
@@ -81,7 +84,8 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     name = TOPOLOGY_SHM if shm else TOPOLOGY
     if cfg.calibration == "auto" and (where / name).exists():
         meta = json.loads((where / FINGERPRINT).read_text())
-        return Calibration(key, where / name, meta.get("created", "?"), False)
+        return Calibration(key, where / name, meta.get("created", "?"), False,
+                           gloo_path=where / TOPOLOGY if shm else None)
     why = "calibration=refresh" if cfg.calibration == "refresh" else "none cached for this machine"
     print(f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
           f"cached in {where} for later runs) ...", flush=True)
@@ -90,7 +94,8 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     took = time.monotonic() - started
     print(f"calibrated in {took:.0f} s: {where / name}", flush=True)
     meta = json.loads((where / FINGERPRINT).read_text())
-    return Calibration(key, where / name, meta["created"], True, took)
+    return Calibration(key, where / name, meta["created"], True, took,
+                       gloo_path=where / TOPOLOGY if shm else None)
 
 
 def describe(found: Optional[Calibration], cfg) -> str:

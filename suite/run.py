@@ -119,7 +119,7 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         calibrated = with_calibration(cfg, found)
         skip = done_points(kept, list(schedules), exp) if kept else frozenset()
         rows = kept + measure(cfg, exp, schedules, backend, out_dir, skip)
-        predict(calibrated, exp, schedules, out_dir, rows)
+        predict(calibrated, exp, schedules, out_dir, rows, gloo_topology(cfg, found))
     except Interrupted as e:
         stopped = e
     except (RankError, BuildError) as e:  # the run failed (a rank died, a kernel did not build)
@@ -138,6 +138,14 @@ def with_calibration(cfg: Config, found) -> Config:
     """cfg with its topology read from the calibration found (None: cfg itself)."""
     return cfg if found is None else replace(cfg, topology=replace(cfg.topology,
                                                                    path=str(found.path)))
+
+
+def gloo_topology(cfg: Config, found):
+    """comm=shm: the gloo topology of the calibration found, on which the library baseline on
+    gloo is predicted; None without one (calibration=off, topology.path given, comm=gloo)."""
+    if found is None or found.gloo_path is None:
+        return None
+    return topology_of(replace(cfg, topology=replace(cfg.topology, path=str(found.gloo_path))))
 
 
 def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) -> list[dict]:
@@ -236,13 +244,15 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
 
 
 def predict(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path,
-            measured: list[dict]) -> list[dict]:
-    """Predicted rows (every backend), appended to results.csv; prints predicted speedups."""
+            measured: list[dict], gloo=None) -> list[dict]:
+    """Predicted rows (every backend), appended to results.csv; prints predicted speedups.
+    `gloo` (comm=shm): the topology the library baseline on gloo is predicted on."""
     settings = PredictSettings(scale=cfg.scale.name, backend=cfg.backend.name,
                                topology=topology_of(cfg), world_size=cfg.world_size,
                                max_elements=cfg.scale.max_elements, measured=measured,
                                out_dir=out_dir, sizes=cfg.experiment.sizes,
-                               schedules=None if cfg.experiment.schedules is None else schedules)
+                               schedules=None if cfg.experiment.schedules is None else schedules,
+                               gloo_topology=gloo)
     print(f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
           f"{' and the paper setting' if exp.paper and cfg.backend.name != 'sim' else ''})", flush=True)
     show = lambda line: print(line, flush=True)  # noqa: E731

@@ -1,8 +1,8 @@
 """Predicted against measured, from a small results table (pure)."""
 import pandas as pd
 
-from reports.predicted import (accuracy, accuracy_figure, predicted_section, summary,
-                               summary_line)
+from reports.predicted import (accuracy, accuracy_figure, accuracy_table, predicted_section,
+                               summary, summary_line)
 
 
 def table():
@@ -43,3 +43,30 @@ def test_section_and_figure(tmp_path):
     assert "## Predicted vs measured" in text and "+10.0%" in text
     assert (tmp_path / "figures" / "predicted_vs_measured.png").exists()
     assert accuracy_figure(accuracy(table(), "x"), tmp_path / "a.png").exists()
+
+
+def test_the_speedup_over_the_gloo_baseline_is_compared_too():
+    """comm=shm: rows with `speedup_gloo` on both sides get its error, in the summary line and
+    the table; the gloo baseline's own (x1 by definition) and a table without it have none."""
+    df = table()
+    gloo = {"baseline": (1.5, 1.2), "fast": (3.0, 3.3), "same": (1.4, 1.4)}
+    df["speedup_gloo"] = [gloo[s][df.source[i] == "predicted"] for i, s in enumerate(df.schedule)]
+    extra = {"experiment": "x", "schedule": "baseline(gloo)", "world_size": 2, "size": 64,
+             "shape": "[64]", "dtype": "f32", "topology": "local", "speedup_gloo": 1.0}
+    df = pd.concat([df, pd.DataFrame([
+        {**extra, "source": "measured", "time_ms": 15.0, "time_ms_min": 14.0,
+         "time_ms_max": 16.0, "speedup": 0.67},
+        {**extra, "source": "predicted", "time_ms": 13.2, "speedup": 11 / 13.2}])])
+    acc = accuracy(df, "x")
+    errors = dict(zip(acc.schedule, acc.speedup_gloo_error.round(4)))
+    assert errors["fast"] == 0.1 and errors["same"] == 0.0 and errors["baseline"] == -0.2
+    assert errors["baseline(gloo)"] != errors["baseline(gloo)"]  # NaN: x1 by definition
+    s = summary(acc)
+    assert s["speedup_gloo_points"] == 3
+    assert abs(s["median_abs_speedup_gloo_error"] - 0.1) < 1e-9
+    assert abs(s["max_abs_speedup_gloo_error"] - 0.2) < 1e-9
+    assert "over the gloo baseline median 10.0%, largest 20.0%" in summary_line(s)
+    text = accuracy_table(acc)
+    assert "over gloo" in text and "x3.000 / x3.300 | +10.0% |" in text
+    assert "over gloo" not in accuracy_table(accuracy(table(), "x"))
+    assert "over the gloo baseline" not in summary_line(summary(accuracy(table(), "x")))

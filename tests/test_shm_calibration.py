@@ -97,8 +97,10 @@ def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp
     assert asked == []
     found = local_calibration(_cfg("shm"), adam, 2, cache=tmp_path)
     assert asked == ["shm"] and found.fresh and found.path == where / "topology_shm.yaml"
+    assert found.gloo_path == where / "topology.yaml"  # the gloo baseline is predicted on it
+    assert local_calibration(_cfg("ring"), adam, 2, cache=tmp_path).gloo_path is None
     again = local_calibration(_cfg("shm"), adam, 2, cache=tmp_path)
-    assert asked == ["shm"] and not again.fresh
+    assert asked == ["shm"] and not again.fresh and again.gloo_path == where / "topology.yaml"
 
 
 def test_calibrate_with_comm_shm_writes_the_shm_topology(tmp_path):
@@ -118,3 +120,40 @@ def test_calibrate_with_comm_shm_writes_the_shm_topology(tmp_path):
     pred = exp.predict(PredictSettings(scale="smoke", backend="cpu", topology=gloo, world_size=2,
                                        max_elements=1 << 16, measured=rows, out_dir=tmp_path))
     assert len(pred) == len(rows) and all(r["time_ms"] > 0 for r in pred)
+
+
+def test_comm_shm_predicts_the_gloo_baseline_on_the_gloo_topology_and_speedups_over_it():
+    """Given the gloo topology, `predict` adds the library baseline on it (its computation the
+    measured gloo baseline's) and every row's speedup_gloo over it; `predictions` does so only
+    where the run measured that baseline and was given that topology (calibration=off: none)."""
+    gloo = truth()
+    shm = shm_truth(gloo)
+    n, shape = 1 << 22, f"[{1 << 22}]"
+    rows = {r["schedule"]: r for r in experiments.predict.predict(
+        adam_fusion.EXPERIMENT, shm, [{"N": n}], 2, baseline_compute_ms={shape: 5.0},
+        gloo=gloo, gloo_compute_ms={shape: 7.0})}
+    plan = lower(adam_fusion.EXPERIMENT.program(), {"N": n}, 2)
+    on_gloo = simulate(plan, gloo, compute_us=experiments.predict.library_compute_us(plan, 7.0))
+    g = rows["baseline(gloo)"]
+    assert g["time_ms"] == pytest.approx(on_gloo.time_ms, rel=1e-5)
+    assert g["compute_ms"] == pytest.approx(7.0, rel=1e-5) and g["speedup_gloo"] == 1.0
+    assert g["speedup"] == pytest.approx(rows["baseline"]["time_ms"] / g["time_ms"], rel=1e-3)
+    assert g["time_ms"] != pytest.approx(rows["baseline"]["time_ms"], rel=1e-2)
+    for name, r in rows.items():
+        assert r["speedup_gloo"] == pytest.approx(g["time_ms"] / r["time_ms"], rel=1e-3), name
+    plain = experiments.predict.predict(adam_fusion.EXPERIMENT, shm, [{"N": n}], 2)
+    assert "baseline(gloo)" not in {r["schedule"] for r in plain}
+    assert not any("speedup_gloo" in r for r in plain)
+    measured = [{"source": "measured", "schedule": s, "world_size": 2, "size": n,
+                 "shape": shape, "compute_ms": ms} for s, ms in (("baseline", 5.0),
+                                                                  ("baseline(gloo)", 7.0))]
+    settings = PredictSettings(scale="smoke", backend="cpu", topology=shm, world_size=2,
+                               max_elements=n, measured=measured, out_dir=None,
+                               schedules={}, gloo_topology=gloo)
+    got = {r["schedule"]: r for r in experiments.predict.predictions(adam_fusion.EXPERIMENT,
+                                                                     settings)
+           if r["source"] == "predicted" and r["topology"] == shm.name}
+    assert got["baseline(gloo)"]["time_ms"] == g["time_ms"]
+    off = dataclasses.replace(settings, gloo_topology=None)
+    assert "baseline(gloo)" not in {r["schedule"] for r in experiments.predict.predictions(
+        adam_fusion.EXPERIMENT, off)}
