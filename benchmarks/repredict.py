@@ -10,7 +10,8 @@ the run's baseline (the paired median of the interleaved rounds) beside the pred
 their ratio. A comm=shm run also timed the library baseline on gloo in the same rounds (schedule
 `baseline(gloo)`, `speedup_gloo` on every row): that baseline is predicted on the gloo topology
 (`--gloo-topology-path`, default the shipped local one; a calibration's topology.yaml beside its
-topology_shm.yaml) and each schedule's speedup over it printed too, measured and predicted. E.g.
+topology_shm.yaml), as the suite's predict step does (`PredictSettings.gloo_topology`), and
+each schedule's speedup over it printed too, measured and predicted. E.g.
 
     python -m benchmarks.repredict outputs/adam_shm \\
         --topology-path .cache/calibration/KEY/topology_shm.yaml \\
@@ -34,14 +35,16 @@ def rows_of(run: Path) -> list[dict]:
     return df[df.source == "measured"].to_dict("records")
 
 
-def predicted(run: Path, measured: list[dict], topology_path) -> dict:
-    """{(shape, schedule): predicted time_ms} of the measured points on the topology."""
+def predicted(run: Path, measured: list[dict], topology_path, gloo_topology_path) -> dict:
+    """{(shape, schedule): predicted row} of the measured points on the topology (a comm=shm
+    run's gloo baseline, and each row's speedup_gloo, on the gloo topology)."""
     exp = registry.get(measured[0]["experiment"])
     topo = load_topology("local", path=topology_path)
     settings = PredictSettings(scale="default", backend="cpu", topology=topo,
                                world_size=int(measured[0]["world_size"]), max_elements=1 << 40,
-                               measured=measured, out_dir=run)
-    return {(r["shape"], r["schedule"]): r["time_ms"] for r in predictions(exp, settings)
+                               measured=measured, out_dir=run,
+                               gloo_topology=load_topology("local", path=gloo_topology_path))
+    return {(r["shape"], r["schedule"]): r for r in predictions(exp, settings)
             if r["source"] == "predicted" and r["topology"] == "local"}
 
 
@@ -52,20 +55,19 @@ def main(argv=None) -> None:
     ap.add_argument("--gloo-topology-path", default=None)
     a = ap.parse_args(argv)
     rows = rows_of(a.run)
-    meas = {(r["shape"], r["schedule"]): r for r in rows}
-    pred = predicted(a.run, [r for r in rows if r["schedule"] != GLOO_BASELINE], a.topology_path)
-    gloo_rows = [{**r, "schedule": "baseline"} for r in rows if r["schedule"] == GLOO_BASELINE]
-    gloo = predicted(a.run, gloo_rows, a.gloo_topology_path) if gloo_rows else {}
+    pred = predicted(a.run, rows, a.topology_path, a.gloo_topology_path)
+    gloo = any(r["schedule"] == GLOO_BASELINE for r in rows)
     print(f"{'shape':>12} {'schedule':<24} {'measured':>9} {'predicted':>9} {'pred/meas':>9}"
           + ("   over gloo's baseline: measured predicted pred/meas" if gloo else ""))
-    for (shape, name), r in meas.items():
+    for r in rows:
+        shape, name = r["shape"], r["schedule"]
         if name == GLOO_BASELINE:
             continue
-        p, pbase = pred.get((shape, name)), pred.get((shape, "baseline"))
-        s_p = pbase / p if p and pbase else float("nan")
+        p = pred.get((shape, name), {})
+        s_p = p.get("speedup", float("nan"))
         line = f"{shape:>12} {name:<24} x{r['speedup']:8.3f} x{s_p:8.3f} {s_p / r['speedup']:9.3f}"
-        if (shape, "baseline") in gloo:
-            g_p = gloo[(shape, "baseline")] / p if p else float("nan")
+        if gloo:
+            g_p = p.get("speedup_gloo", float("nan"))
             line += (f"   x{r['speedup_gloo']:8.3f} x{g_p:8.3f} "
                      f"{g_p / r['speedup_gloo']:9.3f}")
         print(line)

@@ -104,8 +104,9 @@ def summary_line(s: dict) -> str:
                f"{pct(100 * s['max_abs_speedup_error'])}" if s.get("speedup_points") else
                "no speedup to compare")
     if s.get("speedup_gloo_points"):
-        speedup += (f"; over the gloo baseline median {pct(100 * s['median_abs_speedup_gloo_error'])}"
-                    f", largest {pct(100 * s['max_abs_speedup_gloo_error'])}")
+        speedup += (f"; over the gloo baseline median "
+                    f"{pct(100 * s['median_abs_speedup_gloo_error'])}, largest "
+                    f"{pct(100 * s['max_abs_speedup_gloo_error'])}")
     return (f"{s['points']} points: time error median {pct(100 * s['median_abs_error'])}, "
             f"largest {pct(100 * s['max_abs_error'])}; {speedup}; machine repeatability "
             f"(median 95% interval) time +-{pct(s['time_repeatability_pct'])}, speedup "
