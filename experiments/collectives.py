@@ -13,8 +13,9 @@ factor (all_reduce 2(P-1)/P, reduce_scatter and all_gather (P-1)/P), in GB/s (1e
 Measured: the run's backend's communicator (cpu: `comm.all_reduce`, gloo's, and the rings over
 send/recv for reduce_scatter and all_gather; cuda: NCCL's), with the backend's clock, in
 interleaved rounds (`experiments.rounds`). One transport: every (collective, size) one function
-of one set of rounds, each sample the fastest of 3 calls, each after a barrier (the
-slowest rank's), as `experiments.calibrate` samples the same calls to fit the model, until every
+of one set of rounds, each sample the median of its calls, each after a barrier (the
+slowest rank's), as `experiments.calibrate` samples the same calls to fit the model and the
+experiments sample their steps, until every
 time's 95% interval is within +-scale.ci_pct% or scale.budget_s runs out (rows: `time_ms` the
 median over rounds, `time_ms_lo/hi` its interval, `rounds`, `stopped`); with comm=shm, gloo and shared memory in the
 same run, each (size, collective) timed in its own rounds (at most min(scale.budget_s,
@@ -135,7 +136,7 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
                 fns[(kind, b)] = _op(kind, c, full, part)
                 ok[(kind, b)] = _check(kind, fns[(kind, b)], full, part, rank, world)
         rounds = interleave({f"{k} {b}": f for (k, b), f in fns.items()},
-                            dataclasses.replace(budget, sample="fastest"), key=(seed, NAME),
+                            dataclasses.replace(budget, sample="median"), key=(seed, NAME),
                             clock=clock, baseline=None)
         out = []
         for kind, b in fns:
