@@ -73,11 +73,10 @@ void megatron_layer_k2_00a44df245(int64_t begin, int64_t end, int64_t rank, std:
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i0 = e / 1024;
     const int64_t i2 = e % 1024;
-    const float v5 = b5[i0 * 1024 + i2];
+    const float v5 = b5[e];
     const float v3 = b3[i2];
-    const float v4 = b4[i0 * 1024 + i2];
+    const float v4 = b4[e];
     const float v6 = (v5 + v3);  // t6
     const float v7 = cc_dropout(v6, static_cast<uint64_t>(e), 0x2bf47b3eu, 1677722u, 1.1111112f);  // t7
     const float v8 = (v7 + v4);  // t8
@@ -136,11 +135,10 @@ void megatron_layer_k2_f1aa79c5fc(int64_t begin, int64_t end, int64_t rank, std:
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i0 = e / 1024;
     const int64_t i2 = e % 1024;
-    const float v9 = b9[i0 * 1024 + i2];
+    const float v9 = b9[e];
     const float v3 = b3[i2];
-    const float v13 = b4[i0 * 1024 + i2 + ro524288];
+    const float v13 = b4[e + ro524288];
     const float v11 = (v9 + v3);  // t6
     const float v12 = cc_dropout(v11, static_cast<uint64_t>(e + ro524288), 0x2bf47b3eu, 1677722u, 1.1111112f);  // t7
     const float v14 = (v12 + v13);  // t8

@@ -73,7 +73,7 @@ void pipeline_boundary_k1_889332510a(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i2 = e % 12;
+    const int64_t i2 = static_cast<uint32_t>(e) % 12u;
     const float v3 = b3[e];
     const float v1 = b1[i2];
     const float v2 = b2[e];
@@ -93,11 +93,10 @@ void pipeline_boundary_k1_ed9894654e(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i0 = e / 8;
     const int64_t i2 = e % 8;
-    const float v3 = b3[i0 * 8 + i2];
+    const float v3 = b3[e];
     const float v1 = b1[i2];
-    const float v2 = b2[i0 * 8 + i2];
+    const float v2 = b2[e];
     const float v4 = (v3 + v1);  // t4
     const float v5 = cc_dropout(v4, static_cast<uint64_t>(e), 0x2bf47b3eu, 1677722u, 1.1111112f);  // t5
     const float v6 = (v5 + v2);  // t6

@@ -73,11 +73,10 @@ void pipeline_boundary_k2_3109b0c665(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i0 = e / 8;
     const int64_t i2 = e % 8;
-    const float v8 = b8[i0 * 8 + i2];
+    const float v8 = b8[e];
     const float v1 = b1[i2];
-    const float v2 = b2[i0 * 8 + i2];
+    const float v2 = b2[e];
     const float v9 = (v8 + v1);  // t4
     const float v10 = cc_dropout(v9, static_cast<uint64_t>(e), 0x2bf47b3eu, 1677722u, 1.1111112f);  // t5
     const float v11 = (v10 + v2);  // t6
@@ -94,7 +93,7 @@ void pipeline_boundary_k2_3ab42c345c(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i2 = e % 12;
+    const int64_t i2 = static_cast<uint32_t>(e) % 12u;
     const float v8 = b8[e];
     const float v1 = b1[i2];
     const float v2 = b2[e];

@@ -74,11 +74,10 @@ void pipeline_boundary_k2_12b2d63f73(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i0 = e / 8;
     const int64_t i2 = e % 8;
-    const float v10 = b10[i0 * 8 + i2];
+    const float v10 = b10[e];
     const float v1 = b1[i2];
-    const float v17 = b2[i0 * 8 + i2 + ro128];
+    const float v17 = b2[e + ro128];
     const float v15 = (v10 + v1);  // t4
     const float v16 = cc_dropout(v15, static_cast<uint64_t>(e + ro128), 0x2bf47b3eu, 1677722u, 1.1111112f);  // t5
     const float v18 = (v16 + v17);  // t6
@@ -96,7 +95,7 @@ void pipeline_boundary_k2_d433fbf275(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i2 = e % 12;
+    const int64_t i2 = static_cast<uint32_t>(e) % 12u;
     const float v10 = b10[e];
     const float v1 = b1[i2];
     const float v17 = b2[e + ro384];
@@ -117,7 +116,7 @@ void pipeline_boundary_k2_d6505f6488(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i2 = e % 12;
+    const int64_t i2 = static_cast<uint32_t>(e) % 12u;
     const float v10 = b10[e];
     const float v1 = b1[i2];
     const float v17 = b2[e + ro768];
@@ -138,11 +137,10 @@ void pipeline_boundary_k2_f34aaf644d(int64_t begin, int64_t end, int64_t rank, s
   const int nt = at::get_num_threads();
   #pragma omp parallel for simd num_threads(nt) if(parallel: end - begin >= 32768)
   for (int64_t e = begin; e < end; ++e) {
-    const int64_t i0 = e / 8;
     const int64_t i2 = e % 8;
-    const float v10 = b10[i0 * 8 + i2];
+    const float v10 = b10[e];
     const float v1 = b1[i2];
-    const float v17 = b2[i0 * 8 + i2 + ro64];
+    const float v17 = b2[e + ro64];
     const float v15 = (v10 + v1);  // t4
     const float v16 = cc_dropout(v15, static_cast<uint64_t>(e + ro64), 0x2bf47b3eu, 1677722u, 1.1111112f);  // t5
     const float v18 = (v16 + v17);  // t6
