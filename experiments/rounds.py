@@ -14,16 +14,17 @@ On every rank of the default process group, collectively:
   max(1, warmup) + rounds x calls[name] times in all;
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
   alone by the backend's clock; the sample is the `budget.sample` statistic of those calls'
-  times in ms: "median" (the experiments' schedules) or "fastest" (the minimum of 3: the
-  microbenchmarks of `experiments.calibrate` and `experiments.collectives`, which the cost
-  model is fitted to and checked on: the time of a call that no stall hit). Never back to back:
+  times in ms: "median" (what the experiments' schedules, `experiments.calibrate`'s
+  microbenchmarks and `experiments.collectives` all use, so that the model is fitted to and
+  checked on samples like the steps it predicts) or "fastest" (the minimum of 3: the time of a
+  call that no stall hit; fitted to it, the model predicted adam / lamb steps 10-40% fast, as the
+  steps carry the stalls). Never back to back:
   on gloo, a communication that follows another at once waits behind it (2 ranks on the 2-core
   VM: a 1 KiB send/recv exchange 0.1 ms after a barrier, 3-4 ms a call back to back). Even
   apart, a two-way exchange (each rank's isend and irecv at once; gloo's ring steps and its
   all-reduce) stalls for one or two 4 ms scheduler ticks in 5-60% of calls, by load, while
   gloo's TCP loop threads hold both cores; a one-way send does not. The median of such a mix
-  flips between the two modes from run to run (a 4 KiB reduce-scatter 0.21 or 1.76 ms); the
-  fastest of 3 stays within 10-25% (load 6);
+  can flip between the two modes from run to run (a 4 KiB reduce-scatter 0.21 or 1.76 ms);
 - rounds: each round runs every function once (one sample each), in a fresh random order drawn
   from `numpy.random.default_rng([*key, round])`, so the same on every rank and different each
   round; the round's samples and "this rank ran out of time" go through one all_reduce MAX, so
