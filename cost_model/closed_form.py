@@ -64,6 +64,12 @@ def collective_us(spec: CollSpec, algorithm: str, topo: Topology) -> float:
     return L1 + (spec.chunks - 1) * bottleneck
 
 
+def copy_bytes(nbytes: float, write_allocate: bool) -> float:
+    """The memory traffic of copying nbytes into lines the copy has not read: the read, the
+    write and, on a `write_allocate` device, the destination's line read before it is written."""
+    return nbytes * (3 if write_allocate else 2)
+
+
 def shm_all_reduce_bytes(nbytes: float, P: int, write_allocate: bool) -> float:
     """The memory traffic per member of comm=shm's all-reduce of nbytes
     (`codegen.runtime.shm_comm.ShmComm.all_reduce`), in slices s = nbytes / P: it copies its
@@ -71,7 +77,7 @@ def shm_all_reduce_bytes(nbytes: float, P: int, write_allocate: bool) -> float:
     reads two slices and writes one), copies the result into its slot and copies its peers' P-1
     reduced slices out of theirs. A copy reads, writes and, on a `write_allocate` device, reads
     the destination's line first (3 s; 2 s without): (2 copy + 3)(P-1) s + copy s."""
-    copy = 3 if write_allocate else 2
+    copy = copy_bytes(1, write_allocate)
     return nbytes / P * ((2 * copy + 3) * (P - 1) + copy)
 
 

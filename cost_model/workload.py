@@ -20,8 +20,8 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   its own and write the gathered outputs twice (its slot, its own block); at the end each rank
   copies its peers' blocks of every gathered output: all of it memory traffic on the rank's
   compute stream, at the topology's `peer_memory_gbps` (every rank streaming at once; where 0,
-  `Device.elementwise_us`, `kernel_us`). Bytes per rank (`copy_bytes`, `own_block_bytes`): a
-  copy reads, writes and, on a `write_allocate` device, reads the destination's line first (its
+  `Device.elementwise_us`, `kernel_us`). Bytes per rank (`closed_form.copy_bytes`,
+  `own_block_bytes`): a copy reads, writes and, on a `write_allocate` device, reads the destination's line first (its
   destination is never read before); the kernel's second write likewise, unless the kernel
   reads that buffer itself (in place).
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
@@ -51,8 +51,8 @@ from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Pla
 
 from . import collectives, nccl
 from .closed_form import _dtype as dtype_of
-from .closed_form import (choose, collective_us, kernel_bytes, shm_all_reduce_us, spec_of,
-                          staging_us, step_us)
+from .closed_form import (choose, collective_us, copy_bytes, kernel_bytes, shm_all_reduce_us,
+                          spec_of, staging_us, step_us)
 from .collectives import CollSpec
 from .network import Sim, join
 from .topology import Topology
@@ -250,12 +250,6 @@ def _peer_readable(plan: Plan, f: FusedCollective) -> bool:
     readers = [s for s in kernels if any(a.buffer == head.dst for a in s.kernel.reads)]
     return (len(readers) == 1 and head.dst not in written
             and all(rest[i].src in written for i in gathers))
-
-
-def copy_bytes(nbytes: float, write_allocate: bool) -> float:
-    """The memory traffic of copying nbytes into lines the copy has not read: the read, the
-    write and, on a `write_allocate` device, the destination's line read before it is written."""
-    return nbytes * (3 if write_allocate else 2)
 
 
 def own_block_bytes(plan: Plan, kernels, gathers, write_allocate: bool) -> float:
