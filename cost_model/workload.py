@@ -21,9 +21,9 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   copies its peers' blocks of every gathered output: all of it memory traffic on the rank's
   compute stream, at the topology's `peer_memory_gbps` (every rank streaming at once; where 0,
   `Device.elementwise_us`, `kernel_us`). Bytes per rank (`closed_form.copy_bytes`,
-  `own_block_bytes`): a copy reads, writes and, on a `write_allocate` device, reads the destination's line first (its
-  destination is never read before); the kernel's second write likewise, unless the kernel
-  reads that buffer itself (in place).
+  `own_block_bytes`): a copy reads, writes and, on a `write_allocate` device, reads the
+  destination's line first (its destination is never read before); the kernel's second write
+  likewise, unless the kernel reads that buffer itself (in place).
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
 Fused and overlapped steps the runtime does not pipeline (`codegen.chunked.fusable`,
 `overlappable`: the runtime's own rule; e.g. `fuse(RS-AG-C)`) run their parts one after the other.
