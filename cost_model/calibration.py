@@ -28,9 +28,10 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
 - `reduce_scatter`, `all_gather` (the runtime's rings): the ring link too, each size's achieved
   bandwidth the median of what the exchange and the two rings need.
 - `add`, `copy` (torch's, in place): the device's `library_efficiency` by traffic bytes.
-- `sequence`, `sequence_comm`, `sequence_compute` (side by side: gloo's all-reduce of b bytes
-  followed at once by the generated Adam kernel on b / 4 elements, and each alone): the topology's
-  `step_overhead_us`, the median over sizes of sequence - comm - compute (at least 0).
+- `sequence`, `sequence_comm`, `sequence_compute`, `sequence_extra` (gloo's all-reduce of b bytes
+  followed at once by the generated Adam kernel on b / 4 elements, each alone, and the first
+  minus the other two paired call by call): the topology's `step_overhead_us`, the median over
+  sizes of `sequence_extra` (at least 0).
 - `library_<routine>` (a library routine on b bytes of gradient, e.g. `library_adam`: the
   baseline's torch fused Adam step): the device's `library_steps_us[routine]`, its median times.
 - `send`: not fitted; predicted and compared.
@@ -332,8 +333,12 @@ def peer_memory_gbps(ms: list[Measurement], launch_us: float) -> float:
 
 
 def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:
-    """What a step costs beyond its operations timed alone: the median over sizes of
-    sequence - sequence_comm - sequence_compute (measured side by side), at least 0 (us)."""
+    """What a step costs beyond its operations timed alone, at least 0 (us): the median over
+    sizes of `sequence_extra` (each call's sequence - comm - compute, paired within the call);
+    without it (older calibrations), of sequence - sequence_comm - sequence_compute."""
+    paired = _series(ms, "sequence_extra")
+    if paired:
+        return round(max(0.0, statistics.median(t for _, t in paired)), 2)
     parts = [dict(_series(ms, k)) for k in ("sequence", "sequence_comm", "sequence_compute")]
     sizes = [b for b in parts[0] if b in parts[1] and b in parts[2]]
     if not sizes:
@@ -421,6 +426,8 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_us) / 1e3
     if m.kind == "sequence_compute":
         return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
+    if m.kind == "sequence_extra":
+        return topo.step_overhead_us / 1e3
     if m.kind == "kernel_stream" and topo.peer_memory_gbps:  # topo: fit_shm's
         return (dev.launch_us + b / (topo.peer_memory_gbps * 1e3)) / 1e3
     if m.kind == "kernel_stream":

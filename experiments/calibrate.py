@@ -34,7 +34,8 @@ two up to the scale's largest (every size's buffers views of one set of the larg
   call's): the rate by flops;
 - `sequence`: a step's two operations back to back, no barrier between (gloo's all-reduce of b
   bytes, then the generated Adam kernel on b / 4 elements), beside `sequence_comm` and
-  `sequence_compute` (each alone): what a step costs beyond its parts;
+  `sequence_compute` (each alone), all three in every call of one bench, and `sequence_extra`,
+  the first minus the other two call by call: what a step costs beyond its parts;
 - `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (with comm=shm): the same collectives
   over shared memory (`codegen.runtime.shm_comm`), fitted into a second topology,
   `topology_shm.yaml` (`cost_model.calibration.fit_shm`), the one comm=shm's runs predict with;
@@ -334,8 +335,12 @@ def _matmuls(spec) -> list[Bench]:
 
 
 def _sequences(plan, step, fn, runner, spec) -> list[Bench]:
-    """all_reduce(4n bytes) then the kernel on n elements, and each alone (interleaved with
-    everything else, each its own bench)."""
+    """Per n, one bench of four kinds: all_reduce(4n bytes) then the kernel on n elements (no
+    barrier between), each alone, and the three's paired difference: every call of a sample
+    times the sequence, the all-reduce and the kernel one after another, each after a barrier,
+    and `sequence_extra` is the median over the calls of sequence - comm - compute, so a slow
+    spell that hits one call hits its three parts alike (the difference of three medians taken
+    at different moments of a round swung by 1 ms from run to run)."""
     out = []
     for n in spec["sequence_elements"]:
         x, args = torch.randn(n), _kernel_args(plan, step, n, runner)
@@ -343,11 +348,23 @@ def _sequences(plan, step, fn, runner, spec) -> list[Bench]:
         comm_only = lambda x=x: comm.all_reduce(x)  # noqa: E731
         extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
                  step.kernel.numel}
-        out += [_apart("sequence", 4 * n, lambda k=kernel, c=comm_only: (c(), k()), "median",
-                       **extra),
-                _apart("sequence_comm", 4 * n, comm_only, "median", **extra),
-                _plain("sequence_compute", 4 * n, kernel, **extra)]
+
+        def sample(calls: int, k=kernel, c=comm_only) -> tuple[float, ...]:
+            runs = [(_timed(lambda: (c(), k())), _timed(c), _timed(k))
+                    for _ in range(max(1, calls))]
+            return tuple(statistics.median(col) for col in zip(*runs)) + (
+                statistics.median(s - a - b for s, a, b in runs),)
+        out.append(Bench(("sequence", "sequence_comm", "sequence_compute", "sequence_extra"),
+                         4 * n, sample, extra))
     return out
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    """ms of one call of `fn`, after a barrier."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def _overlap(spec, runner, step) -> list[Bench]:
