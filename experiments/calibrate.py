@@ -46,7 +46,7 @@ two up to the scale's largest (every size's buffers views of one set of the larg
 The baselines' library computation (torch's fused Adam, ...) is not benchmarked here: every run
 times its own baseline and the cost model takes that time (`experiments.predict`).
 
-Rounds: `ROUNDS[scale]` x max(3, repeats) (10 at default scale; 6 in the quick pass a run makes
+Rounds: `ROUNDS[scale]` x max(3, repeats) (20 at default scale; 6 in the quick pass a run makes
 when none is cached). The fit (`cost_model.calibration.fit`, which only sees the measurements as
 data) is written to
 `topology.yaml` in the run directory (use it with `topology=local topology.path=FILE`), the raw
@@ -95,7 +95,7 @@ SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1),
           "paper": (12, 27, 1)}
 KERNEL_SCALES = {"smoke": (7, 16, 3), "quick": (10, 25, 3), "default": (7, 25, 1),
                  "paper": (7, 25, 1)}  # elements
-ROUNDS = {"smoke": 1, "quick": 2, "default": 2, "paper": 4}  # x max(3, repeats): rounds
+ROUNDS = {"smoke": 1, "quick": 2, "default": 4, "paper": 6}  # x max(3, repeats): rounds
 # torch.matmul [m, k] x [k, n] in `pieces` calls of m / pieces rows each: the row-parallel
 # matmuls of model_parallel at 2 ranks (k = K/P, n = H = 1024), whole and in the row pieces its
 # overlap computes (S*B/P/chunks rows a call), each call's rows new to the caches as there
@@ -108,6 +108,8 @@ MATMULS = {"smoke": [(128, 128, 256, 1), (128, 128, 256, 4), (256, 256, 256, 1)]
 MATMULS["paper"] = MATMULS["default"]
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
+# in calibration.json for the fit, not rows: a difference of times (may be negative)
+DERIVED = ("sequence_extra",)
 STREAM_SCALES = {"smoke": (12, 14, 2), "quick": (18, 22, 2), "default": (18, 22, 1),
                  "paper": (18, 22, 1)}  # elements: a fused step's chunks (kernel_stream)
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
@@ -432,7 +434,7 @@ def measure(settings) -> list[dict]:
                              f"python -m suite experiment=... comm=shm topology=local "
                              f"topology.path={out_dir / TOPOLOGY_SHM}")
         print(f"comm=shm: fitted topology written to {path}\n{describe(shm)}", flush=True)
-    rows = [_row(m, "measured", "cpu", m["time_ms"]) for m in raw]
+    rows = [_row(m, "measured", "cpu", m["time_ms"]) for m in raw if m["kind"] not in DERIVED]
     for r in rows:
         append_row(settings.csv_path, r)
     return rows
@@ -450,7 +452,8 @@ def predict(settings) -> list[dict]:
                                                or kind == "kernel_stream")
     return [_row(m, "predicted", "sim", predict_ms(shm if on_shm(m["kind"]) else topo,
                                                    Measurement.of(m)))
-            for m in raw if shm is not None or not m["kind"].startswith(SHM)]
+            for m in raw if (shm is not None or not m["kind"].startswith(SHM))
+            and m["kind"] not in DERIVED]
 
 
 def _row(m: dict, source: str, backend: str, time_ms: float) -> dict:

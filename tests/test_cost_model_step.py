@@ -3,6 +3,7 @@ measured in the run: exact in tiny timelines (pure)."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pytest
 
@@ -179,3 +180,18 @@ def test_a_megatron_baseline_times_its_matmul_as_the_schedules_do():
     # a baseline without library_ms (a library optimizer step): its compute_ms is the library's
     assert predict.measured_baseline_compute([{**measured[0], "library_ms": float("nan")}]) == {
         (2, shape): 30.0}
+
+
+def test_the_step_overhead_is_the_paired_extra_when_measured():
+    """With `sequence_extra` (sequence - comm - compute, paired call by call), the step overhead
+    is its median over sizes, whatever the medians of the three parts say; never negative."""
+    t = truth()
+    sizes = (1 << 21, 1 << 22, 1 << 23)
+    parts = [dataclasses.replace(m, time_ms=predict_ms(t, m)) for m in (
+        Measurement(k, b, 0.0, 2, kernel_bytes=7 * b) for b in sizes
+        for k in ("sequence", "sequence_comm", "sequence_compute"))]
+    extra = [Measurement("sequence_extra", b, x, 2) for b, x in zip(sizes, (0.2, 0.9, 0.4))]
+    got = fit(synthetic(t) + parts + extra, load_topology("local"), 2)
+    assert got.step_overhead_us == pytest.approx(statistics.median((200.0, 900.0, 400.0)))
+    faster = [dataclasses.replace(m, time_ms=-1.0) for m in extra]
+    assert fit(synthetic(t) + parts + faster, load_topology("local"), 2).step_overhead_us == 0.0
