@@ -66,7 +66,8 @@ message and kernel sizes in bytes.
   the collective has it (else the tuner picks, as NCCL falls back).
 - `step_overhead_us`: what one step of a program (its operations back to back on every rank,
   no barrier between them) costs beyond its operations timed one by one (CPU ranks: the
-  library's threads and the processes handing the two cores to each other); 0 on GPUs.
+  library's threads and the processes handing the two cores to each other; charged to plans
+  whose stages hold more than one rank, `cost_model.workload`); 0 on GPUs.
 - `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
   `comm_slowdown` v: transfers run at (1 - v) of their speed while both ends compute, (1 - v/2)
   while one does (CPU ranks sharing cores with the library's threads).

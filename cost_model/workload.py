@@ -35,7 +35,9 @@ same on every node (the CPU runtime's tree, chain) then takes its closed-form ti
 Compute step's roofline: a library routine that does its work, e.g. the baseline's torch
 optimizer, split evenly over its chunks; a Collective's staging copy: 0 where a library reduces
 in place). Every rank ends with the topology's `step_overhead_us` (a task `overhead` of the step
-`step`, on the comm stream), where it is not 0.
+`step`, on the comm stream), where it is not 0 and a stage has more than one rank: what
+calibration's `sequence` measures (a collective among ranks, then a kernel) is no part of a plan
+whose stages are single ranks (a pipeline of one rank per stage: kernels and sends only).
 `Result.trace` is the DataFrame of every task: rank, stream, step, task, start, end (us).
 `choices(plan, topo)` names the algorithm and protocol of each of the Plan's collectives, in
 step order (those inside fused and overlapped steps too, chosen per call as the DES runs them).
@@ -406,7 +408,7 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
         for r in run.sim.ranks:
             evs = [e for e in done[r] + run.pending.pop(r, []) if e is not None]
             cursor[r] = [join(run.sim.env, evs)]
-    if topo.step_overhead_us > 0:
+    if topo.step_overhead_us > 0 and plan.P > 1:
         cursor = {r: [run.sim.delay(r, topo.step_overhead_us, "step", "overhead", cursor[r])]
                   for r in run.sim.ranks}
     ends = {}

@@ -38,6 +38,17 @@ def test_the_step_overhead_ends_every_rank_exactly():
     assert plain.trace[plain.trace.task == "overhead"].empty  # 0: no task at all
 
 
+def test_a_pipeline_of_single_rank_stages_pays_no_step_overhead():
+    """The overhead is what a collective among ranks then a kernel costs beyond both
+    (calibration's `sequence`); stages of one rank hold no collective: sends and kernels only."""
+    from experiments import pipeline_parallel
+    p = pipeline_parallel.schedules()["AR-P2P-C"]
+    one, two = (lower(p, {"S": 16, "B": 1, "H": 8}, world) for world in (2, 4))
+    for plan, charged in ((one, 0.0), (two, 7.0)):
+        plain, more = (simulate(plan, tiny(per_node=4, step_overhead_us=us)) for us in (0.0, 7.0))
+        assert more.time_us == pytest.approx(plain.time_us + charged, abs=1e-9)
+
+
 def test_a_given_compute_time_replaces_the_roofline():
     plan = _ar_c()
     sid = next(s.id for s in plan.steps if isinstance(s, Compute))
