@@ -18,7 +18,7 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
   sizes' time), memory bandwidth and its efficiency curve by kernel bytes.
 - `kernel_stream` (the same kernel, each call on fresh data beyond the caches, every rank at
   once): the device's `stream_memory_gbps`, the rate of a generated kernel inside a step (the
-  median over sizes of bytes / (time - launch)); comm=shm's `peer_memory_gbps` too (`fit_shm`).
+  median over sizes of bytes / (time - launch)), and of comm=shm's peer reads (`fit_shm`).
 - `matmul` (torch.matmul at several shapes, `flops` each): the device's f32 peak and the rate by
   size, `matmul_efficiency_by_flops` (the achieved flop/s by flops, smoothed; the best is the
   peak, each size's share of it the curve; matmul_efficiency 1).
@@ -295,8 +295,8 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     with its links replaced by shared memory's: the library link from `shm_all_reduce`, the ring
     link from `shm_reduce_scatter` and `shm_all_gather`, each size's achieved bandwidth solved
     for in the same closed forms as gloo's (`fit`), and `peer_reads` (a fused all-reduce's
-    kernel reads its peers' chunks: memory traffic, `cost_model.workload`) at
-    `peer_memory_gbps` (`kernel_stream`: every rank streaming at once). ValueError without
+    kernel reads its peers' chunks: memory traffic, `cost_model.workload`) at the device's
+    `stream_memory_gbps` (`kernel_stream`: every rank streaming at once). ValueError without
     shm measurements."""
     every = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
     ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in every if m.kind.startswith(SHM)]
@@ -320,11 +320,10 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
         fitted.library.rate_by if fitted.library else "message")
     return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
                                library=library, peer_reads=True,
-                               peer_memory_gbps=peer_memory_gbps(every, fitted.device.launch_us),
                                source=source or fitted.source)
 
 
-def peer_memory_gbps(ms: list[Measurement], launch_us: float) -> float:
+def stream_memory_gbps(ms: list[Measurement], launch_us: float) -> float:
     """GB/s per rank with every rank streaming memory at once: the median over sizes of
     `kernel_stream`'s bytes / (time - launch) (the slowest rank's, data beyond the caches);
     0 (the device's own curve) without any."""
@@ -371,7 +370,7 @@ def fit_device(ms: list[Measurement], base: Device) -> Device:
         base, memory_bandwidth_gbps=round(mem_bw, 3), launch_us=round(launch, 2),
         library_steps_us=library_steps_us(ms) or base.library_steps_us,
         memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()}, matmul_efficiency=1.0,
-        stream_memory_gbps=peer_memory_gbps(ms, launch) or base.stream_memory_gbps,
+        stream_memory_gbps=stream_memory_gbps(ms, launch) or base.stream_memory_gbps,
         matmul_efficiency_by_flops=mm_eff,
         library_efficiency=lib,
         peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)})
@@ -428,8 +427,6 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
     if m.kind == "sequence_extra":
         return topo.step_overhead_us / 1e3
-    if m.kind == "kernel_stream" and topo.peer_memory_gbps:  # topo: fit_shm's
-        return (dev.launch_us + b / (topo.peer_memory_gbps * 1e3)) / 1e3
     if m.kind == "kernel_stream":
         return dev.step_kernel_us(b, m.flops, "f32") / 1e3
     if m.kind in ("kernel", "overlap_kernel"):

@@ -83,15 +83,16 @@ def shm_all_reduce_bytes(nbytes: float, P: int, write_allocate: bool) -> float:
 
 def shm_all_reduce_us(spec: CollSpec, topo: Topology):
     """comm=shm's library all-reduce as what it is, memory traffic on each member at the
-    topology's `peer_memory_gbps` (every rank streaming at once) plus the library link's fixed
+    device's `stream_memory_gbps` (every rank streaming at once) plus the library link's fixed
     cost per call (its flags and Python: `latency_us` + `overhead_us`), per chunk; None where
     the topology does not share memory that way (`peer_reads` with a calibrated rate)."""
-    if not (topo.peer_reads and topo.peer_memory_gbps and spec.library and topo.library
+    rate = topo.device.stream_memory_gbps
+    if not (topo.peer_reads and rate and spec.library and topo.library
             and spec.kind == "all_reduce" and spec.P > 1):
         return None
     lib, calls = topo.library, spec.chunks
     traffic = shm_all_reduce_bytes(spec.nbytes / calls, spec.P, topo.device.write_allocate)
-    return calls * (lib.latency_us + lib.overhead_us + traffic / (topo.peer_memory_gbps * 1e3))
+    return calls * (lib.latency_us + lib.overhead_us + traffic / (rate * 1e3))
 
 
 def choose(spec: CollSpec, topo: Topology) -> str:

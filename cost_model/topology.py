@@ -43,10 +43,9 @@ message and kernel sizes in bytes.
   the rank's compute stream (CPU ranks: a reduce-scatter adds each received chunk, an all-gather
   copies its own chunk into the output) rather than inside the transfer (NCCL). `peer_reads`:
   the ranks share memory (comm=shm) and a fused all-reduce's kernel reads its peers' gradient
-  chunks itself (`cost_model.workload`: memory traffic on each rank, no transfers);
-  `peer_memory_gbps`: the memory rate per rank of that traffic, every rank streaming data beyond
-  the caches at once (`cost_model.calibration.fit_shm`, from `kernel_stream`); 0: the device's
-  (`memory_bandwidth_gbps` x `memory_efficiency`).
+  chunks itself (`cost_model.workload`: memory traffic on each rank, no transfers), at the
+  device's `stream_memory_gbps` (every rank streaming data beyond the caches at once; 0: the
+  device's `memory_bandwidth_gbps` x `memory_efficiency`).
   `pipelined_chunks`: a link serves the waiting message of the lowest chunk first (NCCL's kernels
   loop over chunks); false: in the order messages were issued (the CPU runtime posts every chunk's
   first send at once). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
@@ -241,7 +240,6 @@ class Topology:
     ring_work_on_compute: bool = False
     pipelined_chunks: bool = False
     peer_reads: bool = False
-    peer_memory_gbps: float = field(default=0.0, metadata=_positive(False))
     algorithm: Optional[str] = field(default=None, metadata={"choices": ALGORITHMS})
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})

@@ -8,7 +8,7 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 - Compute / MatMul / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
 - Collective: the collectives layer's algorithm (the tuner's pick; on a GPU topology NCCL's calls,
   `cost_model.nccl`; comm=shm's library all-reduce, `closed_form.shm_all_reduce_us`: memory
-  traffic on every member at `peer_memory_gbps`, as `_peer_fused` charges); P2P: rank i of the
+  traffic on every member at the device's `stream_memory_gbps`, as `_peer_fused` charges); P2P: rank i of the
   source stage sends to rank i of the destination stage,
   chunk by chunk (on a GPU topology each message holds its ports for `nccl.p2p_us`).
 - FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
@@ -19,7 +19,7 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   memory, then (once every rank has) runs the kernels, which read the P-1 peers' chunks besides
   its own and write the gathered outputs twice (its slot, its own block); at the end each rank
   copies its peers' blocks of every gathered output: all of it memory traffic on the rank's
-  compute stream, at the topology's `peer_memory_gbps` (every rank streaming at once; where 0,
+  compute stream, at the device's `stream_memory_gbps` (every rank streaming at once; where 0,
   `Device.elementwise_us`, `kernel_us`). Bytes per rank (`closed_form.copy_bytes`,
   `own_block_bytes`): a copy reads, writes and, on a `write_allocate` device, reads the
   destination's line first (its destination is never read before); the kernel's second write
@@ -272,7 +272,7 @@ def _peer_fused(run: Run, f: FusedCollective, ready, C_outer):
     gathers = [s for s in f.steps[1:] if isinstance(s, Collective)]
     mine = run.members(head.stage)
 
-    rate = run.topo.peer_memory_gbps  # GB/s per rank, all ranks streaming at once; 0: device's
+    rate = dev.stream_memory_gbps  # GB/s per rank, all ranks streaming at once; 0: its curve
 
     def memory_us(nbytes: float) -> float:  # traffic inside a kernel: no launch of its own
         if rate:

@@ -25,8 +25,8 @@ two up to the scale's largest (every size's buffers views of one set of the larg
   traffic per element), on every rank;
   `kernel_stream`: the same kernel over n elements (a fused step's chunk), each call on the next
   piece of the largest size's buffers (beyond the caches), on every rank at once: the memory
-  rate ranks that share the memory bus get streaming a step's data (`fit_shm`'s
-  `peer_memory_gbps`; the sweep above reuses its buffers, which small sizes find in the caches);
+  rate ranks that share the memory bus get streaming a step's data (the device's
+  `stream_memory_gbps`, comm=shm's peer reads too; the sweep above reuses its buffers, which small sizes find in the caches);
   `add` / `copy`: torch's in-place add and copy of b bytes (a ring's reduction, an all-gather's
   own-block copy); `matmul`: torch.matmul of [m, k] x [k, n] f32 into its output, whole and in
   row pieces (each call's rows new to the caches), at the shapes model_parallel's row-parallel

@@ -45,30 +45,33 @@ def test_fit_shm_recovers_the_shared_memory_links():
         assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=0.1), m
     with pytest.raises(ValueError, match="no shm_"):
         fit_shm(synthetic(gloo), fitted, 2)
-    assert got.peer_memory_gbps == 0.0  # no kernel_stream: the device's own curve
+    assert got.peer_reads and not fitted.peer_reads  # at the device's (fitted) streaming rate
 
 
 def test_the_fused_step_streams_at_the_concurrent_rate_not_the_lone_sweeps():
-    """fit_shm's peer_memory_gbps is kernel_stream's rate (every rank at once, beyond the
-    caches), not the kernel sweep's best (cached) one, and the fused step's prediction follows
-    it: at a fifth of the rate its memory traffic takes about five times as long."""
+    """The peer reads stream at the device's stream_memory_gbps, kernel_stream's rate (every
+    rank at once, beyond the caches), not the kernel sweep's best (cached) one, and the fused
+    step's prediction follows it: at a fifth of the rate its memory traffic takes about five
+    times as long."""
     gloo = truth()
     t = shm_truth(gloo)
     shm = [Measurement(f"shm_{k}", 1 << e, 0.0, 2) for e in range(12, 28, 3)
            for k in ("all_reduce", "reduce_scatter", "all_gather")]
     shm = [dataclasses.replace(m, time_ms=predict_ms(t, dataclasses.replace(
         m, kind=m.kind[4:]))) for m in shm]
-    fitted = fit(synthetic(gloo), load_topology("local"), 2)
-    launch = fitted.device.launch_us
+    launch = fit(synthetic(gloo), load_topology("local"), 2).device.launch_us
     stream = [Measurement("kernel_stream", 28 << e, (launch + (28 << e) / 4e3) / 1e3, 2)
               for e in (18, 19, 20, 21, 22)]  # 4 GB/s per rank
+    fitted = fit(synthetic(gloo) + stream, load_topology("local"), 2)
     got = fit_shm(synthetic(gloo) + shm + stream, fitted, 2)
-    assert got.peer_memory_gbps == pytest.approx(4.0, rel=1e-3)
-    assert got.device.memory_bandwidth_gbps > 2 * got.peer_memory_gbps  # the sweep's best
+    rate = got.device.stream_memory_gbps
+    assert rate == pytest.approx(4.0, rel=1e-3)
+    assert got.device.memory_bandwidth_gbps > 2 * rate  # the sweep's best
     for m in stream:
         assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=1e-6)
     plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 1 << 24}, 2)
-    fast = simulate(plan, dataclasses.replace(got, peer_memory_gbps=20.0)).time_us
+    fast = simulate(plan, dataclasses.replace(got, device=dataclasses.replace(
+        got.device, stream_memory_gbps=20.0))).time_us
     slow = simulate(plan, got).time_us
     assert 3.5 < (slow - got.step_overhead_us) / (fast - got.step_overhead_us) < 5.5
 
@@ -116,7 +119,7 @@ def test_calibrate_with_comm_shm_writes_the_shm_topology(tmp_path):
     shm = load_topology(path=tmp_path / "topology_shm.yaml")
     assert shm.device == gloo.device and "comm=shm" in shm.source
     assert shm.library != gloo.library
-    assert shm.peer_memory_gbps > 0 and gloo.peer_memory_gbps == 0
+    assert shm.peer_reads and not gloo.peer_reads and shm.device.stream_memory_gbps > 0
     pred = exp.predict(PredictSettings(scale="smoke", backend="cpu", topology=gloo, world_size=2,
                                        max_elements=1 << 16, measured=rows, out_dir=tmp_path))
     assert len(pred) == len(rows) and all(r["time_ms"] > 0 for r in pred)

@@ -217,7 +217,7 @@ def test_on_a_peer_reads_topology_the_fused_step_is_memory_traffic_on_each_rank(
     head, dev = f.steps[0], topo.device
     (k,) = [s for s in f.steps if isinstance(s, Compute)]
     (g,) = [s for s in f.steps[1:] if isinstance(s, Collective)]
-    mem = lambda b: b / (topo.peer_memory_gbps * 1e3)  # noqa: E731
+    mem = lambda b: b / (dev.stream_memory_gbps * 1e3)  # noqa: E731
     assert dev.write_allocate  # a copy: read, write, the destination's line read first
     kernel = dev.launch_us + mem(kernel_bytes(plan, k, topo) / C)
     expect = (C * (dev.launch_us + mem(3 * head.nbytes / 2 / C))
@@ -237,8 +237,9 @@ def _traffic_topology(write_allocate: bool):
     path = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "local_shm.yaml"
     topo = load_topology("local", path=str(path))
     dev = dataclasses.replace(topo.device, launch_us=0.0, write_allocate=write_allocate,
-                              peak_tflops={k: 1e6 for k in topo.device.peak_tflops})
-    return dataclasses.replace(topo, device=dev, peer_memory_gbps=1.0, step_overhead_us=0.0)
+                              peak_tflops={k: 1e6 for k in topo.device.peak_tflops},
+                              stream_memory_gbps=1.0)
+    return dataclasses.replace(topo, device=dev, step_overhead_us=0.0)
 
 
 @pytest.mark.parametrize("write_allocate", [True, False])
