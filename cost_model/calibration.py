@@ -41,9 +41,10 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
   ring link to `shm_reduce_scatter` and `shm_all_gather`, as `fit` fits gloo's.
 Achieved bandwidths are smoothed by a running median over neighbouring sizes before the curve
 is taken, so one noisy size does not bend it; a link benchmark's times are first made
-non-decreasing in size (`_monotone`: an isotonic fit by medians; a size measured slower than
-larger ones takes their median), so a stalled small size reads neither as fixed cost nor as a
-slow wire.
+non-decreasing in size (`_monotone`: a size more than 1.25x slower than the next larger one
+is a stall and takes its neighbours' interpolation; smaller inversions are pooled at their
+median, an isotonic fit), so a stalled small size reads neither as fixed cost nor as a slow
+wire, nor raises its neighbours.
 `predict_ms(topo, m)` is the model's time for a measurement, for the calibration's own
 predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes, topology fields as named
 (`_us`, `_gbps`).
@@ -51,6 +52,7 @@ predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes, topology
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -97,12 +99,18 @@ def _series(ms: Iterable[Measurement], kind: str) -> list[tuple[int, float]]:
 
 
 def _monotone(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """(bytes, time) by size made non-decreasing in size: the isotonic fit in least absolute
-    deviations (adjacent sizes that go the wrong way pooled into one block at the block's
-    median, until no block is slower than the next). Moving more bytes does not take less
-    time: a size measured slower than larger ones was hit by something the model does not
-    describe (a scheduler stall) and takes its neighbours' median; a flat, noisy run of small
-    sizes keeps its median (a running minimum would take the lowest of the noise)."""
+    """(bytes, time) by size made non-decreasing in size. Moving more bytes does not take less
+    time, so a size measured slower than larger ones was hit by something the model does not
+    describe (a scheduler stall), in two ways:
+    - a size more than STALLED x slower than the next larger one is a stall outright (on this
+      VM one size's gloo all-reduce sat at 2.2 ms in most rounds between 0.44 and 0.78 ms): it
+      is dropped and takes its neighbours' log-log interpolation (the smallest size, the next
+      larger one's time), so that it raises none of them;
+    - smaller inversions (a flat, noisy run of small sizes) are pooled, the isotonic fit in
+      least absolute deviations: adjacent sizes that go the wrong way pooled into one block at
+      the block's median, until no block is slower than the next (a running minimum would take
+      the lowest of the noise)."""
+    points = _unstalled(points)
     blocks: list[list[float]] = []
     for _, t in points:
         blocks.append([t])
@@ -110,6 +118,33 @@ def _monotone(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
             blocks[-2:] = [blocks[-2] + blocks[-1]]
     times = [statistics.median(b) for b in blocks for _ in b]
     return [(b, t) for (b, _), t in zip(points, times)]
+
+
+STALLED = 1.25  # a size this much slower than the next larger one: a stall (`_monotone`)
+
+
+def _unstalled(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Each size more than STALLED x slower than the next larger one replaced by the log-log
+    interpolation of the nearest kept sizes on either side (the larger one's time where there
+    is none smaller), from the largest size (always kept) down."""
+    kept = [True] * len(points)
+    for i in range(len(points) - 2, -1, -1):
+        nxt = next(j for j in range(i + 1, len(points)) if kept[j])
+        kept[i] = points[i][1] <= STALLED * points[nxt][1]
+    out = []
+    for i, (b, t) in enumerate(points):
+        if kept[i]:
+            out.append((b, t))
+            continue
+        lo = next((j for j in range(i - 1, -1, -1) if kept[j]), None)
+        hi = next(j for j in range(i + 1, len(points)) if kept[j])
+        if lo is None:
+            out.append((b, points[hi][1]))
+            continue
+        (b0, t0), (b1, t1) = points[lo], points[hi]
+        w = math.log(b / b0) / math.log(b1 / b0)
+        out.append((b, math.exp((1 - w) * math.log(t0) + w * math.log(t1))))
+    return out
 
 
 def _smooth(values: list[float]) -> list[float]:
