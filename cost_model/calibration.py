@@ -41,7 +41,7 @@ repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and w
   ring link to `shm_reduce_scatter` and `shm_all_gather`, as `fit` fits gloo's.
 Achieved bandwidths are smoothed by a running median over neighbouring sizes before the curve
 is taken, so one noisy size does not bend it; a link benchmark's times are first made
-non-decreasing in size (`_monotone`: a size more than 1.25x slower than the next larger one
+non-decreasing in size (`curves.monotone`: a size more than 1.25x slower than the next larger one
 is a stall and takes its neighbours' interpolation; smaller inversions are pooled at their
 median, an isotonic fit), so a stalled small size reads neither as fixed cost nor as a slow
 wire, nor raises its neighbours.
@@ -52,12 +52,12 @@ predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes, topology
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from .collectives import CollSpec
+from .curves import bulk_rate, fit_curve, fixed_cost, monotone, smooth, solve
 from .closed_form import collective_us
 from .network import Sim
 from .topology import Device, LinkClass, Topology
@@ -98,84 +98,6 @@ def _series(ms: Iterable[Measurement], kind: str) -> list[tuple[int, float]]:
     return sorted((b, statistics.median(ts)) for b, ts in by.items())
 
 
-def _monotone(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """(bytes, time) by size made non-decreasing in size. Moving more bytes does not take less
-    time, so a size measured slower than larger ones was hit by something the model does not
-    describe (a scheduler stall), in two ways:
-    - a size more than STALLED x slower than the next larger one is a stall outright (on this
-      VM one size's gloo all-reduce sat at 2.2 ms in most rounds between 0.44 and 0.78 ms): it
-      is dropped and takes its neighbours' log-log interpolation (the smallest size, the next
-      larger one's time), so that it raises none of them;
-    - smaller inversions (a flat, noisy run of small sizes) are pooled, the isotonic fit in
-      least absolute deviations: adjacent sizes that go the wrong way pooled into one block at
-      the block's median, until no block is slower than the next (a running minimum would take
-      the lowest of the noise)."""
-    points = _unstalled(points)
-    blocks: list[list[float]] = []
-    for _, t in points:
-        blocks.append([t])
-        while len(blocks) > 1 and statistics.median(blocks[-2]) > statistics.median(blocks[-1]):
-            blocks[-2:] = [blocks[-2] + blocks[-1]]
-    times = [statistics.median(b) for b in blocks for _ in b]
-    return [(b, t) for (b, _), t in zip(points, times)]
-
-
-STALLED = 1.25  # a size this much slower than the next larger one: a stall (`_monotone`)
-
-
-def _unstalled(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """Each size more than STALLED x slower than the next larger one replaced by the log-log
-    interpolation of the nearest kept sizes on either side (the larger one's time where there
-    is none smaller), from the largest size (always kept) down."""
-    kept = [True] * len(points)
-    for i in range(len(points) - 2, -1, -1):
-        nxt = next(j for j in range(i + 1, len(points)) if kept[j])
-        kept[i] = points[i][1] <= STALLED * points[nxt][1]
-    out = []
-    for i, (b, t) in enumerate(points):
-        if kept[i]:
-            out.append((b, t))
-            continue
-        lo = next((j for j in range(i - 1, -1, -1) if kept[j]), None)
-        hi = next(j for j in range(i + 1, len(points)) if kept[j])
-        if lo is None:
-            out.append((b, points[hi][1]))
-            continue
-        (b0, t0), (b1, t1) = points[lo], points[hi]
-        w = math.log(b / b0) / math.log(b1 / b0)
-        out.append((b, math.exp((1 - w) * math.log(t0) + w * math.log(t1))))
-    return out
-
-
-def _smooth(values: list[float]) -> list[float]:
-    """A running median of three (the ends keep theirs)."""
-    if len(values) < 3:
-        return list(values)
-    return [values[0]] + [statistics.median(values[i - 1:i + 2])
-                          for i in range(1, len(values) - 1)] + [values[-1]]
-
-
-def fit_curve(points: list[tuple[float, float]], fixed_us: float):
-    """From (bytes, time_us) with time = fixed + bytes / rate(bytes): (best rate in GB/s,
-    {bytes: rate / best}). Sizes whose time is within 1.5x the fixed cost carry no rate."""
-    usable = [(b, b / (t - fixed_us) / 1e3) for b, t in points if t > 1.5 * fixed_us and b > 0]
-    if not usable:  # a short or noisy sweep: every size that takes longer than the fixed cost
-        usable = [(b, b / (t - fixed_us) / 1e3) for b, t in points if t > fixed_us and b > 0]
-    if not usable:
-        raise ValueError("no size is large enough to measure a bandwidth")
-    sizes = [b for b, _ in usable]
-    rates = _smooth([r for _, r in usable])
-    best = max(rates)
-    return best, {int(b): max(1e-3, min(1.0, r / best)) for b, r in zip(sizes, rates)}
-
-
-def _fixed(points: list[tuple[int, float]], n: int = 5) -> float:
-    """The fixed cost: the median time of the n smallest sizes (of the smaller half at most, so
-    that a short sweep's large sizes do not count as fixed cost)."""
-    n = max(1, min(n, len(points) // 2))
-    return statistics.median(t for _, t in points[:n])
-
-
 def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_us: float,
              rate_by: str = "message") -> LinkClass:
     """A link class that makes each benchmark's closed form `model(link, b)` (us) its measured
@@ -185,13 +107,13 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
     taken. Then each size's achieved bandwidth is solved for in every benchmark where the wire
     is a third of its time or more (so every message a benchmark's path serializes is counted
     as the model counts it; each benchmark's times made non-decreasing in size first,
-    `_monotone`), the median over the benchmarks taken and smoothed over sizes: the
+    `monotone`), the median over the benchmarks taken and smoothed over sizes: the
     best is the bandwidth, each size's share of it the efficiency by message size."""
     first = next(iter(benchmarks))
-    points = _monotone(_series(ms, first))
-    overhead = min(overhead_us, _fixed(points))
+    points = monotone(_series(ms, first))
+    overhead = min(overhead_us, fixed_cost(points))
     message_of = benchmarks[first][0]
-    bulk = _bulk_rate([(message_of(b) * messages, t) for b, t in points])
+    bulk = bulk_rate([(message_of(b) * messages, t) for b, t in points])
 
     def link(bw: float, latency: float) -> LinkClass:
         return LinkClass(bandwidth_gbps=bw, latency_us=latency, overhead_us=overhead,
@@ -199,53 +121,26 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
 
     fixed = []
     for kind, (_, model) in benchmarks.items():
-        series = _monotone(_series(ms, kind))
+        series = monotone(_series(ms, kind))
         for b, t in series[:max(1, min(5, len(series) // 2))]:
-            fixed.append(_solve(lambda lat: model(link(bulk, lat), b), t))
+            fixed.append(solve(lambda lat: model(link(bulk, lat), b), t))
     latency = statistics.median(fixed)
     rates: dict[int, list[float]] = {}
     for kind, (size_of, model) in benchmarks.items():
-        for b, t in _monotone(_series(ms, kind)):
+        for b, t in monotone(_series(ms, kind)):
             if model(link(1e9, latency), b) > t * 2 / 3:  # the wire is too small a part
                 continue
-            per_byte = _solve(lambda y: model(link(1.0 / max(y, 1e-12), latency), b), t, 1.0)
+            per_byte = solve(lambda y: model(link(1.0 / max(y, 1e-12), latency), b), t, 1.0)
             rates.setdefault(int(size_of(b)), []).append(1.0 / max(per_byte, 1e-12))
     sizes = sorted(rates)
     if not sizes:  # a short sweep: no size's wire stands out of its fixed cost
         return LinkClass(bandwidth_gbps=round(bulk, 4), latency_us=round(latency, 2),
                          overhead_us=round(overhead, 2), rate_by=rate_by)
-    curve = _smooth([statistics.median(rates[k]) for k in sizes])
+    curve = smooth([statistics.median(rates[k]) for k in sizes])
     bw = max(curve)
     return LinkClass(bandwidth_gbps=round(bw, 4), latency_us=round(latency, 2),
                      overhead_us=round(overhead, 2), rate_by=rate_by,
                      efficiency={k: round(max(1e-3, r / bw), 4) for k, r in zip(sizes, curve)})
-
-
-def _solve(f, target: float, hi: float = 0.0) -> float:
-    """The x >= 0 with f(x) = target for an increasing f (0 when f(0) >= target; bisection
-    from [0, hi], hi doubled until f(hi) >= target; hi = max(target, 1) when not given)."""
-    lo = 0.0
-    if f(lo) >= target:
-        return 0.0
-    hi = hi or max(target, 1.0)
-    while f(hi) < target and hi < 1e9:
-        hi *= 2
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
-def _bulk_rate(points: list[tuple[float, float]], largest: int = 4) -> float:
-    """GB/s from the largest sizes' slopes (bytes, time_us): the median over pairs of
-    d(bytes) / d(time), which a fixed latency does not bias."""
-    top = sorted(points)[-largest:]
-    slopes = [(b2 - b1) / (t2 - t1) / 1e3 for i, (b1, t1) in enumerate(top)
-              for b2, t2 in top[i + 1:] if t2 > t1 and b2 > b1]
-    if not slopes:
-        b, t = top[-1]
-        return b / t / 1e3
-    return statistics.median(slopes)
 
 
 def message_overhead_us(ms: list[Measurement], messages: float,
@@ -279,7 +174,7 @@ def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
             whole = dataclasses.replace(m, kind="exchange", chunks=1)
             extra = lambda o: (predict_ms(with_overhead(o), m)  # noqa: E731
                                - predict_ms(with_overhead(o), whole)) * 1e3
-            got.append(_solve(extra, m.time_ms * 1e3 - times[m.nbytes], first))
+            got.append(solve(extra, m.time_ms * 1e3 - times[m.nbytes], first))
     return max(1.0, statistics.median(got)) if got else first
 
 
@@ -390,7 +285,7 @@ def library_steps_us(ms: list[Measurement]) -> dict:
 def fit_device(ms: list[Measurement], base: Device) -> Device:
     """Launch overhead, memory bandwidth and its curve (the kernel), f32 peak (matmul)."""
     kern = _series(ms, "kernel")
-    launch = _fixed(kern)
+    launch = fixed_cost(kern)
     mem_bw, _ = fit_curve(kern, launch)  # then the launch without the small sizes' wire time
     launch = max(0.0, statistics.median(t - b / (mem_bw * 1e3) for b, t in kern[:5]))
     mem_bw, mem_eff = fit_curve(kern, launch)
@@ -422,7 +317,7 @@ def matmul_rate(ms: list[Measurement], base: Device) -> tuple[float, dict]:
     if not by:
         return base.peak("f32"), {}
     sizes = sorted(by)
-    rates = _smooth([statistics.median(by[f]) for f in sizes])
+    rates = smooth([statistics.median(by[f]) for f in sizes])
     best = max(rates)
     return round(best, 5), {f: round(max(1e-3, r / best), 4) for f, r in zip(sizes, rates)}
 

@@ -180,7 +180,7 @@ def _apart(kind: str, nbytes: int, fn: Callable[[], object], stat: str = "median
     predicts carry (fitted to the fastest of 3 calls instead, the model predicted every
     adam_fusion / lamb_fusion step 10-40% fast on a quiet VM: the all-reduce of 2^24 floats at
     30.0 ms against 36.6 ms inside the baseline); a size the stalls lift above larger ones is
-    flattened by the fit (`cost_model.calibration._monotone`)."""
+    flattened by the fit (`cost_model.curves.monotone`)."""
     clock = WallClock()
     return Bench((kind,), nbytes, lambda calls: (sample_ms(fn, calls, clock, stat),), extra,
                  stat=stat)

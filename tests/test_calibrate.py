@@ -154,14 +154,14 @@ def test_a_stall_between_clean_sizes_is_interpolated_not_pooled_into_them():
     most rounds, between 0.44 and 0.78 ms) is a stall: it takes its neighbours' log-log
     interpolation, and they keep their own times (pooled at the block's median, 512 KiB to
     2 MiB all read 1.4 ms); an inversion within 25% (noise in a flat run) is pooled."""
-    from cost_model.calibration import _monotone
+    from cost_model.curves import monotone
     sizes = [1 << k for k in range(16, 22)]
     stalled = dict(zip(sizes, (0.35, 0.44, 0.44, 2.2, 0.78, 1.42)))
-    got = dict(_monotone(sorted(stalled.items())))
+    got = dict(monotone(sorted(stalled.items())))
     assert got[1 << 19] == pytest.approx(0.44 ** 0.5 * 0.78 ** 0.5, rel=1e-9)
     assert {b: got[b] for b in sizes if b != 1 << 19} == {
         b: t for b, t in stalled.items() if b != 1 << 19}
     noisy = dict(zip(sizes, (0.30, 0.33, 0.31, 0.32, 0.78, 1.42)))
-    got = dict(_monotone(sorted(noisy.items())))
+    got = dict(monotone(sorted(noisy.items())))
     assert got[1 << 17] == got[1 << 18] == pytest.approx(0.32)  # pooled: 0.33, 0.31 -> 0.32
     assert list(got.values()) == sorted(got.values())
