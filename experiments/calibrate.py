@@ -13,7 +13,8 @@ them), and each
 benchmark's time is the median over rounds; so benchmarks that the fit compares with each other
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
 matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
-two up to the scale's largest (every size's buffers views of one set of the largest):
+two up to the scale's largest (every size's buffers views of one set of the largest; the
+benchmarks are built in `experiments._benches`):
 - `exchange`: a ring step: every rank sends b bytes to its right and receives b from its left
   (`comm.P2P`, what the runtime's ring reduce-scatter and all-gather are made of);
   `exchange_chunked`: the same in 16 chunks (the per-message cost, from b = 64 KiB);
@@ -55,14 +56,11 @@ results.csv (`schedule` = the benchmark, `size` = bytes).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -73,7 +71,7 @@ from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import Compute
 from codegen.runtime import comm
-from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel, WallClock
+from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
 from cost_model.calibration import SHM, Measurement, fit, fit_shm, predict_ms
@@ -84,7 +82,9 @@ from reports.table import append_row
 from .api import Experiment
 from .optimizers import adam_program
 from .registry import register
-from .rounds import calls_for, sample_ms
+from ._benches import (Bench, communication, kernels, matmuls, overlap, sequences,
+                       shm_collectives)
+from .rounds import calls_for
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
@@ -106,8 +106,6 @@ MATMULS = {"smoke": [(128, 128, 256, 1), (128, 128, 256, 4), (256, 256, 256, 1)]
                        (1024, 512, 1024, 8), (4096, 512, 1024, 1), (4096, 512, 1024, 8),
                        (1024, 2048, 1024, 1), (1024, 2048, 1024, 8)]}
 MATMULS["paper"] = MATMULS["default"]
-KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
-EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
 # in calibration.json for the fit, not rows: a difference of times (may be negative)
 DERIVED = ("sequence_extra",)
 STREAM_SCALES = {"smoke": (12, 14, 2), "quick": (18, 22, 2), "default": (18, 22, 1),
@@ -128,64 +126,6 @@ def _adam_kernel(n_max: int, world: int):
     return plan, step
 
 
-def _kernel_args(plan, step, n: int, runner) -> list:
-    """The kernel's buffers for a loop of n elements: tensors of n elements where the plan's
-    have the loop's size (the kernel's source does not depend on it), its scalars as they are.
-    The tensors hold values in [0.1, 1), written page by page: zeros from calloc would leave
-    read-only inputs on the kernel's shared zero page, which reads faster than a step's data
-    (the Adam kernel 10-20% at 2^20 elements in a probe)."""
-    loop = step.kernel.numel
-    return [torch.empty(n, dtype=runner.bufs[i].dtype).uniform_(0.1, 1.0)
-            if plan.buffer(i).numel == loop else runner.bufs[i] for i in step.kernel.args()]
-
-
-def _exchange(comm, x, out, tag=0, chunks=1):
-    me, world = dist.get_rank(), dist.get_world_size()
-    right, left = (me + 1) % world, (me - 1) % world
-    send = comm.P2P(x, None, me, right, chunks=chunks, tag=tag).start()
-    recv = comm.P2P(None, out, left, me, chunks=chunks, tag=tag).start()
-    return send, recv
-
-
-@dataclass(frozen=True)
-class Bench:
-    """One benchmark: `sample(calls)` times `calls` back-to-back calls after a barrier and
-    returns ms per call for each of `kinds` (this rank's); `repeatable`: a sample of a short one
-    may hold several calls."""
-    kinds: tuple[str, ...]
-    nbytes: int
-    sample: Callable[[int], tuple[float, ...]]
-    extra: dict = field(default_factory=dict)
-    repeatable: bool = True
-    stat: str = "median"  # its samples' statistic (`experiments.rounds.calls_for`: how many calls)
-
-
-def _plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
-    """A local operation: a sample times its calls back to back, after one barrier."""
-    def sample(calls: int) -> tuple[float, ...]:
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return ((time.perf_counter() - t0) * 1e3 / calls,)
-    return Bench((kind,), nbytes, sample, extra)
-
-
-def _apart(kind: str, nbytes: int, fn: Callable[[], object], stat: str = "median",
-           **extra) -> Bench:
-    """A communication: `experiments.rounds.sample_ms`, each call after its own barrier (back to
-    back, a 4 KiB exchange took 1.4 ms a call here against 0.15-0.25 ms after a barrier), with
-    the statistic the experiments' rounds sample their steps with ("median"), so that the link
-    the model is fitted to carries the share of gloo's 4 ms scheduler stalls the steps it
-    predicts carry (fitted to the fastest of 3 calls instead, the model predicted every
-    adam_fusion / lamb_fusion step 10-40% fast on a quiet VM: the all-reduce of 2^24 floats at
-    30.0 ms against 36.6 ms inside the baseline); a size the stalls lift above larger ones is
-    flattened by the fit (`cost_model.curves.monotone`)."""
-    clock = WallClock()
-    return Bench((kind,), nbytes, lambda calls: (sample_ms(fn, calls, clock, stat),), extra,
-                 stat=stat)
-
-
 def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     """Every benchmark in interleaved rounds (`interleaved`); per benchmark the median over
     rounds of the slowest rank's time per call, and its min and max."""
@@ -195,10 +135,10 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
                         CpuBackend().groups(plan.stages))
     shm = (CpuBackend(comm="shm").communicator(comm.Group.world(), NO_STREAMS)
            if spec.get("shm") else None)
-    benches = (_communication(rank, world, spec) + _kernels(plan, step, fn, runner, spec)
-               + _matmuls(spec) + _sequences(plan, step, fn, runner, spec)
-               + _overlap(spec, runner, step)
-               + (_shm_collectives(world, spec, shm) if shm is not None else []))
+    benches = (communication(rank, world, spec) + kernels(plan, step, fn, runner, spec)
+               + matmuls(spec) + sequences(plan, step, fn, runner, spec)
+               + overlap(spec, runner, step)
+               + (shm_collectives(world, spec, shm) if shm is not None else []))
     times = interleaved(benches, spec["rounds"], spec["warmup"], rank)
     return [{"kind": kind, "nbytes": b.nbytes, "time_ms": statistics.median(ts),
              "time_ms_min": min(ts), "time_ms_max": max(ts), "world_size": world,
@@ -239,162 +179,6 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
         if rank == 0:
             print(line, flush=True)
     return times
-
-
-def _communication(rank, world, spec) -> list[Bench]:
-    """Views of one pair of buffers of the largest size (every size's x, y from its start)."""
-    top = max(spec["sizes"]) // 4
-    X, Y = torch.randn(top), torch.randn(top)
-    whole_, part_ = torch.randn(top), torch.empty(top // world + 1)
-    out = []
-    for b in spec["sizes"]:
-        n = b // 4
-        x, y = X[:n], Y[:n]
-        out.append(_apart("exchange", b, lambda x=x, y=y: [w.wait() for w in _exchange(
-            comm, x, y)]))
-        if b >= CHUNKED_FROM:
-            out.append(_apart("exchange_chunked", b, lambda x=x, y=y: [w.wait() for w in _exchange(
-                comm, x, y, chunks=EXCHANGE_CHUNKS)], chunks=EXCHANGE_CHUNKS))
-        if world > 1:
-            def one_way(x=x, y=y):
-                if rank == 0:
-                    comm.p2p(x, None, 0, 1)
-                elif rank == 1:
-                    comm.p2p(None, y, 0, 1)
-            out.append(_apart("send", b, one_way))
-        out.append(_apart("all_reduce", b, lambda x=x: comm.all_reduce(x)))
-        if n % world == 0:
-            part, whole = part_[:n // world], whole_[:n]
-            out.append(_apart("reduce_scatter", b, lambda w=whole, p=part: comm.reduce_scatter(
-                w, p)))
-            out.append(_apart("all_gather", b, lambda w=whole, p=part: comm.all_gather(p, w)))
-        out.append(_plain("add", b, lambda x=x, y=y: torch.add(x, y, out=x)))
-        out.append(_plain("copy", b, lambda x=x, y=y: y.copy_(x)))
-    return out
-
-
-def _shm_collectives(world, spec, c) -> list[Bench]:
-    """comm=shm's all_reduce, reduce_scatter and all_gather of b bytes (the whole array)."""
-    out = []
-    for b in spec["sizes"]:
-        n = b // 4
-        if n % world:
-            continue
-        x, part = torch.randn(n), torch.empty(n // world)
-        out += [_apart("shm_all_reduce", b, lambda x=x: c.all_reduce(x, "sum")),
-                _apart("shm_reduce_scatter", b, lambda x=x, p=part: c.reduce_scatter(
-                    x, p, "sum")),
-                _apart("shm_all_gather", b, lambda x=x, p=part: c.all_gather(p, x))]
-    return out
-
-
-def _kernels(plan, step, fn, runner, spec) -> list[Bench]:
-    """The Adam kernel over n elements: its loop's buffers views of one set of the largest
-    size, from their start."""
-    loop, top = step.kernel.numel, max(spec["kernel_elements"])
-    big = _kernel_args(plan, step, top, runner)
-    sized = [plan.buffer(i).numel == loop for i in step.kernel.args()]
-    out = []
-    for n in spec["kernel_elements"]:
-        args = [t[:n] if s else t for t, s in zip(big, sized)]
-        out.append(_plain("kernel", n * KERNEL_BYTES_PER_ELEMENT, lambda n=n, a=args: fn(
-            0, n, 0, a), flops=step.flops * n / loop))
-    for n in spec.get("stream_elements", []):
-        out.append(_streaming(fn, big, sized, n, top, step.flops * n / loop))
-    return out
-
-
-def _streaming(fn, big, sized, n: int, top: int, flops: float) -> Bench:
-    """`kernel_stream`: the kernel over n elements, each call on the next n-element piece of the
-    largest buffers (cycling; the sweep's largest size, beyond the caches), so each call's data
-    comes from memory as a fused step's chunks do; every rank at once after a barrier, the
-    slowest rank's time (`interleaved`): the memory rate the ranks share."""
-    pieces, at = max(1, top // n), [0]
-
-    def call():
-        i = at[0] % pieces
-        at[0] += 1
-        fn(0, n, 0, [t[i * n:(i + 1) * n] if s else t for t, s in zip(big, sized)])
-    return _plain("kernel_stream", n * KERNEL_BYTES_PER_ELEMENT, call, flops=flops)
-
-
-def _matmuls(spec) -> list[Bench]:
-    """torch.matmul of [m, k] x [k, n] f32 into a preallocated output, as the runtime calls it,
-    in `pieces` calls of m / pieces rows (b, flops and the time: one call's)."""
-    out = []
-    for m, k, n, pieces in spec["matmuls"]:
-        a, w, o = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
-        rows = m // pieces
-
-        def whole(a=a, w=w, o=o, rows=rows, pieces=pieces):
-            for j in range(pieces):
-                torch.matmul(a[j * rows:(j + 1) * rows], w, out=o[j * rows:(j + 1) * rows])
-        bench = _plain("matmul", 4 * (rows * k + k * n + rows * n), whole,
-                       flops=2 * rows * k * n, shape=f"{m}x{k}x{n}/{pieces}")
-        out.append(dataclasses.replace(bench, sample=lambda calls, s=bench.sample, p=pieces: tuple(
-            t / p for t in s(calls))))
-    return out
-
-
-def _sequences(plan, step, fn, runner, spec) -> list[Bench]:
-    """Per n, one bench of four kinds: all_reduce(4n bytes) then the kernel on n elements (no
-    barrier between), each alone, and the three's paired difference: every call of a sample
-    times the sequence, the all-reduce and the kernel one after another, each after a barrier,
-    and `sequence_extra` is the median over the calls of sequence - comm - compute, so a slow
-    spell that hits one call hits its three parts alike (the difference of three medians taken
-    at different moments of a round swung by 1 ms from run to run)."""
-    out = []
-    for n in spec["sequence_elements"]:
-        x, args = torch.randn(n), _kernel_args(plan, step, n, runner)
-        kernel = lambda n=n, a=args: fn(0, n, 0, a)  # noqa: E731
-        comm_only = lambda x=x: comm.all_reduce(x)  # noqa: E731
-        extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
-                 step.kernel.numel}
-
-        def sample(calls: int, k=kernel, c=comm_only) -> tuple[float, ...]:
-            runs = [(_timed(lambda: (c(), k())), _timed(c), _timed(k))
-                    for _ in range(max(1, calls))]
-            return tuple(statistics.median(col) for col in zip(*runs)) + (
-                statistics.median(s - a - b for s, a, b in runs),)
-        out.append(Bench(("sequence", "sequence_comm", "sequence_compute", "sequence_extra"),
-                         4 * n, sample, extra))
-    return out
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    """ms of one call of `fn`, after a barrier."""
-    dist.barrier()
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def _overlap(spec, runner, step) -> list[Bench]:
-    """A kernel of K elements alone, an exchange of E bytes alone, and both started at once (the
-    kernel runs while the exchange is in flight): the kernel's time inside, and the time until
-    both are done (each its own bench, interleaved with everything else)."""
-    E, K = spec["overlap_exchange"], spec["overlap_kernel"]
-    x, y = torch.randn(E // 4), torch.randn(E // 4)
-    extra = {"exchange_bytes": E, "kernel_bytes": K * KERNEL_BYTES_PER_ELEMENT}
-
-    def both(calls: int) -> tuple[float, ...]:
-        dist.barrier()
-        t0 = time.perf_counter()
-        works = _exchange(comm, x, y, tag=2)
-        t1 = time.perf_counter()
-        runner.compute(step, 0, K)
-        inside = time.perf_counter() - t1
-        for w in works:
-            w.wait()
-        return inside * 1e3, (time.perf_counter() - t0) * 1e3
-
-    kb = K * KERNEL_BYTES_PER_ELEMENT
-    kernel = _plain("overlap_kernel", kb, lambda: runner.compute(step, 0, K), **extra)
-    exchange = _plain("overlap_exchange", E, lambda: [w.wait() for w in _exchange(
-        comm, x, y, tag=1)], **extra)
-    return [dataclasses.replace(kernel, repeatable=False),
-            dataclasses.replace(exchange, repeatable=False),
-            Bench(("overlap_inside", "overlap_both"), kb, both, extra, repeatable=False)]
 
 
 def measure(settings) -> list[dict]:

@@ -1,0 +1,243 @@
+"""Calibration's microbenchmarks (`experiments.calibrate`), built on a rank: one `Bench` per
+benchmark and size, its `sample(calls)` the ms per call of each of its kinds on this rank.
+
+`communication` (exchange, exchange_chunked, send, all_reduce, reduce_scatter, all_gather, add,
+copy), `shm_collectives`, `kernels` (the kernel sweep and `kernel_stream`), `matmuls`,
+`sequences` (a step's all-reduce then kernel, each alone, and their paired difference) and
+`overlap` build them; `plain` samples a local operation's calls back to back after one barrier,
+`apart` a communication's calls each after its own barrier (`experiments.rounds.sample_ms`).
+What each kind measures and what the fit takes from it: `experiments.calibrate` and
+`cost_model.calibration`. Sizes in bytes (f32 buffers), times in ms.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from codegen.runtime import comm
+from codegen.runtime.backend import WallClock
+
+from .rounds import sample_ms
+
+KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
+EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
+
+
+def kernel_args(plan, step, n: int, runner) -> list:
+    """The kernel's buffers for a loop of n elements: tensors of n elements where the plan's
+    have the loop's size (the kernel's source does not depend on it), its scalars as they are.
+    The tensors hold values in [0.1, 1), written page by page: zeros from calloc would leave
+    read-only inputs on the kernel's shared zero page, which reads faster than a step's data
+    (the Adam kernel 10-20% at 2^20 elements in a probe)."""
+    loop = step.kernel.numel
+    return [torch.empty(n, dtype=runner.bufs[i].dtype).uniform_(0.1, 1.0)
+            if plan.buffer(i).numel == loop else runner.bufs[i] for i in step.kernel.args()]
+
+
+def exchange(comm, x, out, tag=0, chunks=1):
+    me, world = dist.get_rank(), dist.get_world_size()
+    right, left = (me + 1) % world, (me - 1) % world
+    send = comm.P2P(x, None, me, right, chunks=chunks, tag=tag).start()
+    recv = comm.P2P(None, out, left, me, chunks=chunks, tag=tag).start()
+    return send, recv
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark: `sample(calls)` times `calls` back-to-back calls after a barrier and
+    returns ms per call for each of `kinds` (this rank's); `repeatable`: a sample of a short one
+    may hold several calls."""
+    kinds: tuple[str, ...]
+    nbytes: int
+    sample: Callable[[int], tuple[float, ...]]
+    extra: dict = field(default_factory=dict)
+    repeatable: bool = True
+    stat: str = "median"  # its samples' statistic (`experiments.rounds.calls_for`: how many calls)
+
+
+def plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
+    """A local operation: a sample times its calls back to back, after one barrier."""
+    def sample(calls: int) -> tuple[float, ...]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return ((time.perf_counter() - t0) * 1e3 / calls,)
+    return Bench((kind,), nbytes, sample, extra)
+
+
+def apart(kind: str, nbytes: int, fn: Callable[[], object], stat: str = "median",
+           **extra) -> Bench:
+    """A communication: `experiments.rounds.sample_ms`, each call after its own barrier (back to
+    back, a 4 KiB exchange took 1.4 ms a call here against 0.15-0.25 ms after a barrier), with
+    the statistic the experiments' rounds sample their steps with ("median"), so that the link
+    the model is fitted to carries the share of gloo's 4 ms scheduler stalls the steps it
+    predicts carry (fitted to the fastest of 3 calls instead, the model predicted every
+    adam_fusion / lamb_fusion step 10-40% fast on a quiet VM: the all-reduce of 2^24 floats at
+    30.0 ms against 36.6 ms inside the baseline); a size the stalls lift above larger ones is
+    flattened by the fit (`cost_model.curves.monotone`)."""
+    clock = WallClock()
+    return Bench((kind,), nbytes, lambda calls: (sample_ms(fn, calls, clock, stat),), extra,
+                 stat=stat)
+
+
+def communication(rank, world, spec) -> list[Bench]:
+    """Views of one pair of buffers of the largest size (every size's x, y from its start)."""
+    top = max(spec["sizes"]) // 4
+    X, Y = torch.randn(top), torch.randn(top)
+    whole_, part_ = torch.randn(top), torch.empty(top // world + 1)
+    out = []
+    for b in spec["sizes"]:
+        n = b // 4
+        x, y = X[:n], Y[:n]
+        out.append(apart("exchange", b, lambda x=x, y=y: [w.wait() for w in exchange(
+            comm, x, y)]))
+        if b >= CHUNKED_FROM:
+            out.append(apart("exchange_chunked", b, lambda x=x, y=y: [w.wait() for w in exchange(
+                comm, x, y, chunks=EXCHANGE_CHUNKS)], chunks=EXCHANGE_CHUNKS))
+        if world > 1:
+            def one_way(x=x, y=y):
+                if rank == 0:
+                    comm.p2p(x, None, 0, 1)
+                elif rank == 1:
+                    comm.p2p(None, y, 0, 1)
+            out.append(apart("send", b, one_way))
+        out.append(apart("all_reduce", b, lambda x=x: comm.all_reduce(x)))
+        if n % world == 0:
+            part, whole = part_[:n // world], whole_[:n]
+            out.append(apart("reduce_scatter", b, lambda w=whole, p=part: comm.reduce_scatter(
+                w, p)))
+            out.append(apart("all_gather", b, lambda w=whole, p=part: comm.all_gather(p, w)))
+        out.append(plain("add", b, lambda x=x, y=y: torch.add(x, y, out=x)))
+        out.append(plain("copy", b, lambda x=x, y=y: y.copy_(x)))
+    return out
+
+
+def shm_collectives(world, spec, c) -> list[Bench]:
+    """comm=shm's all_reduce, reduce_scatter and all_gather of b bytes (the whole array)."""
+    out = []
+    for b in spec["sizes"]:
+        n = b // 4
+        if n % world:
+            continue
+        x, part = torch.randn(n), torch.empty(n // world)
+        out += [apart("shm_all_reduce", b, lambda x=x: c.all_reduce(x, "sum")),
+                apart("shm_reduce_scatter", b, lambda x=x, p=part: c.reduce_scatter(
+                    x, p, "sum")),
+                apart("shm_all_gather", b, lambda x=x, p=part: c.all_gather(p, x))]
+    return out
+
+
+def kernels(plan, step, fn, runner, spec) -> list[Bench]:
+    """The Adam kernel over n elements: its loop's buffers views of one set of the largest
+    size, from their start."""
+    loop, top = step.kernel.numel, max(spec["kernel_elements"])
+    big = kernel_args(plan, step, top, runner)
+    sized = [plan.buffer(i).numel == loop for i in step.kernel.args()]
+    out = []
+    for n in spec["kernel_elements"]:
+        args = [t[:n] if s else t for t, s in zip(big, sized)]
+        out.append(plain("kernel", n * KERNEL_BYTES_PER_ELEMENT, lambda n=n, a=args: fn(
+            0, n, 0, a), flops=step.flops * n / loop))
+    for n in spec.get("stream_elements", []):
+        out.append(streaming(fn, big, sized, n, top, step.flops * n / loop))
+    return out
+
+
+def streaming(fn, big, sized, n: int, top: int, flops: float) -> Bench:
+    """`kernel_stream`: the kernel over n elements, each call on the next n-element piece of the
+    largest buffers (cycling; the sweep's largest size, beyond the caches), so each call's data
+    comes from memory as a fused step's chunks do; every rank at once after a barrier, the
+    slowest rank's time (`interleaved`): the memory rate the ranks share."""
+    pieces, at = max(1, top // n), [0]
+
+    def call():
+        i = at[0] % pieces
+        at[0] += 1
+        fn(0, n, 0, [t[i * n:(i + 1) * n] if s else t for t, s in zip(big, sized)])
+    return plain("kernel_stream", n * KERNEL_BYTES_PER_ELEMENT, call, flops=flops)
+
+
+def matmuls(spec) -> list[Bench]:
+    """torch.matmul of [m, k] x [k, n] f32 into a preallocated output, as the runtime calls it,
+    in `pieces` calls of m / pieces rows (b, flops and the time: one call's)."""
+    out = []
+    for m, k, n, pieces in spec["matmuls"]:
+        a, w, o = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        rows = m // pieces
+
+        def whole(a=a, w=w, o=o, rows=rows, pieces=pieces):
+            for j in range(pieces):
+                torch.matmul(a[j * rows:(j + 1) * rows], w, out=o[j * rows:(j + 1) * rows])
+        bench = plain("matmul", 4 * (rows * k + k * n + rows * n), whole,
+                       flops=2 * rows * k * n, shape=f"{m}x{k}x{n}/{pieces}")
+        out.append(dataclasses.replace(bench, sample=lambda calls, s=bench.sample, p=pieces: tuple(
+            t / p for t in s(calls))))
+    return out
+
+
+def sequences(plan, step, fn, runner, spec) -> list[Bench]:
+    """Per n, one bench of four kinds: all_reduce(4n bytes) then the kernel on n elements (no
+    barrier between), each alone, and the three's paired difference: every call of a sample
+    times the sequence, the all-reduce and the kernel one after another, each after a barrier,
+    and `sequence_extra` is the median over the calls of sequence - comm - compute, so a slow
+    spell that hits one call hits its three parts alike (the difference of three medians taken
+    at different moments of a round swung by 1 ms from run to run)."""
+    out = []
+    for n in spec["sequence_elements"]:
+        x, args = torch.randn(n), kernel_args(plan, step, n, runner)
+        kernel = lambda n=n, a=args: fn(0, n, 0, a)  # noqa: E731
+        comm_only = lambda x=x: comm.all_reduce(x)  # noqa: E731
+        extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
+                 step.kernel.numel}
+
+        def sample(calls: int, k=kernel, c=comm_only) -> tuple[float, ...]:
+            runs = [(timed(lambda: (c(), k())), timed(c), timed(k))
+                    for _ in range(max(1, calls))]
+            return tuple(statistics.median(col) for col in zip(*runs)) + (
+                statistics.median(s - a - b for s, a, b in runs),)
+        out.append(Bench(("sequence", "sequence_comm", "sequence_compute", "sequence_extra"),
+                         4 * n, sample, extra))
+    return out
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """ms of one call of `fn`, after a barrier."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def overlap(spec, runner, step) -> list[Bench]:
+    """A kernel of K elements alone, an exchange of E bytes alone, and both started at once (the
+    kernel runs while the exchange is in flight): the kernel's time inside, and the time until
+    both are done (each its own bench, interleaved with everything else)."""
+    E, K = spec["overlap_exchange"], spec["overlap_kernel"]
+    x, y = torch.randn(E // 4), torch.randn(E // 4)
+    extra = {"exchange_bytes": E, "kernel_bytes": K * KERNEL_BYTES_PER_ELEMENT}
+
+    def both(calls: int) -> tuple[float, ...]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = exchange(comm, x, y, tag=2)
+        t1 = time.perf_counter()
+        runner.compute(step, 0, K)
+        inside = time.perf_counter() - t1
+        for w in works:
+            w.wait()
+        return inside * 1e3, (time.perf_counter() - t0) * 1e3
+
+    kb = K * KERNEL_BYTES_PER_ELEMENT
+    kernel = plain("overlap_kernel", kb, lambda: runner.compute(step, 0, K), **extra)
+    exchange = plain("overlap_exchange", E, lambda: [w.wait() for w in exchange(
+        comm, x, y, tag=1)], **extra)
+    return [dataclasses.replace(kernel, repeatable=False),
+            dataclasses.replace(exchange, repeatable=False),
+            Bench(("overlap_inside", "overlap_both"), kb, both, extra, repeatable=False)]
