@@ -235,9 +235,9 @@ def overlap(spec, runner, step) -> list[Bench]:
         return inside * 1e3, (time.perf_counter() - t0) * 1e3
 
     kb = K * KERNEL_BYTES_PER_ELEMENT
-    kernel = plain("overlap_kernel", kb, lambda: runner.compute(step, 0, K), **extra)
-    exchange = plain("overlap_exchange", E, lambda: [w.wait() for w in exchange(
+    alone_k = plain("overlap_kernel", kb, lambda: runner.compute(step, 0, K), **extra)
+    alone_x = plain("overlap_exchange", E, lambda: [w.wait() for w in exchange(
         comm, x, y, tag=1)], **extra)
-    return [dataclasses.replace(kernel, repeatable=False),
-            dataclasses.replace(exchange, repeatable=False),
+    return [dataclasses.replace(alone_k, repeatable=False),
+            dataclasses.replace(alone_x, repeatable=False),
             Bench(("overlap_inside", "overlap_both"), kb, both, extra, repeatable=False)]

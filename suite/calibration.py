@@ -6,8 +6,8 @@
 `topology.path`, a measuring backend, an experiment that does not fit its own topology) uses the
 calibration cached in `.cache/calibration/<key>/` (topology.yaml, calibration.json,
 fingerprint.json), where `key` hashes the machine's `fingerprint()`: CPU model, cores, memory,
-torch and C++ compiler versions, and the calibration code's version (a hash of
-experiments/calibrate.py, experiments/rounds.py and cost_model/calibration.py). When none
+torch and C++ compiler versions, and the calibration code's version (a hash of the
+files in `CODE`: calibrate's measurement, its rounds, its benchmarks and the fit). When none
 matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibrate's
 "quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
@@ -42,8 +42,10 @@ from experiments import MeasureSettings
 from . import CACHE_DIR, PROJECT_ROOT
 
 MODES = ("auto", "refresh", "off")
-# the calibration code's version (experiments.rounds: how calibrate samples communications)
-CODE = ("experiments/calibrate.py", "experiments/rounds.py", "cost_model/calibration.py")
+# the calibration code's version (experiments.rounds: how calibrate samples communications;
+# experiments._benches: what it measures; cost_model.curves: how the fit reads the sizes)
+CODE = ("experiments/calibrate.py", "experiments/_benches.py", "experiments/rounds.py",
+        "cost_model/calibration.py", "cost_model/curves.py")
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
 
