@@ -99,9 +99,10 @@ def _bytes(n) -> str:
 
 def repeatability(df) -> str:
     """The machine's own repeatability: the same collective, same runtime call, measured twice in
-    this run the same way (by `calibrate` first, by `collectives` minutes later; each the median
-    over interleaved rounds of the fastest of 3 calls, each after a barrier), as
-    |second / first - 1| per size: the floor under any prediction's error here."""
+    this run the same way (by `calibrate` first, among its kernels, by `collectives` minutes
+    later, among collectives only; each the median over interleaved rounds of a sample's median
+    call, each call after a barrier), as |second / first - 1| per size: the floor under any
+    prediction's error here."""
     if df.empty:
         return ""
     meas = df[df.source == "measured"]
@@ -119,9 +120,10 @@ def repeatability(df) -> str:
         return ""
     return "\n".join(["## Repeatability of this machine", "",
                       "The same collective through the same runtime call, measured twice in this "
-                      "run the same way (by `calibrate`, then by `collectives` minutes later: "
-                      "the median over interleaved rounds of the fastest of 3 calls, "
-                      "each after a barrier), differs by |second/first - 1| (the sizes both "
+                      "run the same way (by `calibrate`, among its kernels, then by "
+                      "`collectives` minutes later, among collectives only: the median over "
+                      "interleaved rounds of a sample's median call, each call after a "
+                      "barrier), differs by |second/first - 1| (the sizes both "
                       "measured, 4 KiB and up): no prediction of this machine can be trusted "
                       "closer than this.", "",
                       "| collective | sizes | median | largest |", "|---|---:|---:|---:|",

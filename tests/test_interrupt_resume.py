@@ -117,6 +117,14 @@ def test_resume_skips_the_points_measured_and_keeps_every_earlier_file(tmp_path)
     assert len(after) == POINTS * SCHEDULES  # every point once: none measured twice
     assert after[:len(before)] == before  # the earlier rows, as they were
     assert _measured(tmp_path, "results.1.csv") == before  # the interrupted file, kept
+    # python -m suite.report rebuilds the report of this cpu run (its config has the
+    # coconet.comm resolver of conf/backend/cpu.yaml)
+    (tmp_path / "report.md").unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "suite.report", str(tmp_path)], cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                             text=True, timeout=300)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    assert "## Measured" in (tmp_path / "report.md").read_text()
     other = _start(tmp_path, "resume=true", "seed=1")  # other settings: refused before any work
     _, err = other.communicate(timeout=300)
     assert other.returncode == 2 and err.strip().startswith("error: resume=true:") \

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import Config
+from ..config import Config, register
 from ..errors import SuiteError, fail
 from ..load import load_experiment, load_programs, recorded_experiment
 from ..run import final_summary, report
@@ -21,6 +21,7 @@ def rebuild(run_dir: Path) -> Path:
     if not (run_dir / "results.csv").exists() or not conf.exists():
         raise SuiteError(f"{run_dir} is not a run directory with results (needs results.csv and "
                          ".hydra/config.yaml)")
+    register()  # the schema and the coconet.comm resolver a recorded config may interpolate
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
                                                   OmegaConf.load(conf)))
