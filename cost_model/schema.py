@@ -23,6 +23,11 @@ class TopologyError(ValueError):
     """A topology value that is missing, of the wrong type or out of range (names the field)."""
 
 
+# keys that moved, where they are now: a file written before says so instead of "unknown key"
+MOVED = {"topology.peer_memory_gbps": "topology.device.stream_memory_gbps (one streaming rate "
+                                      "for a step's kernels and comm=shm's peer reads)"}
+
+
 def build(cls, data, where: str):
     if not isinstance(data, dict):
         raise TopologyError(f"{where}={data!r}: must be a mapping with keys "
@@ -30,6 +35,8 @@ def build(cls, data, where: str):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
+        if key not in names and f"{where}.{key}" in MOVED:
+            raise TopologyError(f"{where}.{key}: moved to {MOVED[f'{where}.{key}']}")
         if key not in names:
             raise TopologyError(f"{where}.{key}: unknown key (known: {', '.join(sorted(names))})")
     values = {}

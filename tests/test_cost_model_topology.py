@@ -112,3 +112,13 @@ def test_interpolation_is_log_linear_and_clamped():
     assert interpolate(pts, 10) == 0.2 and interpolate(pts, 1 << 20) == 0.6
     assert interpolate(pts, 2048) == pytest.approx(0.4)
     assert interpolate({}, 123) == 1.0
+
+
+def test_a_moved_key_says_where_it_went():
+    """A topology written before 1a0f2c8 (`peer_memory_gbps` at the top level) is refused with
+    the field's new place, not as an unknown key."""
+    d = load_topology("local").to_dict()
+    d["peer_memory_gbps"] = 32.0
+    with pytest.raises(TopologyError, match=r"^topology\.peer_memory_gbps: moved to "
+                                            r"topology\.device\.stream_memory_gbps"):
+        Topology.from_dict(d)
