@@ -58,7 +58,6 @@ class Bench:
     sample: Callable[[int], tuple[float, ...]]
     extra: dict = field(default_factory=dict)
     repeatable: bool = True
-    stat: str = "median"  # its samples' statistic (`experiments.rounds.calls_for`: how many calls)
 
 
 def plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
@@ -72,8 +71,7 @@ def plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
     return Bench((kind,), nbytes, sample, extra)
 
 
-def apart(kind: str, nbytes: int, fn: Callable[[], object], stat: str = "median",
-           **extra) -> Bench:
+def apart(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
     """A communication: `experiments.rounds.sample_ms`, each call after its own barrier (back to
     back, a 4 KiB exchange took 1.4 ms a call here against 0.15-0.25 ms after a barrier), with
     the statistic the experiments' rounds sample their steps with ("median"), so that the link
@@ -83,8 +81,7 @@ def apart(kind: str, nbytes: int, fn: Callable[[], object], stat: str = "median"
     30.0 ms against 36.6 ms inside the baseline); a size the stalls lift above larger ones is
     flattened by the fit (`cost_model.curves.monotone`)."""
     clock = WallClock()
-    return Bench((kind,), nbytes, lambda calls: (sample_ms(fn, calls, clock, stat),), extra,
-                 stat=stat)
+    return Bench((kind,), nbytes, lambda calls: (sample_ms(fn, calls, clock),), extra)
 
 
 def communication(rank, world, spec) -> list[Bench]:

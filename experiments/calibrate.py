@@ -159,7 +159,7 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
         for i, b in enumerate(benches):
             warm[i] = b.sample(1)[0]
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
-    calls = [calls_for(float(w), b.stat) if b.repeatable else 1 for b, w in zip(benches, warm)]
+    calls = [calls_for(float(w)) if b.repeatable else 1 for b, w in zip(benches, warm)]
     slots, width = [], 0
     for b in benches:
         slots.append(width)
