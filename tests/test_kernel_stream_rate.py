@@ -60,6 +60,24 @@ def test_the_fit_recovers_the_streaming_rate_from_kernel_stream():
     assert without.device.stream_memory_gbps == base.device.stream_memory_gbps == 0.0
 
 
+def test_the_streaming_rate_is_read_where_the_calls_stream_from_memory():
+    """Small `kernel_stream` calls partly served from the caches (here 16 GB/s, against 8 from
+    memory) do not pull the rate up: it comes from the calls from STREAM_FROM bytes and the
+    sweep's from SWEEP_STREAM_FROM, 8 GB/s, even when those are the fewer."""
+    from cost_model.calibration import STREAM_FROM, SWEEP_STREAM_FROM
+    t = truth()
+    launch = fit(synthetic(t), load_topology("local"), 2).device.launch_us
+    at = lambda kind, b, gbps: Measurement(kind, b, (launch + b / (gbps * 1e3)) / 1e3, 2)  # noqa
+    small = [at("kernel_stream", STREAM_FROM >> k, 16.0) for k in (1, 2, 3, 4)]
+    large = [at("kernel_stream", STREAM_FROM, 8.0), at("kernel", SWEEP_STREAM_FROM, 8.0),
+             at("kernel", 2 * SWEEP_STREAM_FROM, 8.2)]
+    got = fit(synthetic(t) + small + large, load_topology("local"), 2)
+    assert got.device.stream_memory_gbps == pytest.approx(8.0, rel=0.02)
+    # a calibration without such calls (a smoke scale): the median of the streaming calls
+    only_small = fit(synthetic(t) + small, load_topology("local"), 2)
+    assert only_small.device.stream_memory_gbps == pytest.approx(16.0, rel=0.02)
+
+
 def test_a_kernel_inside_a_step_takes_the_streaming_rate(calibrated):
     dev = calibrated.device
     assert 25.0 < dev.stream_memory_gbps < 45.0  # this VM: about 34 GB/s
