@@ -18,6 +18,8 @@ a self-contained `report.html` (`reports.reproduction`), and `tables/` (CSV and 
 run it prints a progress bar with the time left, estimated from the runs' typical shares of the
 whole (`SHARE`, measured at default scale); at the end, the summary table and the report's path.
 Exit status: the worst run's (1: something did not verify); bad input ends everything (exit 2).
+`python -m suite.report DIR` rebuilds every run's report and the reproduction report
+(`rebuild_paper`; the checks' counts from environment.json, where `finish` records them).
 A run that ends early (SIGINT / SIGTERM: 130 / 143; a rank or a build failed: 3) ends the paper
 run after it: the reproduction report is written from the runs so far (the stopped one's rows
 included, as far as it got), one line on stderr says where it stopped, and the exit status is
@@ -109,19 +111,10 @@ class Stopped:
 
 def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
     """Merge the runs' results, write the reproduction report, print the summary."""
-    frames = [read_table(out_dir / n / "results.csv") for n in outcomes
-              if (out_dir / n / "results.csv").exists()]
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    df.to_csv(out_dir / "results.csv", index=False)
     checks = {n: (sum(c.verified for c in o.checks), len(o.checks)) for n, o in outcomes.items()}
-    text = reproduction_report(df, out_dir, list(outcomes), checks, env)
-    path = out_dir / "report.md"
-    path.write_text(text)
-    write_html(path)
-    if not df.empty:
-        write_tables(df, out_dir)
-    header, rows = summary_rows(df, list(outcomes), checks)
-    print("\n== summary: paper ==\n" + text_table(header, rows), flush=True)
+    env["checks"] = {n: list(c) for n, c in checks.items() if c[1]}  # for python -m suite.report
+    (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
+    path = merged_report(out_dir, list(outcomes), checks, env)
     status = max((o.status for o in outcomes.values()), default=0)
     verdict = "every check and measured point verified" if status == 0 else \
         "FAILED: something did not verify (see the runs' reports)"
@@ -130,6 +123,40 @@ def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
     print(f"{verdict}; {len(outcomes)} runs in {clock_text(env['elapsed_s'])}; report: {path} "
           f"(and {path.with_suffix('.html')})", flush=True)
     return status
+
+
+def merged_report(out_dir: Path, names: list[str], checks: dict, env: dict) -> Path:
+    """The runs' results merged into out_dir/results.csv, the reproduction report (report.md,
+    report.html), tables/; prints the summary table. Returns report.md's path."""
+    frames = [read_table(out_dir / n / "results.csv") for n in names
+              if (out_dir / n / "results.csv").exists()]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    df.to_csv(out_dir / "results.csv", index=False)
+    path = out_dir / "report.md"
+    path.write_text(reproduction_report(df, out_dir, names, checks, env))
+    write_html(path)
+    if not df.empty:
+        write_tables(df, out_dir)
+    header, rows = summary_rows(df, names, checks)
+    print("\n== summary: paper ==\n" + text_table(header, rows), flush=True)
+    return path
+
+
+def rebuild_paper(cfg: Config, out_dir: Path, rebuild_one) -> Path:
+    """`python -m suite.report` on an experiment=paper run: each run's report rebuilt from its
+    folder (rebuild_one(cfg of that run, its folder), as `run_paper` configured it), then the
+    merged results and the reproduction report, with the checks and environment the run
+    recorded (environment.json; a run without checks recorded shows none)."""
+    names = [r.name for r in cfg.experiment.runs if (out_dir / r.name / "results.csv").exists()]
+    if not names:
+        raise SuiteError(f"{out_dir}: an experiment=paper run with no run's results.csv in it")
+    env_path = out_dir / "environment.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    for name in names:
+        rebuild_one(replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
+                                                    sizes=None, runs=[])), out_dir / name)
+    checks = {n: tuple(c) for n, c in env.get("checks", {}).items()}
+    return merged_report(out_dir, names, checks, env)
 
 
 def environment(cfg: Config, runs: list) -> dict:

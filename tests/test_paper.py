@@ -94,3 +94,29 @@ def test_environment_and_summary(paper_run):
     assert f"predict this machine with {out / 'calibrate' / 'topology.yaml'}" in stdout
     for name in EXPERIMENTS:
         assert (out / name / "report.md").exists()
+
+
+def test_suite_report_rebuilds_a_paper_run(paper_run, tmp_path):
+    """python -m suite.report on an experiment=paper run: every run's report, then the
+    reproduction report with the checks the run recorded (on a copy of the run)."""
+    import shutil
+    out, _ = paper_run
+    copy = tmp_path / "paper"
+    shutil.copytree(out, copy)
+    before = (copy / "report.md").read_text()
+    for p in [copy / "report.md", *(copy / n / "report.md" for n in EXPERIMENTS)]:
+        p.unlink()
+    proc = subprocess.run([sys.executable, "-m", "suite.report", str(copy)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"report: {copy / 'report.md'}" in proc.stdout
+    assert "== summary: paper ==" in proc.stdout
+    for name in EXPERIMENTS:
+        assert (copy / name / "report.md").exists(), name
+    after = (copy / "report.md").read_text()
+    checks = json.loads((copy / "environment.json").read_text())["checks"]
+    assert checks["adam_fusion"][1] > 0
+    for name, (verified, total) in checks.items():  # as the run reported them
+        line = f"{verified} of {total} checks verified the schedules"
+        assert line in before and line in after, name
+    assert after.count("## ") == before.count("## ")

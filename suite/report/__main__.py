@@ -2,8 +2,9 @@
 from its results.csv and its recorded configuration (DIR/.hydra/config.yaml), re-running nothing
 but the schedules' printing (the verification table is not re-made: it says so). A run of an
 experiment made from another (experiment=autotune target=NAME) is rebuilt as that run made it,
-from its own records (`Experiment.recorded`: autotune.csv), with its own section. Bad input (no
-such run directory, no results) is one line on stderr and exit 2."""
+from its own records (`Experiment.recorded`: autotune.csv), with its own section. An
+experiment=paper run is rebuilt run by run, then its reproduction report (`suite.paper`). Bad
+input (no such run directory, no results) is one line on stderr and exit 2."""
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ..config import Config, register
 from ..errors import SuiteError, fail
 from ..load import load_experiment, load_programs, recorded_experiment
+from ..paper import rebuild_paper
 from ..run import final_summary, report
 
 
@@ -27,6 +29,13 @@ def rebuild(run_dir: Path) -> Path:
                                                   OmegaConf.load(conf)))
     except (OmegaConfBaseException, ValueError) as e:
         raise SuiteError(f"{conf}: {e}") from None
+    if cfg.experiment.runs:  # experiment=paper: its runs, then the reproduction report
+        return rebuild_paper(cfg, run_dir, rebuild_one)
+    return rebuild_one(cfg, run_dir)
+
+
+def rebuild_one(cfg: Config, run_dir: Path) -> Path:
+    """One experiment's report from its folder (results.csv) and its configuration."""
     exp = recorded_experiment(cfg, load_experiment(cfg.experiment.name, cfg.experiment.module),
                               run_dir)
     _, schedules = load_programs(exp, cfg)
