@@ -10,15 +10,13 @@ On every rank of the default process group, collectively:
 - warm-up: each function `budget.warmup` times (at least once), in the given order; each one's
   last warm-up (the slowest rank's time) sets its `calls[name]` (`calls_for`), how many calls
   make one of its samples (a call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at
-  most MAX_CALLS; with `budget.sample == "fastest"` MIN_CALLS always), so a function is called
-  max(1, warmup) + rounds x calls[name] times in all;
+  most MAX_CALLS), so a function is called max(1, warmup) + rounds x calls[name] times in all;
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
-  alone by the backend's clock; the sample is the `budget.sample` statistic of those calls'
-  times in ms: "median" (what the experiments' schedules, `experiments.calibrate`'s
-  microbenchmarks and `experiments.collectives` all use, so that the model is fitted to and
-  checked on samples like the steps it predicts) or "fastest" (the minimum of 3: the time of a
-  call that no stall hit; fitted to it, the model predicted adam / lamb steps 10-40% fast, as the
-  steps carry the stalls). Never back to back:
+  alone by the backend's clock; the sample is the median of those calls' times in ms (the
+  experiments' schedules, `experiments.calibrate`'s microbenchmarks and
+  `experiments.collectives` alike, so that the model is fitted to and checked on samples like
+  the steps it predicts; fitted to the fastest of 3 calls, the time of a call no stall hit, it
+  predicted adam / lamb steps 10-40% fast, as the steps carry the stalls). Never back to back:
   on gloo, a communication that follows another at once waits behind it (2 ranks on the 2-core
   VM: a 1 KiB send/recv exchange 0.1 ms after a barrier, 3-4 ms a call back to back). Even
   apart, a two-way exchange (each rank's isend and irecv at once; gloo's ring steps and its
@@ -53,7 +51,6 @@ import torch.distributed as dist
 # a sample of a short call: calls adding up to MIN_SAMPLE_MS, at least MIN_CALLS, at most MAX_CALLS
 MIN_SAMPLE_MS, MIN_CALLS, MAX_CALLS = 5.0, 3, 64
 RESAMPLES = 1000  # bootstrap resamples per interval
-SAMPLES = {"median": statistics.median, "fastest": min}  # a sample's statistic of its calls
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,11 +60,6 @@ class Budget:
     max_rounds: int = 400
     budget_s: float = 20.0  # wall seconds per point (warm-up included)
     ci_pct: float = 2.5  # stop when every speedup's 95% interval is within +-ci_pct% of its median
-    sample: str = "median"  # a sample's statistic of its calls (SAMPLES)
-
-    def __post_init__(self):
-        if self.sample not in SAMPLES:
-            raise ValueError(f"Budget.sample={self.sample!r} is not one of {sorted(SAMPLES)}")
 
 
 @dataclass(frozen=True)
@@ -133,14 +125,9 @@ def converged(times_ms: Mapping[str, Sequence[float]], key: tuple, ci_pct: float
                for name, t in times_ms.items() if name != baseline)
 
 
-def calls_for(call_ms: float, sample: str = "median") -> int:
-    """Calls per sample of a call that took `call_ms`. "fastest": MIN_CALLS always (the fastest
-    of n calls falls as n grows: a fixed n keeps samples of every size and every context alike;
-    with n set by the warm-up, collectives read a 4 KiB reduce-scatter at a third of calibrate's
-    under load). "median": 1 from
-    MIN_SAMPLE_MS up, else enough to add up to it, at least MIN_CALLS, at most MAX_CALLS."""
-    if sample == "fastest":
-        return MIN_CALLS
+def calls_for(call_ms: float) -> int:
+    """Calls per sample of a call that took `call_ms`: 1 from MIN_SAMPLE_MS up, else enough to
+    add up to it, at least MIN_CALLS (a median of several, not of 2), at most MAX_CALLS."""
     if call_ms >= MIN_SAMPLE_MS:
         return 1
     return max(MIN_CALLS, min(MAX_CALLS, math.ceil(MIN_SAMPLE_MS / max(call_ms, 1e-6))))
@@ -158,13 +145,13 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
         for i, name in enumerate(names):
             warm[i] = sample_ms(fns[name], 1, clock)  # one call: any statistic
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
-    calls = {name: calls_for(float(w), budget.sample) for name, w in zip(names, warm)}
+    calls = {name: calls_for(float(w)) for name, w in zip(names, warm)}
     times: dict[str, list[float]] = {n: [] for n in names}
     round_ = torch.zeros(len(names) + 1, dtype=torch.float64)
     stopped = "rounds"
     for r in range(budget.max_rounds):
         for i in np.random.default_rng([*_ints(key), r]).permutation(len(names)):
-            round_[i] = sample_ms(fns[names[i]], calls[names[i]], clock, budget.sample)
+            round_[i] = sample_ms(fns[names[i]], calls[names[i]], clock)
         round_[-1] = float(time.monotonic() - started > budget.budget_s)
         dist.all_reduce(round_, op=dist.ReduceOp.MAX)
         for i, name in enumerate(names):
@@ -184,10 +171,9 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
                   time.monotonic() - started, tuple(key))
 
 
-def sample_ms(fn: Callable[[], None], calls: int, clock, sample: str = "median") -> float:
-    """One sample: the `sample` statistic (SAMPLES) of the ms of `calls` calls, each timed alone
-    after the device settles and the ranks meet (this rank's times; see the module)."""
-    stat = SAMPLES[sample]
+def sample_ms(fn: Callable[[], None], calls: int, clock) -> float:
+    """One sample: the median of the ms of `calls` calls, each timed alone after the device
+    settles and the ranks meet (this rank's times; see the module)."""
     times = []
     for _ in range(max(1, calls)):
         clock.settle()
@@ -195,7 +181,7 @@ def sample_ms(fn: Callable[[], None], calls: int, clock, sample: str = "median")
         clock.start()
         fn()
         times.append(clock.stop())
-    return stat(times)
+    return statistics.median(times)
 
 
 def _ints(key) -> list[int]:

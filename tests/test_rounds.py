@@ -70,16 +70,12 @@ def test_a_known_speedup_and_the_stop_reasons(budget, stopped):
 
 def test_calls_per_sample():
     from experiments.rounds import MAX_CALLS, MIN_CALLS, calls_for
-    assert calls_for(12.0) == 1 and calls_for(12.0, "fastest") == MIN_CALLS
+    assert calls_for(12.0) == 1
     assert calls_for(4.0) == MIN_CALLS  # a statistic of several, not of 2
     assert calls_for(0.1) == 50 and calls_for(1e-4) == MAX_CALLS
-    # the fastest of n falls with n: a fixed n at every size, in every context
-    assert {calls_for(t, "fastest") for t in (1e-4, 0.1, 4.0, 12.0, 500.0)} == {MIN_CALLS}
-    with pytest.raises(ValueError, match="sample"):
-        Budget(sample="mean")
 
 
-def _stamped(rank, world, stat):
+def _stamped(rank, world):
     """Rank 1's calls take 20 ms, rank 0's 1 ms; every third call of rank 0 is 'stalled'."""
     from experiments.rounds import sample_ms
     spans, n = [], [0]
@@ -89,27 +85,24 @@ def _stamped(rank, world, stat):
         n[0] += 1
         time.sleep(0.020 if rank == 1 else (0.015 if n[0] % 3 == 0 else 0.001))
         spans.append((t0, time.monotonic()))
-    got = sample_ms(fn, 6, WallClock(), stat)
+    got = sample_ms(fn, 6, WallClock())
     return got, spans
 
 
-@pytest.mark.parametrize("stat", ["median", "fastest"])
-def test_a_sample_times_each_call_alone_after_a_barrier(stat):
+def test_a_sample_times_each_call_alone_after_a_barrier():
     """Never back to back: each call of a sample starts after every rank ended the one before
-    (a barrier between), is timed alone, and the sample is its statistic of those times."""
-    (ms0, spans0), (_, spans1) = launch(_stamped, 2, args=(stat,), timeout_s=120)
+    (a barrier between), is timed alone, and the sample is the median of those times."""
+    (ms0, spans0), (_, spans1) = launch(_stamped, 2, timeout_s=120)
     assert len(spans0) == len(spans1) == 6
     for k in range(1, 6):  # rank 0's call k waited for rank 1's call k-1 to end
         assert spans0[k][0] >= spans1[k - 1][1] - 1e-3
     assert 1.0 <= ms0 < 8.0  # its own calls' time: 4 of 6 quick, 2 'stalled' (15 ms)
-    if stat == "fastest":
-        assert ms0 < 3.0
 
 
 def _collectives_alone(rank, world):
     fns = {"a": lambda: time.sleep(0.002), "b": lambda: time.sleep(0.004)}
     r = interleave(fns, Budget(warmup=1, min_rounds=4, max_rounds=50, budget_s=30.0,
-                               ci_pct=20.0, sample="fastest"), key=(0,), clock=WallClock(),
+                               ci_pct=20.0), key=(0,), clock=WallClock(),
                    baseline=None)
     return r.stopped, r.time("a").median, r.time("b").median, r.calls
 
