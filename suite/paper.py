@@ -151,7 +151,10 @@ def rebuild_paper(cfg: Config, out_dir: Path, rebuild_one) -> Path:
     if not names:
         raise SuiteError(f"{out_dir}: an experiment=paper run with no run's results.csv in it")
     env_path = out_dir / "environment.json"
-    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    try:
+        env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    except (OSError, ValueError) as e:
+        raise SuiteError(f"{env_path}: not readable as JSON ({e})") from None
     for name in names:
         rebuild_one(replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
                                                     sizes=None, runs=[])), out_dir / name)

@@ -120,3 +120,16 @@ def test_suite_report_rebuilds_a_paper_run(paper_run, tmp_path):
         line = f"{verified} of {total} checks verified the schedules"
         assert line in before and line in after, name
     assert after.count("## ") == before.count("## ")
+
+
+def test_suite_report_on_a_paper_run_with_a_broken_environment_is_one_line(paper_run, tmp_path):
+    import shutil
+    out, _ = paper_run
+    copy = tmp_path / "paper"
+    shutil.copytree(out, copy)
+    (copy / "environment.json").write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "suite.report", str(copy)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "environment.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
