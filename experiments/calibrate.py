@@ -27,7 +27,9 @@ benchmarks are built in `experiments._benches`):
   `kernel_stream`: the same kernel over n elements (a fused step's chunk), each call on the next
   piece of the largest size's buffers (beyond the caches), on every rank at once: the memory
   rate ranks that share the memory bus get streaming a step's data (the device's
-  `stream_memory_gbps`, comm=shm's peer reads too; the sweep above reuses its buffers, which small sizes find in the caches);
+  `stream_memory_gbps`, comm=shm's peer reads too, read from its calls of 2^21 elements and up
+  and the sweep's of 2^23 and up, `cost_model.calibration.stream_memory_gbps`: the sweep
+  reuses its buffers, which smaller sizes find in the caches);
   `add` / `copy`: torch's in-place add and copy of b bytes (a ring's reduction, an all-gather's
   own-block copy); `matmul`: torch.matmul of [m, k] x [k, n] f32 into its output, whole and in
   row pieces (each call's rows new to the caches), at the shapes model_parallel's row-parallel
