@@ -76,8 +76,7 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
         try:
             print(f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
                   flush=True)
-            sub = replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
-                                                  sizes=None, runs=[]),
+            sub = replace(run_config(cfg, name),
                           topology=replace(cfg.topology, path=topology_path))
             outcomes[name] = run_one(sub, out_dir / name)
         except (SystemExit, Interrupted) as e:  # the run ended early (its own report written)
@@ -99,6 +98,13 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
           f"{status}); report (from the runs so far): {out_dir / 'report.md'}",
           file=sys.stderr, flush=True)
     sys.exit(status)
+
+
+def run_config(cfg: Config, name: str) -> Config:
+    """The paper run's configuration of its run `name`: that experiment, with its own schedules,
+    sizes and no runs of its own."""
+    return replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None, sizes=None,
+                                           runs=[]))
 
 
 @dataclass(frozen=True)
@@ -156,8 +162,7 @@ def rebuild_paper(cfg: Config, out_dir: Path, rebuild_one) -> Path:
     except (OSError, ValueError) as e:
         raise SuiteError(f"{env_path}: not readable as JSON ({e})") from None
     for name in names:
-        rebuild_one(replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None,
-                                                    sizes=None, runs=[])), out_dir / name)
+        rebuild_one(run_config(cfg, name), out_dir / name)
     checks = {n: tuple(c) for n, c in env.get("checks", {}).items()}
     return merged_report(out_dir, names, checks, env)
 

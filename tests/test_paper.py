@@ -96,18 +96,27 @@ def test_environment_and_summary(paper_run):
         assert (out / name / "report.md").exists()
 
 
+def _copy(paper_run, tmp_path) -> Path:
+    """A copy of the paper run, for a test that rewrites it."""
+    import shutil
+    copy = tmp_path / "paper"
+    shutil.copytree(paper_run[0], copy)
+    return copy
+
+
+def _report(run_dir) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "suite.report", str(run_dir)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
 def test_suite_report_rebuilds_a_paper_run(paper_run, tmp_path):
     """python -m suite.report on an experiment=paper run: every run's report, then the
     reproduction report with the checks the run recorded (on a copy of the run)."""
-    import shutil
-    out, _ = paper_run
-    copy = tmp_path / "paper"
-    shutil.copytree(out, copy)
+    copy = _copy(paper_run, tmp_path)
     before = (copy / "report.md").read_text()
     for p in [copy / "report.md", *(copy / n / "report.md" for n in EXPERIMENTS)]:
         p.unlink()
-    proc = subprocess.run([sys.executable, "-m", "suite.report", str(copy)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = _report(copy)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"report: {copy / 'report.md'}" in proc.stdout
     assert "== summary: paper ==" in proc.stdout
@@ -123,13 +132,9 @@ def test_suite_report_rebuilds_a_paper_run(paper_run, tmp_path):
 
 
 def test_suite_report_on_a_paper_run_with_a_broken_environment_is_one_line(paper_run, tmp_path):
-    import shutil
-    out, _ = paper_run
-    copy = tmp_path / "paper"
-    shutil.copytree(out, copy)
+    copy = _copy(paper_run, tmp_path)
     (copy / "environment.json").write_text("{not json")
-    proc = subprocess.run([sys.executable, "-m", "suite.report", str(copy)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = _report(copy)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "environment.json" in proc.stderr
     assert "Traceback" not in proc.stderr
