@@ -275,6 +275,17 @@ class Topology:
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def with_memory_scale(self, scale: float) -> "Topology":
+        """This topology with its device's memory rates (`memory_bandwidth_gbps`,
+        `stream_memory_gbps`) times `scale`: the same machine in another spell of its memory
+        rate (a shared machine's moves by 1.5x for seconds to minutes, `experiments.predict`)."""
+        if scale <= 0:
+            raise ValueError(f"memory scale {scale}: must be > 0")
+        d = self.device
+        return dataclasses.replace(self, device=dataclasses.replace(
+            d, memory_bandwidth_gbps=d.memory_bandwidth_gbps * scale,
+            stream_memory_gbps=d.stream_memory_gbps * scale))
+
     def with_nodes(self, nodes: int) -> "Topology":
         if nodes < 1:
             raise TopologyError(f"topology.nodes={nodes}: must be >= 1")

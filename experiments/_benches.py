@@ -3,8 +3,8 @@ benchmark and size, its `sample(calls)` the ms per call of each of its kinds on 
 
 `communication` (exchange, exchange_chunked, send, all_reduce, reduce_scatter, all_gather, add,
 copy), `shm_collectives`, `kernels` (the kernel sweep and `kernel_stream`), `matmuls`,
-`sequences` (a step's all-reduce then kernel, each alone, and their paired difference) and
-`overlap` build them; `plain` samples a local operation's calls back to back after one barrier,
+`sequences` (a step's all-reduce then kernel, each alone, and their paired difference),
+`library_steps` (the data-parallel baselines' optimizer steps) and `overlap` build them; `plain` samples a local operation's calls back to back after one barrier,
 `apart` a communication's calls each after its own barrier (`experiments.rounds.sample_ms`).
 What each kind measures and what the fit takes from it: `experiments.calibrate` and
 `cost_model.calibration`. Sizes in bytes (f32 buffers), times in ms.
@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -159,6 +160,41 @@ def streaming(fn, big, sized, n: int, top: int, flops: float) -> Bench:
         at[0] += 1
         fn(0, n, 0, [t[i * n:(i + 1) * n] if s else t for t, s in zip(big, sized)])
     return plain("kernel_stream", n * KERNEL_BYTES_PER_ELEMENT, call, flops=flops)
+
+
+def library_steps(rank, world, spec, backend) -> list[Bench]:
+    """`library_<routine>` for each data-parallel baseline (`experiments.optimizers`
+    LIBRARY_BASELINES: torch's fused Adam, the torch LAMB) on n elements, b = 4n bytes of
+    gradient: the baseline's own `local_step` (the gradient averaged, then the optimizer's
+    update, what its `compute_ms` times in a run), built on this rank's inputs at N = n with no
+    ranks around it; each call on the same buffers, as a run's baseline steps (beyond the caches
+    from 2^22 elements: 64 MiB of w, m, v, g), its gradient scaled back untimed (the run's
+    all-reduce sums the ranks' before each step)."""
+    from dsl.equivalence import distribute, global_inputs
+
+    from .api import BaselineContext, with_defaults
+    from .optimizers import LIBRARY_BASELINES
+
+    out = []
+    for cls in LIBRARY_BASELINES:
+        program = cls.program()
+        for n in spec.get("library_elements", []):
+            b = {"N": n}
+            every = distribute(program, global_inputs(program, world, b, np.random.default_rng(
+                [rank, n])), world, b)
+            base = cls(BaselineContext(rank=rank, world_size=world, P=world, backend=backend,
+                                       groups=None, inputs=with_defaults(program, every[rank]),
+                                       exact=False))
+
+            def sample(calls: int, base=base) -> tuple[float, ...]:
+                dist.barrier()
+                before = base.compute_ms
+                for _ in range(calls):
+                    base.local_step()
+                    base.g.mul_(world)
+                return ((base.compute_ms - before) / calls,)
+            out.append(Bench((f"library_{cls.routine}",), 4 * n, sample))
+    return out
 
 
 def matmuls(spec) -> list[Bench]:

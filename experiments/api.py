@@ -61,6 +61,13 @@ class Baseline(Protocol):
     def outputs(self) -> dict[str, np.ndarray]: ...
 
 
+def with_defaults(program, inputs: dict) -> dict:
+    """A rank's inputs plus the hyper-parameters' defaults (what a baseline reads them from)."""
+    defaults = {i.value.name: np.asarray(i.default, dtype=i.value.type.dtype.numpy)
+                for i in program.inputs if i.default is not None}
+    return {**defaults, **inputs}
+
+
 @dataclass(frozen=True, kw_only=True)
 class BaselineContext:
     """What a baseline is built from on one rank: where it runs and its inputs."""

@@ -30,6 +30,12 @@ benchmarks are built in `experiments._benches`):
   `stream_memory_gbps`, comm=shm's peer reads too, read from its calls of 2^21 elements and up
   and the sweep's of 2^23 and up, `cost_model.calibration.stream_memory_gbps`: the sweep
   reuses its buffers, which smaller sizes find in the caches);
+  `library_adam`, `library_lamb`: the data-parallel baselines' optimizer steps (their
+  `local_step`: torch's fused Adam, the torch LAMB) on 2^22 and 2^23 elements (b = 4 bytes
+  each), each round's time put in the memory spell of `kernel_stream`'s median round
+  (`in_streams_spell`): the device's `library_steps_us`, which every run's own baseline step
+  is compared with to read the machine's memory rate at that point
+  (`experiments.predict.memory_scale`);
   `add` / `copy`: torch's in-place add and copy of b bytes (a ring's reduction, an all-gather's
   own-block copy); `matmul`: torch.matmul of [m, k] x [k, n] f32 into its output, whole and in
   row pieces (each call's rows new to the caches), at the shapes model_parallel's row-parallel
@@ -76,7 +82,7 @@ from codegen.runtime import comm
 from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
-from cost_model.calibration import SHM, Measurement, fit, fit_shm, predict_ms
+from cost_model.calibration import LIBRARY, SHM, Measurement, fit, fit_shm, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.table import append_row
@@ -84,8 +90,8 @@ from reports.table import append_row
 from .api import Experiment
 from .optimizers import adam_program
 from .registry import register
-from ._benches import (Bench, communication, kernels, matmuls, overlap, sequences,
-                       shm_collectives)
+from ._benches import (Bench, communication, kernels, library_steps, matmuls, overlap,
+                       sequences, shm_collectives)
 from .rounds import calls_for
 
 NAME = "calibrate"
@@ -112,6 +118,8 @@ MATMULS["paper"] = MATMULS["default"]
 DERIVED = ("sequence_extra",)
 STREAM_SCALES = {"smoke": (12, 14, 2), "quick": (18, 22, 2), "default": (18, 22, 1),
                  "paper": (18, 22, 1)}  # elements: a fused step's chunks (kernel_stream)
+LIBRARY_SCALES = {"smoke": (12, 12, 1), "quick": (22, 23, 1), "default": (22, 23, 1),
+                  "paper": (22, 23, 1)}  # elements: the baselines' optimizer steps (library_*)
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
                    "paper": (19, 23, 1)}  # elements
 
@@ -138,14 +146,31 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     shm = (CpuBackend(comm="shm").communicator(comm.Group.world(), NO_STREAMS)
            if spec.get("shm") else None)
     benches = (communication(rank, world, spec) + kernels(plan, step, fn, runner, spec)
-               + matmuls(spec) + sequences(plan, step, fn, runner, spec)
+               + library_steps(rank, world, spec, CpuBackend()) + matmuls(spec) + sequences(plan, step, fn, runner, spec)
                + overlap(spec, runner, step)
                + (shm_collectives(world, spec, shm) if shm is not None else []))
-    times = interleaved(benches, spec["rounds"], spec["warmup"], rank)
+    times = in_streams_spell(benches, interleaved(benches, spec["rounds"], spec["warmup"], rank))
     return [{"kind": kind, "nbytes": b.nbytes, "time_ms": statistics.median(ts),
              "time_ms_min": min(ts), "time_ms_max": max(ts), "world_size": world,
              "rounds": len(ts), **b.extra}
             for b, got in zip(benches, times) for kind, ts in zip(b.kinds, got)]
+
+
+def in_streams_spell(benches: list[Bench], times: list) -> list:
+    """The `library_<routine>` benches' rounds, each put in the memory spell of the median
+    round of `kernel_stream` (its largest size): a round's library time x that bench's median
+    over rounds / its time in the same round. A shared machine's memory rate moves by 1.5x
+    between spells of seconds to minutes; a run compares its baseline's optimizer step with
+    these times to scale the streaming rate (`experiments.predict.memory_scale`), so the two
+    must come from one spell, and a few rounds' medians of each, taken alone, can come from
+    two. Unchanged without kernel_stream."""
+    stream = [i for i, b in enumerate(benches) if b.kinds == ("kernel_stream",)]
+    if not stream:
+        return times
+    ref = times[max(stream, key=lambda i: benches[i].nbytes)][0]
+    mid = statistics.median(ref)
+    return [[[t * mid / r for t, r in zip(ts, ref)] for ts in got]
+            if b.kinds[0].startswith(LIBRARY) else got for b, got in zip(benches, times)]
 
 
 def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
@@ -195,6 +220,7 @@ def measure(settings) -> list[dict]:
     spec = {"sizes": szs, "kernel_elements": ksz,
             "rounds": ROUNDS[settings.scale] * max(3, settings.repeats),
             "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
+            "library_elements": sizes(settings.scale, LIBRARY_SCALES),
             "stream_elements": [n for n in sizes(settings.scale, STREAM_SCALES) if n < max(ksz)],
             "warmup": max(1, settings.warmup),
             "plan": plan, "step": step, "shm": settings.comm == "shm",

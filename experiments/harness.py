@@ -65,7 +65,7 @@ from reports.progress import Progress
 from reports.table import append_row
 
 from . import registry
-from .api import GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings
+from .api import GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings, with_defaults
 from .rounds import Budget, interleave
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
@@ -183,7 +183,7 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     P = world // program.stages
     globals_ = global_inputs(program, P, b, np.random.default_rng([spec.seed, *b.values()]))
     every = distribute(program, globals_, world, b)
-    mine = _with_defaults(program, every[rank])
+    mine = with_defaults(program, every[rank])
     error = _allowed_error(program, every, world, b, rank)
     ctx = dict(rank=rank, world_size=world, P=P, backend=backend, groups=groups, inputs=mine)
     ref = exp.baseline(BaselineContext(**ctx, exact=True))
@@ -262,7 +262,7 @@ def _baseline_matches_program(exp: Experiment, program, rank: int, world: int, b
     expect = dsl.interpret(program, inputs, world, b or None)[rank]
     base = exp.baseline(BaselineContext(
         rank=rank, world_size=world, P=world // program.stages, backend=backend, groups=groups,
-        inputs=_with_defaults(program, inputs[rank]), exact=True))
+        inputs=with_defaults(program, inputs[rank]), exact=True))
     base.step()
     error = _allowed_error(program, inputs, world, b or None, rank)
     return _close(base.outputs(), expect, error(expect))
@@ -279,13 +279,6 @@ def _allowed_error(program, every: list, world: int, b, rank: int):
         bounds = dsl.error_bounds(program, every, world, b)[rank]
         errors = {k: 2 * x.error for k, x in bounds.items()}
     return lambda ref: {k: errors[k] for k in ref if k in errors}
-
-
-def _with_defaults(program, inputs: dict) -> dict:
-    """A rank's inputs plus the hyper-parameters' defaults (what a baseline reads them from)."""
-    defaults = {i.value.name: np.asarray(i.default, dtype=i.value.type.dtype.numpy)
-                for i in program.inputs if i.default is not None}
-    return {**defaults, **inputs}
 
 
 def _local(plan, reference: dict, tp: int) -> dict:

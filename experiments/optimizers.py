@@ -47,7 +47,9 @@ PAPER = PaperSetting(topologies=(("dgx2", 16),), world_size=256, dtype=f32,
 
 class DataParallelBaseline:
     """all_reduce of the gradient g, averaged, then the optimizer's `update` on w, m, v (in place);
-    `compute_ms` accumulates the update's time."""
+    `compute_ms` accumulates the update's time. `routine`: the library routine `local_step` is
+    (calibration times it alone, `library_<routine>`, on `program`'s inputs)."""
+    routine: str = ""
 
     def __init__(self, ctx: BaselineContext):
         t = ctx.tensors()
@@ -82,6 +84,7 @@ class DataParallelBaseline:
 
 class AdamBaseline(DataParallelBaseline):
     """torch.optim.Adam(fused=True) holding this rank's m, v as its state (exp_avg, exp_avg_sq)."""
+    routine, program = "adam", staticmethod(adam_program)
 
     def __init__(self, ctx: BaselineContext):
         super().__init__(ctx)
@@ -97,8 +100,13 @@ class AdamBaseline(DataParallelBaseline):
 
 
 class LambBaseline(DataParallelBaseline):
+    routine, program = "lamb", staticmethod(lamb_program)
+
     def update(self) -> None:
         lamb_step(self.w, self.m, self.v, self.g, self.t, self.hp)
+
+
+LIBRARY_BASELINES = (AdamBaseline, LambBaseline)  # calibration's `library_<routine>` benches
 
 
 @torch.no_grad()

@@ -46,6 +46,29 @@ from dsl import f32
 from .api import GLOO_BASELINE, Experiment, PredictSettings
 
 
+MEMORY_SCALE = (0.5, 2.0)  # the range a point's memory scale is clipped to
+
+
+def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
+                 measured_ms: Optional[float]) -> Optional[float]:
+    """How fast the machine's memory ran at a measured point against its calibration: the
+    calibrated time of the baseline's library routine (`Device.library_step_us` of the
+    baseline's `routine`: calibration's `library_<routine>`, e.g. torch's fused Adam) over the
+    time the run's own baseline took for it at that point (its measured `compute_ms`), clipped
+    to MEMORY_SCALE. None where the baseline names no routine the device has a curve of, nothing
+    was measured, or the point's gradient (f32) is smaller than the curve's smallest size (in
+    the caches there, not in memory)."""
+    routine = getattr(exp.baseline, "routine", "")
+    curve = topo.device.library_steps_us.get(routine) if routine else None
+    if not curve or not measured_ms or measured_ms <= 0:
+        return None
+    nbytes = 4 * exp.size_and_shape(bindings)[0]
+    if nbytes < min(curve):
+        return None
+    scale = topo.device.library_step_us(routine, nbytes) / (measured_ms * 1e3)
+    return min(MEMORY_SCALE[1], max(MEMORY_SCALE[0], scale))
+
+
 def local_points(exp: Experiment, rows) -> list[tuple[int, dict]]:
     """(world size, bindings) of every measured point, in the order measured."""
     seen: dict = {}
@@ -240,8 +263,13 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     here = local_points(exp, settings.measured) if settings.backend == "cpu" else []
     for world, b in here:
         compute = {s: ms for (w, s), ms in measured.items() if w == world}
-        rows += predict(exp, local, [b], world, schedules=chosen and dict(chosen),
-                        baseline_compute_ms=compute, show=show, gloo=gloo,
+        scale = memory_scale(exp, local, b, compute.get(exp.size_and_shape(b)[1]))
+        point = predict(exp, local.with_memory_scale(scale or 1.0), [b], world,
+                        schedules=chosen and dict(chosen), baseline_compute_ms=compute,
+                        show=show, gloo=gloo and gloo.with_memory_scale(scale or 1.0),
                         gloo_compute_ms={s: ms for (w, s), ms in on_gloo.items() if w == world})
+        for r in point if scale else ():
+            r["note"] = f"memory x{scale:.3f}"
+        rows += point
     return rows + paper_rows(exp, settings.scale, schedules=chosen, show=show) + \
         paper_result_rows(exp.name)

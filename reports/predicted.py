@@ -239,6 +239,23 @@ def paper_section(df, experiment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def memory_note(rows) -> str:
+    """What the local prediction did about the machine's memory rate (`note` "memory xS" of its
+    rows, `experiments.predict.memory_scale`), or nothing where no point was scaled."""
+    local = rows[rows.topology == "local"]
+    if "note" not in local or local.empty:
+        return ""
+    scaled = local[local.note.astype(str).str.startswith("memory x")]
+    if scaled.empty:
+        return ""
+    scales = scaled.note.astype(str).str[len("memory x"):].astype(float)
+    points = len(scaled[["world_size", "shape"]].drop_duplicates())
+    return (f"Memory rate: at {points} point(s) the local prediction scaled the calibrated "
+            f"memory rates by how fast the run's own baseline ran its optimizer step against "
+            f"calibration's (`library_<routine>`): x{scales.min():.2f} .. x{scales.max():.2f} "
+            "(`experiments.predict.memory_scale`).\n")
+
+
 def predicted_section(df, experiment: str, out_dir: Path) -> str:
     """report.md's predicted part: speedup tables per topology, predicted vs measured."""
     if experiment == "validate":
@@ -274,5 +291,6 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
         fig = accuracy_figure(acc, out_dir / "figures" / "predicted_vs_measured.png",
                               f"{experiment}: local topology")
         text += ["## Predicted vs measured", "", summary_line(summary(acc)), "",
-                 accuracy_table(acc), f"![predicted vs measured](figures/{fig.name})", ""]
+                 memory_note(rows), accuracy_table(acc),
+                 f"![predicted vs measured](figures/{fig.name})", ""]
     return "\n".join(text) + "\n"

@@ -31,7 +31,8 @@ from experiments import BaselineContext
 from experiments import optimizers as _optim
 from dsl.bounds_chunked import chunked_error_bounds, chunked_errors
 from coconet.programs import sliced_schedule
-from experiments.harness import _close, _with_defaults
+from experiments.api import with_defaults
+from experiments.harness import _close
 
 from test_bounds import layer_runs
 
@@ -73,7 +74,7 @@ def _dp_cases():
 def _torch_steps(opt, w, grads):
     program = _program(opt)
     z = np.zeros_like(w)
-    inputs = _with_defaults(program, {"w": w, "m": z, "v": z, "g": z, "step": np.float32(1)})
+    inputs = with_defaults(program, {"w": w, "m": z, "v": z, "g": z, "step": np.float32(1)})
     ctx = BaselineContext(rank=0, world_size=len(grads[0]), P=len(grads[0]), backend=CpuBackend(),
                           groups=None, inputs=inputs, exact=True)
     base = {"adam": _optim.AdamBaseline, "lamb": _optim.LambBaseline}[opt](ctx)
