@@ -163,8 +163,8 @@ def streaming(fn, big, sized, n: int, top: int, flops: float) -> Bench:
 
 
 def library_steps(rank, world, spec, backend) -> list[Bench]:
-    """`library_<routine>` for each data-parallel baseline (`experiments.optimizers`
-    LIBRARY_BASELINES: torch's fused Adam, the torch LAMB) on n elements, b = 4n bytes of
+    """`library_<routine>` for each data-parallel baseline of `experiments.optimizers`
+    LIBRARY_BASELINES (torch's fused Adam: `library_adam`) on n elements, b = 4n bytes of
     gradient: the baseline's own `local_step` (the gradient averaged, then the optimizer's
     update, what its `compute_ms` times in a run), built on this rank's inputs at N = n with no
     ranks around it; each call on the same buffers, as a run's baseline steps (beyond the caches

@@ -30,9 +30,8 @@ benchmarks are built in `experiments._benches`):
   `stream_memory_gbps`, comm=shm's peer reads too, read from its calls of 2^21 elements and up
   and the sweep's of 2^23 and up, `cost_model.calibration.stream_memory_gbps`: the sweep
   reuses its buffers, which smaller sizes find in the caches);
-  `library_adam`, `library_lamb`: the data-parallel baselines' optimizer steps (their
-  `local_step`: torch's fused Adam, the torch LAMB) on 2^22 and 2^23 elements (b = 4 bytes
-  each), each round's time put in the memory spell of `kernel_stream`'s median round
+  `library_adam`: adam_fusion's baseline's optimizer step (its `local_step`: torch's fused
+  Adam) on 2^22 and 2^23 elements (b = 4 bytes each), each round's time put in the memory spell of `kernel_stream`'s median round
   (`in_streams_spell`): the device's `library_steps_us`, which every run's own baseline step
   is compared with to read the machine's memory rate at that point
   (`experiments.predict.memory_scale`);
@@ -119,7 +118,7 @@ DERIVED = ("sequence_extra",)
 STREAM_SCALES = {"smoke": (12, 14, 2), "quick": (18, 22, 2), "default": (18, 22, 1),
                  "paper": (18, 22, 1)}  # elements: a fused step's chunks (kernel_stream)
 LIBRARY_SCALES = {"smoke": (12, 12, 1), "quick": (22, 23, 1), "default": (22, 23, 1),
-                  "paper": (22, 23, 1)}  # elements: the baselines' optimizer steps (library_*)
+                  "paper": (22, 23, 1)}  # elements: library_adam
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
                    "paper": (19, 23, 1)}  # elements
 
@@ -146,8 +145,8 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     shm = (CpuBackend(comm="shm").communicator(comm.Group.world(), NO_STREAMS)
            if spec.get("shm") else None)
     benches = (communication(rank, world, spec) + kernels(plan, step, fn, runner, spec)
-               + library_steps(rank, world, spec, CpuBackend()) + matmuls(spec) + sequences(plan, step, fn, runner, spec)
-               + overlap(spec, runner, step)
+               + library_steps(rank, world, spec, CpuBackend()) + matmuls(spec)
+               + sequences(plan, step, fn, runner, spec) + overlap(spec, runner, step)
                + (shm_collectives(world, spec, shm) if shm is not None else []))
     times = in_streams_spell(benches, interleaved(benches, spec["rounds"], spec["warmup"], rank))
     return [{"kind": kind, "nbytes": b.nbytes, "time_ms": statistics.median(ts),

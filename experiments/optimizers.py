@@ -47,8 +47,12 @@ PAPER = PaperSetting(topologies=(("dgx2", 16),), world_size=256, dtype=f32,
 
 class DataParallelBaseline:
     """all_reduce of the gradient g, averaged, then the optimizer's `update` on w, m, v (in place);
-    `compute_ms` accumulates the update's time. `routine`: the library routine `local_step` is
-    (calibration times it alone, `library_<routine>`, on `program`'s inputs)."""
+    `compute_ms` accumulates the update's time. `routine`: where set, the library routine
+    `local_step` is, whose time reads the machine's memory rate (calibration times it alone,
+    `library_<routine>`, on `program`'s inputs; `experiments.predict.memory_scale`): one pass
+    over its data, as torch's fused Adam. The torch LAMB has none: it allocates N-element
+    temporaries every step, and its time moved 1.6x between runs (63 against 100-103 ms at 2^24
+    elements) where the generated kernels' did not."""
     routine: str = ""
 
     def __init__(self, ctx: BaselineContext):
@@ -100,13 +104,11 @@ class AdamBaseline(DataParallelBaseline):
 
 
 class LambBaseline(DataParallelBaseline):
-    routine, program = "lamb", staticmethod(lamb_program)
-
     def update(self) -> None:
         lamb_step(self.w, self.m, self.v, self.g, self.t, self.hp)
 
 
-LIBRARY_BASELINES = (AdamBaseline, LambBaseline)  # calibration's `library_<routine>` benches
+LIBRARY_BASELINES = (AdamBaseline,)  # calibration's `library_<routine>` benches
 
 
 @torch.no_grad()

@@ -97,11 +97,10 @@ def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
                                kernels_dir=tmp_path / "kernels")
     rows = exp.measure(settings)
     kinds = {r["schedule"] for r in rows}
-    assert {"exchange", "all_reduce", "kernel", "matmul", "overlap_both", "library_adam",
-            "library_lamb"} <= kinds
+    assert {"exchange", "all_reduce", "kernel", "matmul", "overlap_both", "library_adam"} <= kinds
     topo = load_topology(path=tmp_path / "topology.yaml")
     # the baselines' optimizer steps, timed alone: the curves a run's memory scale reads
-    assert set(topo.device.library_steps_us) == {"adam", "lamb"}
+    assert set(topo.device.library_steps_us) == {"adam"}
     assert all(t > 0 for c in topo.device.library_steps_us.values() for t in c.values())
     assert topo.name == "local" and topo.intra.kind == "bus"
     assert "calibrated" in topo.source
