@@ -46,7 +46,7 @@ non-decreasing in size (`curves.monotone`: a size more than 1.25x slower than th
 is a stall and takes its neighbours' interpolation; smaller inversions are pooled at their
 median, an isotonic fit), so a stalled small size reads neither as fixed cost nor as a slow
 wire, nor raises its neighbours.
-`predict_ms(topo, m)` is the model's time for a measurement, for the calibration's own
+`predict_ms(topo, m)` (`cost_model.microbench`) is the model's time for a measurement, for the calibration's own
 predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes, topology fields as named
 (`_us`, `_gbps`).
 """
@@ -54,43 +54,21 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable
 
 from .collectives import CollSpec
 from .curves import bulk_rate, fit_curve, fixed_cost, monotone, smooth, solve
 from .closed_form import collective_us
-from .network import Sim
+from .microbench import LIBRARY, SHM, Measurement, predict_ms  # noqa: F401 (re-exported)
 from .topology import Device, LinkClass, Topology
 
 FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel",
           "kernel_stream", "matmul", "overlap_kernel", "overlap_exchange",
           "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute")
-LIBRARY = "library_"  # kinds library_<routine>: a library routine's time by bytes
 # the streaming rate's calls (`stream_memory_gbps`), in bytes of traffic per call: the Adam
 # kernel over 2^21 elements on fresh data, over 2^23 on the sweep's reused buffers
 STREAM_FROM, SWEEP_STREAM_FROM = 28 << 21, 28 << 23
 CHECKED = ("send",)
-SHM = "shm_"  # kinds shm_<collective>: comm=shm's collectives (fit_shm)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    kind: str
-    nbytes: int
-    time_ms: float
-    world_size: int
-    time_ms_min: Optional[float] = None
-    time_ms_max: Optional[float] = None
-    flops: float = 0.0
-    exchange_bytes: int = 0
-    kernel_bytes: int = 0
-    chunks: int = 1
-
-    @classmethod
-    def of(cls, d: dict) -> "Measurement":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def _series(ms: Iterable[Measurement], kind: str) -> list[tuple[int, float]]:
@@ -343,63 +321,3 @@ def _slowdowns(ms: list[Measurement], base: Topology) -> tuple[float, float]:
     v = (got["overlap_both"] - got["overlap_exchange"]) / got["overlap_inside"]
     clip = lambda x: round(min(0.9, max(0.0, x)), 3)  # noqa: E731
     return clip(u), clip(v)
-
-
-# -- the model's time for each microbenchmark -----------------------------------------------------
-def predict_ms(topo: Topology, m: Measurement) -> float:
-    P, b, dev = m.world_size, m.nbytes, topo.device
-    group = tuple(range(P))
-    if m.kind in ("exchange", "send", "overlap_exchange", "exchange_chunked"):
-        pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
-        C = m.chunks
-        return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], []) / 1e3
-    if m.kind.startswith(SHM):  # topo: fit_shm's
-        return predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(SHM):]))
-    if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
-        spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
-        return collective_us(spec, "ring", topo) / 1e3
-    if m.kind.startswith(LIBRARY):
-        return dev.library_step_us(m.kind[len(LIBRARY):], b) / 1e3
-    if m.kind in ("sequence", "sequence_comm"):
-        spec = CollSpec("all_reduce", b, group, 1, "all_reduce" in topo.library_kinds)
-        ar = collective_us(spec, "ring", topo)
-        if m.kind == "sequence_comm":
-            return ar / 1e3
-        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_us) / 1e3
-    if m.kind == "sequence_compute":
-        return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
-    if m.kind == "sequence_extra":
-        return topo.step_overhead_us / 1e3
-    if m.kind == "kernel_stream":
-        return dev.step_kernel_us(b, m.flops, "f32") / 1e3
-    if m.kind in ("kernel", "overlap_kernel"):
-        return dev.kernel_us(b, m.flops, "f32") / 1e3
-    if m.kind == "add":
-        return dev.elementwise_us(3 * b) / 1e3
-    if m.kind == "copy":
-        return dev.elementwise_us(2 * b) / 1e3
-    if m.kind == "matmul":
-        return dev.matmul_us(b, m.flops, "f32") / 1e3
-    if m.kind in ("overlap_inside", "overlap_both"):
-        E, K = m.exchange_bytes, m.kernel_bytes
-        pairs = [(r, (r + 1) % P, E, E) for r in range(P)]
-        inside, both = _des(topo, P, pairs, [dev.kernel_us(K, 0, "f32")] * P, inside=True)
-        return (inside if m.kind == "overlap_inside" else both) / 1e3
-    raise ValueError(f"no prediction for benchmark kind {m.kind!r}")
-
-
-def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False):
-    """Transfers (src, dst, bytes, of a transfer of whole bytes) and kernels (one per rank)
-    started together: the makespan in us (and, with `inside`, (the kernels' longest time, the
-    makespan))."""
-    sim = Sim(topo, P)
-    for s, d, b, whole in transfers:
-        sim.transfer(s, d, b, "calibration", "exchange", whole=whole)
-    for r, us in enumerate(kernels_us):
-        sim.compute(r, us, "calibration", "kernel")
-    end = sim.run()
-    if not inside:
-        return end
-    df = sim.frame()
-    k = df[df.stream == "compute"]
-    return float((k.end - k.start).max()) if len(k) else 0.0, end

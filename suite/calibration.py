@@ -43,9 +43,11 @@ from . import CACHE_DIR, PROJECT_ROOT
 
 MODES = ("auto", "refresh", "off")
 # the calibration code's version (experiments.rounds: how calibrate samples communications;
-# experiments._benches: what it measures; cost_model.curves: how the fit reads the sizes)
+# experiments._benches: what it measures, experiments.optimizers the baseline step it times;
+# cost_model.curves and .microbench: how the fit reads the sizes and models each benchmark)
 CODE = ("experiments/calibrate.py", "experiments/_benches.py", "experiments/rounds.py",
-        "cost_model/calibration.py", "cost_model/curves.py")
+        "experiments/optimizers.py", "cost_model/calibration.py", "cost_model/curves.py",
+        "cost_model/microbench.py")
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
 

@@ -1,0 +1,100 @@
+"""The calibration's microbenchmarks as data: a `Measurement` (one benchmark at one size: `kind`,
+`nbytes`, the median `time_ms` over rounds and its min/max, `world_size` P, `flops`, and for some
+kinds the bytes of their parts or their chunks), the kinds' prefixes (`library_<routine>`,
+`shm_<collective>`), and `predict_ms(topo, m)`: the cost model's time for each, which the fit
+(`cost_model.calibration`) inverts and the calibration's own predicted-vs-measured table shows.
+What each kind measures: `experiments.calibrate`. Units: `time_ms` in ms, `nbytes` in bytes,
+topology fields as named (`_us`, `_gbps`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from .closed_form import collective_us
+from .collectives import CollSpec
+from .network import Sim
+from .topology import Topology
+
+LIBRARY = "library_"  # kinds library_<routine>: a library routine's time by bytes
+SHM = "shm_"  # kinds shm_<collective>: comm=shm's collectives (`calibration.fit_shm`)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    kind: str
+    nbytes: int
+    time_ms: float
+    world_size: int
+    time_ms_min: Optional[float] = None
+    time_ms_max: Optional[float] = None
+    flops: float = 0.0
+    exchange_bytes: int = 0
+    kernel_bytes: int = 0
+    chunks: int = 1
+
+    @classmethod
+    def of(cls, d: dict) -> "Measurement":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# -- the model's time for each microbenchmark -----------------------------------------------------
+def predict_ms(topo: Topology, m: Measurement) -> float:
+    P, b, dev = m.world_size, m.nbytes, topo.device
+    group = tuple(range(P))
+    if m.kind in ("exchange", "send", "overlap_exchange", "exchange_chunked"):
+        pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
+        C = m.chunks
+        return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], []) / 1e3
+    if m.kind.startswith(SHM):  # topo: fit_shm's
+        return predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(SHM):]))
+    if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
+        return collective_us(spec, "ring", topo) / 1e3
+    if m.kind.startswith(LIBRARY):
+        return dev.library_step_us(m.kind[len(LIBRARY):], b) / 1e3
+    if m.kind in ("sequence", "sequence_comm"):
+        spec = CollSpec("all_reduce", b, group, 1, "all_reduce" in topo.library_kinds)
+        ar = collective_us(spec, "ring", topo)
+        if m.kind == "sequence_comm":
+            return ar / 1e3
+        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_us) / 1e3
+    if m.kind == "sequence_compute":
+        return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
+    if m.kind == "sequence_extra":
+        return topo.step_overhead_us / 1e3
+    if m.kind == "kernel_stream":
+        return dev.step_kernel_us(b, m.flops, "f32") / 1e3
+    if m.kind in ("kernel", "overlap_kernel"):
+        return dev.kernel_us(b, m.flops, "f32") / 1e3
+    if m.kind == "add":
+        return dev.elementwise_us(3 * b) / 1e3
+    if m.kind == "copy":
+        return dev.elementwise_us(2 * b) / 1e3
+    if m.kind == "matmul":
+        return dev.matmul_us(b, m.flops, "f32") / 1e3
+    if m.kind in ("overlap_inside", "overlap_both"):
+        E, K = m.exchange_bytes, m.kernel_bytes
+        pairs = [(r, (r + 1) % P, E, E) for r in range(P)]
+        inside, both = _des(topo, P, pairs, [dev.kernel_us(K, 0, "f32")] * P, inside=True)
+        return (inside if m.kind == "overlap_inside" else both) / 1e3
+    raise ValueError(f"no prediction for benchmark kind {m.kind!r}")
+
+
+def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False):
+    """Transfers (src, dst, bytes, of a transfer of whole bytes) and kernels (one per rank)
+    started together: the makespan in us (and, with `inside`, (the kernels' longest time, the
+    makespan))."""
+    sim = Sim(topo, P)
+    for s, d, b, whole in transfers:
+        sim.transfer(s, d, b, "calibration", "exchange", whole=whole)
+    for r, us in enumerate(kernels_us):
+        sim.compute(r, us, "calibration", "kernel")
+    end = sim.run()
+    if not inside:
+        return end
+    df = sim.frame()
+    k = df[df.stream == "compute"]
+    return float((k.end - k.start).max()) if len(k) else 0.0, end
