@@ -120,6 +120,11 @@ def _pct(x) -> str:
     return "" if x != x else f"{100 * x:+.1f}%"
 
 
+def _x(x) -> str:
+    """A speedup, or nothing where the experiment has none (calibrate's benchmarks)."""
+    return "" if x != x else f"x{x:.3f}"
+
+
 def accuracy_table(acc) -> str:
     gloo = "speedup_gloo_error" in acc
     lines = ["| schedule | ranks | size | measured ms [min, max] | predicted ms | time error "
@@ -133,8 +138,8 @@ def accuracy_table(acc) -> str:
                 f"{_pct(r.speedup_gloo_error)} |" if gloo else "")
         lines.append(f"| {r.schedule} | {r.world_size} | {_size(r['size'])} | "
                      f"{r.time_ms:.2f} [{r.time_ms_min:.2f}, {r.time_ms_max:.2f}] | "
-                     f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% | x{r.speedup:.3f}{ci} | "
-                     f"x{r.predicted_speedup:.3f} | {_pct(r.speedup_error)} |{over}")
+                     f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% | {_x(r.speedup)}{ci} | "
+                     f"{_x(r.predicted_speedup)} | {_pct(r.speedup_error)} |{over}")
     return "\n".join(lines) + "\n"
 
 
