@@ -4,8 +4,9 @@ benchmark and size, its `sample(calls)` the ms per call of each of its kinds on 
 `communication` (exchange, exchange_chunked, send, all_reduce, reduce_scatter, all_gather, add,
 copy), `shm_collectives`, `kernels` (the kernel sweep and `kernel_stream`), `matmuls`,
 `sequences` (a step's all-reduce then kernel, each alone, and their paired difference),
-`library_steps` (the data-parallel baselines' optimizer steps) and `overlap` build them; `plain` samples a local operation's calls back to back after one barrier,
-`apart` a communication's calls each after its own barrier (`experiments.rounds.sample_ms`).
+`library_steps` (the data-parallel baselines' optimizer steps) and `overlap` build them;
+`plain` samples a local operation's calls back to back after one barrier, `apart` a
+communication's calls each after its own barrier (`experiments.rounds.sample_ms`).
 What each kind measures and what the fit takes from it: `experiments.calibrate` and
 `cost_model.calibration`. Sizes in bytes (f32 buffers), times in ms.
 """

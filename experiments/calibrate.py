@@ -31,9 +31,10 @@ benchmarks are built in `experiments._benches`):
   and the sweep's of 2^23 and up, `cost_model.calibration.stream_memory_gbps`: the sweep
   reuses its buffers, which smaller sizes find in the caches);
   `library_adam`: adam_fusion's baseline's optimizer step (its `local_step`: torch's fused
-  Adam) on 2^22 and 2^23 elements (b = 4 bytes each), each round's time put in the memory spell of `kernel_stream`'s median round
-  (`in_streams_spell`): the device's `library_steps_us`, which every run's own baseline step
-  is compared with to read the machine's memory rate at that point
+  Adam) on 2^22 and 2^23 elements (b = 4 bytes each), each round's time put in the memory
+  spell of `kernel_stream`'s median round (`in_streams_spell`): the device's
+  `library_steps_us`, which every run's own baseline step is compared with to read the
+  machine's memory rate at that point
   (`experiments.predict.memory_scale`);
   `add` / `copy`: torch's in-place add and copy of b bytes (a ring's reduction, an all-gather's
   own-block copy); `matmul`: torch.matmul of [m, k] x [k, n] f32 into its output, whole and in
