@@ -28,7 +28,10 @@ when it differs. Then per point:
   max; `compute_ms` is the time in the baseline's library computation or the Plan's kernels and
   matmuls (the median call's, averaged over the ranks that compute: a pipeline's one stage;
   the baseline's row also has `library_ms` where the baseline keeps it: the part of its
-  computation the cost model takes from the measurement), `comm_ms` = time_ms - compute_ms, and
+  computation the cost model takes from the measurement; and `probe_ms` where the baseline
+  names a memory probe, `memory_probe`: that library routine's median time, timed in the same
+  rounds on a copy of the inputs, not held to the rounds' target), `comm_ms` = time_ms -
+  compute_ms, and
   an `ol(...)` schedule's
   `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
 
@@ -67,6 +70,8 @@ from reports.table import append_row
 from . import registry
 from .api import GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings, with_defaults
 from .rounds import Budget, interleave
+
+PROBE = "probe"  # the baseline's memory probe among a point's timed functions (`probe_ms`)
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 FUSED_CHUNKS = 4  # chunks of a fused collective
@@ -207,24 +212,29 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     library = hasattr(timed["baseline"], "library_ms")
     counted = {name: _per_call(obj, obj.step if name in ("baseline", GLOO_BASELINE) else obj.run,
                                library and name == "baseline") for name, obj in timed.items()}
+    make_probe = getattr(exp.baseline, "memory_probe", None)
+    probe = make_probe(BaselineContext(**ctx, exact=False)) if make_probe else None
+    if probe is not None:  # the memory rate's reference, in the same rounds (`probe_ms`)
+        counted[PROBE] = _per_call(probe, probe.probe_step, False)
     fns = {name: fn for name, (fn, _) in counted.items()}
-    rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock)
+    rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock,
+                        aside=(PROBE,))
     compute = dict(zip(fns, _rank_average([statistics.median(s["compute_ms"])
                                            for _, s in counted.values()])))
-    library_ms = (_rank_average([statistics.median(counted["baseline"][1]["library_ms"])])[0]
-                  if library else None)
-    del timed, fns, counted
+    extra = {"library_ms": (_rank_average([statistics.median(counted["baseline"][1][
+        "library_ms"])])[0] if library else None), "probe_ms": compute.pop(PROBE, None)}
+    del timed, fns, counted, probe
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None
     if exp.split_schedule in compute:
         comm_split = max(0.0, rounds.time(exp.split_schedule).median - compute[exp.split_schedule])
     rows = []
-    for name in rounds.times_ms:
+    for name in compute:
         comm_ms = max(0.0, rounds.time(name).median - compute[name])
         hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
                   and comm_split is not None else None)
         rows.append(row(name, verified[name], compute[name], hidden,
-                        library_ms if name == "baseline" else None))
+                        **(extra if name == "baseline" else {})))
     return rows
 
 
@@ -317,11 +327,10 @@ def _rows(exp, spec, b, world, dtype, rank, bar, rounds) -> Callable[..., dict]:
     size, shape = exp.size_and_shape(b)
     label = f"N=2^{math.log2(size):.0f}" if shape.startswith("[") else f"ranks={world} {shape:24s}"
 
-    def row(schedule, ok, compute, hidden, library=None) -> dict:
+    def row(schedule, ok, compute, hidden, **extra) -> dict:
         got = _row(exp.name, spec.backend, schedule, world, size, shape, dtype, rounds, ok,
                    compute, hidden)
-        if library is not None:
-            got["library_ms"] = round(library, 4)
+        got.update({k: round(v, 4) for k, v in extra.items() if v is not None})
         return publish(got, spec.csv_path, rank, bar, label)
     return row
 

@@ -12,7 +12,9 @@ default scale, 2^20 alone at smoke), scaled to any topology as all its devices.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -52,8 +54,12 @@ class DataParallelBaseline:
     `library_<routine>`, on `program`'s inputs; `experiments.predict.memory_scale`): one pass
     over its data, as torch's fused Adam. The torch LAMB has none: it allocates N-element
     temporaries every step, and its time moved 1.6x between runs (63 against 100-103 ms at 2^24
-    elements) where the generated kernels' did not."""
+    elements) where the generated kernels' did not. `probe`: for such a baseline, the routine
+    (of LIBRARY_BASELINES) the harness times beside it in the same rounds, on a copy of the
+    rank's inputs, to read the memory rate from instead (`memory_probe`; the baseline row's
+    `probe_ms`)."""
     routine: str = ""
+    probe: str = ""
 
     def __init__(self, ctx: BaselineContext):
         t = ctx.tensors()
@@ -65,6 +71,24 @@ class DataParallelBaseline:
         # baseline built without ranks (only `local_step` runs then)
         self.comm = (ctx.backend.communicator(ctx.groups.world, NO_STREAMS)
                      if ctx.groups is not None else None)
+
+    @classmethod
+    def memory_probe(cls, ctx: BaselineContext) -> Optional["DataParallelBaseline"]:
+        """The library routine `probe` names, built on a copy of this rank's inputs with no
+        ranks around it, as calibration's `library_<routine>` is; its `probe_step()` is one
+        `local_step` (timed in its compute_ms) with the gradient scaled back untimed afterwards
+        (a run's all-reduce sums the ranks' before each step: unscaled, it would shrink towards
+        denormals). None where the baseline names no probe."""
+        if not cls.probe:
+            return None
+        routine = next(c for c in LIBRARY_BASELINES if c.routine == cls.probe)
+        probe = routine(dataclasses.replace(ctx, groups=None))
+
+        def probe_step() -> None:
+            probe.local_step()
+            probe.g.mul_(probe.world)
+        probe.probe_step = probe_step
+        return probe
 
     def step(self) -> None:
         self.comm.all_reduce(self.g, "sum")
@@ -104,6 +128,8 @@ class AdamBaseline(DataParallelBaseline):
 
 
 class LambBaseline(DataParallelBaseline):
+    probe = "adam"
+
     def update(self) -> None:
         lamb_step(self.w, self.m, self.v, self.g, self.t, self.hp)
 

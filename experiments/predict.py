@@ -53,12 +53,13 @@ def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
                  measured_ms: Optional[float]) -> Optional[float]:
     """How fast the machine's memory ran at a measured point against its calibration: the
     calibrated time of the baseline's library routine (`Device.library_step_us` of the
-    baseline's `routine`: calibration's `library_<routine>`, e.g. torch's fused Adam) over the
-    time the run's own baseline took for it at that point (its measured `compute_ms`), clipped
-    to MEMORY_SCALE. None where the baseline names no routine the device has a curve of, nothing
-    was measured, or the point's gradient (f32) is smaller than the curve's smallest size (in
-    the caches there, not in memory)."""
-    routine = getattr(exp.baseline, "routine", "")
+    baseline's `routine`, else of the `probe` timed beside it: calibration's
+    `library_<routine>`, e.g. torch's fused Adam) over the time the run took for it at that
+    point (`measured_ms`: `measured_memory_reference`), clipped to MEMORY_SCALE. None where the
+    baseline names no routine the device has a curve of, nothing was measured, or the point's
+    gradient (f32) is smaller than the curve's smallest size (in the caches there, not in
+    memory)."""
+    routine = getattr(exp.baseline, "routine", "") or getattr(exp.baseline, "probe", "")
     curve = topo.device.library_steps_us.get(routine) if routine else None
     if not curve or not measured_ms or measured_ms <= 0:
         return None
@@ -88,6 +89,21 @@ def measured_baseline_compute(rows, schedule: str = "baseline") -> dict[tuple[in
         if r.get("source") != "measured" or r.get("schedule") != schedule:
             continue
         for col in ("library_ms", "compute_ms"):
+            if _present(r.get(col)):
+                out[(int(r["world_size"]), str(r["shape"]))] = float(r[col])
+                break
+    return out
+
+
+def measured_memory_reference(rows) -> dict[tuple[int, str], float]:
+    """(world size, shape) -> the ms the measured baseline's memory reference took: its
+    `probe_ms` (the probe timed beside it) where the row has one, else its compute_ms (the
+    baseline's own routine); `memory_scale` reads it."""
+    out = {}
+    for r in rows:
+        if r.get("source") != "measured" or r.get("schedule") != "baseline":
+            continue
+        for col in ("probe_ms", "compute_ms"):
             if _present(r.get(col)):
                 out[(int(r["world_size"]), str(r["shape"]))] = float(r[col])
                 break
@@ -255,6 +271,7 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
             paper_result_rows(exp.name)
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
+    reference = measured_memory_reference(settings.measured)
     on_gloo = measured_baseline_compute(settings.measured, GLOO_BASELINE)
     gloo = settings.gloo_topology if on_gloo else None  # comm=shm measured it: predict it too
     rows = []
@@ -263,7 +280,7 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     here = local_points(exp, settings.measured) if settings.backend == "cpu" else []
     for world, b in here:
         compute = {s: ms for (w, s), ms in measured.items() if w == world}
-        scale = memory_scale(exp, local, b, compute.get(exp.size_and_shape(b)[1]))
+        scale = memory_scale(exp, local, b, reference.get((world, exp.size_and_shape(b)[1])))
         point = predict(exp, local.with_memory_scale(scale or 1.0), [b], world,
                         schedules=chosen and dict(chosen), baseline_compute_ms=compute,
                         show=show, gloo=gloo and gloo.with_memory_scale(scale or 1.0),

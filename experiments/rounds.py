@@ -5,6 +5,7 @@
     r.speedup("AR-C")             # Interval: median of baseline[i] / AR-C[i] over rounds i, 95% CI
     r.stopped                     # "converged" | "budget" | "rounds"
     interleave(fns, budget, key, clock, baseline=None)   # times alone, nothing paired
+    interleave(fns, budget, key, clock, aside=("probe",))  # "probe" timed, not held to the target
 
 On every rank of the default process group, collectively:
 - warm-up: each function `budget.warmup` times (at least once), in the given order; each one's
@@ -29,8 +30,8 @@ On every rank of the default process group, collectively:
   every rank holds the same samples (the slowest rank's) and takes the same decision;
 - stop: after at least `budget.min_rounds`, when every paired speedup's bootstrap 95% interval
   (RESAMPLES resamples of the rounds, seeded by `key`: the same on every rank) lies within
-  +-`budget.ci_pct`% of its median (with `baseline=None`: every function's time interval)
-  ("converged"), or when the point has used `budget.budget_s` seconds of wall time on some rank
+  +-`budget.ci_pct`% of its median (with `baseline=None`: every function's time interval;
+  functions named in `aside` are timed in the rounds but not held to the target) ("converged"), or when the point has used `budget.budget_s` seconds of wall time on some rank
   ("budget"), or after `budget.max_rounds` ("rounds").
 
 Pure statistics (`paired`, `bootstrap_median`, `calls_for`) are separate from the rank loop.
@@ -115,14 +116,15 @@ def bootstrap_median(samples: Sequence[float], key: tuple = (0,),
 
 
 def converged(times_ms: Mapping[str, Sequence[float]], key: tuple, ci_pct: float,
-              baseline: Optional[str] = "baseline") -> bool:
+              baseline: Optional[str] = "baseline", aside: Sequence[str] = ()) -> bool:
     """Every paired speedup's 95% interval within +-ci_pct% of its median (baseline None: every
-    time's interval)."""
+    time's interval), the functions named in `aside` left out."""
+    held = {n: t for n, t in times_ms.items() if n not in aside}
     if baseline is None:
-        return all(bootstrap_median(t, key).halfwidth_pct <= ci_pct for t in times_ms.values())
+        return all(bootstrap_median(t, key).halfwidth_pct <= ci_pct for t in held.values())
     base = times_ms[baseline]
     return all(bootstrap_median(paired(base, t), key).halfwidth_pct <= ci_pct
-               for name, t in times_ms.items() if name != baseline)
+               for name, t in held.items() if name != baseline)
 
 
 def calls_for(call_ms: float) -> int:
@@ -134,7 +136,7 @@ def calls_for(call_ms: float) -> int:
 
 
 def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple,
-               clock, baseline: Optional[str] = "baseline") -> Rounds:
+               clock, baseline: Optional[str] = "baseline", aside: Sequence[str] = ()) -> Rounds:
     """Time `fns` in interleaved rounds on every rank (see the module)."""
     if baseline is not None and baseline not in fns:
         raise ValueError(f"interleave needs the {baseline!r} function to pair speedups with")
@@ -161,7 +163,7 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
         out_of_time = round_[-1] > 0
         # checked every round at first, then every tenth of the rounds so far (and at the end)
         if out_of_time or (r + 1 - budget.min_rounds) % max(1, (r + 1) // 10) == 0:
-            if converged(times, key, budget.ci_pct, baseline):
+            if converged(times, key, budget.ci_pct, baseline, aside):
                 stopped = "converged"
                 break
         if out_of_time:

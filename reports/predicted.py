@@ -257,8 +257,9 @@ def memory_note(rows) -> str:
     scales = scaled.note.astype(str).str[len("memory x"):].astype(float)
     points = len(scaled[["world_size", "shape"]].drop_duplicates())
     return (f"Memory rate: at {points} point(s) the local prediction scaled the calibrated "
-            f"memory rates by how fast the run's own baseline ran its optimizer step against "
-            f"calibration's (`library_<routine>`): x{scales.min():.2f} .. x{scales.max():.2f} "
+            f"memory rates by how fast the run's own baseline ran its optimizer step (or the "
+            f"library step timed beside it, `probe_ms`) against calibration's "
+            f"(`library_<routine>`): x{scales.min():.2f} .. x{scales.max():.2f} "
             "(`experiments.predict.memory_scale`).\n")
 
 

@@ -26,10 +26,13 @@ experiment=training adds `optimizer`, `step` and `loss` (loss curves), `micro_ba
 `samples_per_s` (throughput) with its bootstrap 95% interval `samples_per_s_lo`, `_hi` (beside
 those of the time and the speedup), `state_bytes`, `memory_bytes` and `memory_cap_bytes` (bytes per rank).
 A measured baseline's `library_ms`: the part of its compute_ms in library calls the cost model
-does not model (Megatron's tail in torch ops, beside its matmul), where the baseline keeps it.
+does not model (Megatron's tail in torch ops, beside its matmul), where the baseline keeps it;
+its `probe_ms`: the median time of the library routine timed beside a baseline whose own
+computation does not read the memory rate (lamb_fusion: torch's fused Adam), in the same rounds.
 
-`append_row(path, row)` appends one row at once (writing the header when the file is new), so a
-crash loses nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
+`append_row(path, row)` appends one row at once (writing the header when the file is new; into a
+file begun with other columns, by an older version, under that file's header), so a crash loses
+nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
            "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
            "memory_bytes", "memory_cap_bytes", "speedup_gloo", "speedup_gloo_lo",
-           "speedup_gloo_hi", "library_ms")
+           "speedup_gloo_hi", "library_ms", "probe_ms")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
@@ -54,11 +57,13 @@ def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
         raise KeyError(f"unknown result columns {sorted(unknown)}")
     path = Path(path)
     new = not path.exists() or path.stat().st_size == 0
+    # a file an older version began (resume=true) keeps its own columns, so rows stay aligned
+    fields = COLUMNS if new else next(csv.reader(path.open(newline="")), COLUMNS)
     with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=fields)
         if new:
             w.writeheader()
-        w.writerow({k: row.get(k, "") for k in COLUMNS})
+        w.writerow({k: row.get(k, "") for k in fields})
         f.flush()
 
 

@@ -30,6 +30,9 @@ def test_adam_and_lamb_match_the_library(tmp_path):
         assert all(r["verified"] for r in rows), [r for r in rows if not r["verified"]]
         base = [r for r in rows if r["schedule"] == "baseline"]
         assert all(0 < r["compute_ms"] <= r["time_ms_max"] for r in base)  # the optimizer step
+        # lamb's baseline has torch's fused Adam timed beside it (its memory probe), adam's not
+        assert all((r.get("probe_ms", 0) > 0) == (name == "lamb_fusion") for r in base)
+        assert "probe" not in schedules
     table = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert len(table) == 2 * 2 * 6  # two experiments x sizes 2^12, 2^13 x six schedules
     assert {r["source"] for r in table} == {"measured"}

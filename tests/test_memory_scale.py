@@ -13,7 +13,7 @@ import experiments
 from codegen.lower import lower
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
-from experiments.predict import MEMORY_SCALE, memory_scale
+from experiments.predict import MEMORY_SCALE, measured_memory_reference, memory_scale
 from reports.predicted import memory_note
 
 N = 1 << 23  # 32 MiB of f32 gradient
@@ -41,7 +41,6 @@ def test_no_scale_without_a_routine_a_curve_a_measurement_or_below_the_curve():
     assert memory_scale(adam, topo, {"N": 1 << 20}, 1.0) is None  # 4 MiB: in the caches
     assert memory_scale(adam, topo, {"N": N}, None) is None
     assert memory_scale(adam, load_topology("local"), {"N": N}, 5.0) is None  # no curve
-    assert memory_scale(experiments.get("lamb_fusion"), topo, {"N": N}, 5.0) is None
     mp = experiments.get("model_parallel")  # its baseline names no routine
     assert memory_scale(mp, topo, mp.points("smoke", 1 << 20)[0], 5.0) is None
 
@@ -66,3 +65,47 @@ def test_the_report_says_which_points_were_scaled_and_by_how_much():
     text = memory_note(rows)
     assert "at 2 point(s)" in text and "x0.90 .. x1.50" in text
     assert memory_note(rows[rows.topology == "dgx2"]) == ""
+
+
+def test_lamb_reads_the_memory_rate_from_the_adam_probe_timed_beside_its_baseline():
+    """The torch LAMB allocates temporaries every step, so its time does not read the memory
+    rate; the harness times torch's fused Adam beside it (`probe_ms`), and the scale takes
+    that against calibration's `library_adam`."""
+    lamb, topo = experiments.get("lamb_fusion"), calibrated()
+    assert lamb.baseline.probe == "adam" and not lamb.baseline.routine
+    assert memory_scale(lamb, topo, {"N": N}, 5.0) == pytest.approx(8000 / 5000)
+    rows = [{"source": "measured", "schedule": "baseline", "world_size": "2", "shape": "[8]",
+             "compute_ms": "9.0", "probe_ms": "4.0"},
+            {"source": "measured", "schedule": "baseline", "world_size": "2", "shape": "[16]",
+             "compute_ms": "7.0", "probe_ms": ""},
+            {"source": "measured", "schedule": "AR-C", "world_size": "2", "shape": "[32]",
+             "compute_ms": "1.0", "probe_ms": ""},
+            {"source": "predicted", "schedule": "baseline", "world_size": "2", "shape": "[64]",
+             "compute_ms": "1.0", "probe_ms": "2.0"}]
+    assert measured_memory_reference(rows) == {(2, "[8]"): 4.0, (2, "[16]"): 7.0}
+
+
+def test_the_probe_is_the_routines_own_step_on_a_copy_of_the_inputs():
+    import numpy as np
+
+    from codegen.runtime.backend import CpuBackend
+    from experiments.api import BaselineContext
+    from experiments.optimizers import AdamBaseline, LambBaseline
+    n = 64
+    rng = np.random.default_rng(0)
+    inputs = {k: rng.random(n, dtype=np.float32) + 0.1 for k in "wmvg"}
+    inputs.update({k: np.float32(v) for k, v in dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                                                     weight_decay=0.01, step=3.0).items()})
+    ctx = BaselineContext(rank=0, world_size=2, P=2, backend=CpuBackend(), groups=None,
+                          inputs=inputs, exact=False)
+    assert AdamBaseline.memory_probe(ctx) is None  # its own step is the routine
+    probe = LambBaseline.memory_probe(ctx)
+    assert isinstance(probe, AdamBaseline)
+    g = probe.g.clone()
+    probe.probe_step()
+    probe.probe_step()
+    assert probe.compute_ms > 0
+    assert np.array_equal(inputs["w"], ctx.inputs["w"])  # the baseline's own inputs untouched
+    assert np.allclose(probe.g.numpy(), g.numpy())  # the gradient scaled back after each step
+    assert not np.allclose(probe.w.numpy(), inputs["w"])  # Adam stepped w
+

@@ -31,6 +31,11 @@ def test_speedups_are_paired_per_round():
     assert list(paired(base, fast)) == [2.0, 2.0, 2.0, 2.0]
     assert converged({"baseline": base, "fast": fast}, (0,), 2.5)
     assert not converged({"baseline": base, "fast": [5.0, 20.0, 5.0, 10.0]}, (0,), 2.5)
+    # a function timed aside (a memory probe) is not held to the target
+    noisy = {"baseline": base, "fast": fast, "probe": [5.0, 20.0, 5.0, 10.0]}
+    assert not converged(noisy, (0,), 2.5)
+    assert converged(noisy, (0,), 2.5, aside=("probe",))
+    assert converged(noisy, (0,), 2.5, baseline=None, aside=("probe", "baseline", "fast"))
 
 
 def _orders(rank, world):
