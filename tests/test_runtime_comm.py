@@ -351,6 +351,10 @@ def test_a_short_step_gets_more_repeats_the_same_on_every_rank():
     assert n_long == 3 and 6 <= n_short <= 12 and fastest >= 10.0  # rank 1's 10 ms sleeps
 
 
+def _rank_and_world(rank, world):
+    return rank, world
+
+
 def _sleep_and_say_pid(rank, world, folder):
     import os as _os
 
@@ -391,3 +395,13 @@ def test_ranks_end_when_their_parent_is_killed(tmp_path):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(p) for p in pids)
+    # its ranks' stack files stay behind (its cleanup never ran) until the next launch
+    import glob
+    import tempfile
+
+    from codegen.runtime.launch import STACKS_PREFIX
+
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f"{STACKS_PREFIX}{parent.pid}-*"))
+    assert len(left) == 1
+    assert run_ranks(_rank_and_world, 2, timeout_s=60) == [(0, 2), (1, 2)]
+    assert not os.path.exists(left[0])

@@ -22,6 +22,9 @@ Contract
       rank watches its parent and exits within a second of it.
     - Shared-memory segments of the run (`codegen.runtime.shm`, named by the store's port) are
       removed when it ends, however it ends.
+    - The ranks' stack files live in a temporary folder named after the launching process
+      (`coconet-ranks-<pid>-*`), removed when the run ends; a launch first removes the folders of
+      launching processes that are gone (killed outright, their cleanup never ran).
     Children inherit the caller's `sys.path` (spawn sends it), so project modules and test modules
     import in the ranks whether the project is installed or run from the repository root. Each
     child's environment carries MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
@@ -55,9 +58,11 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import glob
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -141,7 +146,7 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
                           wait_for_workers=False)
     ctx = mp.get_context("spawn")
     procs, conns = [], []
-    stacks_dir = tempfile.TemporaryDirectory(prefix="coconet-ranks-")
+    stacks_dir = _stacks_dir()
     try:
         malloc = {k: v for k, v in MALLOC_SETTINGS.items() if k not in os.environ}
         with _env(OMP_NUM_THREADS=str(threads), **malloc):
@@ -164,6 +169,29 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
         stacks_dir.cleanup()
         shm.remove(shm.prefix(store.port))  # what comm=shm ranks left, even killed ones
         del store
+
+
+STACKS_PREFIX = "coconet-ranks-"
+
+
+def _stacks_dir() -> tempfile.TemporaryDirectory:
+    """A temporary folder for the ranks' stack files, named after this process, once the
+    folders of launching processes that no longer exist are removed."""
+    for old in glob.glob(os.path.join(tempfile.gettempdir(), STACKS_PREFIX + "*-*")):
+        pid = os.path.basename(old)[len(STACKS_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _stacks_path(folder: str, rank: int) -> str:
