@@ -15,8 +15,8 @@ Layers, as in ASTRA-sim:
   pipelined transfers (`CollSpec`, `simulate`).
 - `workload`: a Plan becomes a task DAG per rank (`cost_rules`, one per step kind);
   `simulate(plan, topo) -> Result(time_us, finish_us, trace, folded)`, `simulate_collective`.
-- `closed_form`: the alpha-beta oracle and the tuner (`collective_us`, `choose`, `plan_us`,
-  `closed_rules`).
+- `closed_collectives`: the collectives' alpha-beta oracle and the tuner (`collective_us`,
+  `choose`); `closed_form`: whole schedules from it, step by step (`plan_us`, `closed_rules`).
 - `calibration`: `fit(measurements, base, world_size) -> Topology` and `predict_ms` for the
   microbenchmarks the calibration experiment runs.
 The speed benchmarks live outside the package (`python -m benchmarks.simulator`).

@@ -14,7 +14,7 @@ has the chunk; its trace task names the algorithm and protocol (`ring/LL128 c0`)
 the closed form thus share NCCL's per-call cost; the DES adds contention between calls, P2P and
 compute.
 
-Otherwise (the CPU runtime), algorithms (`ALGORITHMS[kind]`; which one runs is `closed_form.choose`'s pick, as NCCL's tuner
+Otherwise (the CPU runtime), algorithms (`ALGORITHMS[kind]`; which one runs is `closed_collectives.choose`'s pick, as NCCL's tuner
 picks the lowest estimate, unless the topology forces one):
 - ring: reduce-scatter and all-gather in P-1 steps of nbytes/P per rank (all-reduce: both, 2(P-1)
   steps); each chunk's step s+1 leaves once its step s arrived. Its hops are spread over NCCL's

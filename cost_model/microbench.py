@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from .closed_form import collective_us
+from .closed_collectives import collective_us
 from .collectives import CollSpec
 from .network import Sim
 from .topology import Topology

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from . import nccl
-from .closed_form import choose, collective_us
+from .closed_collectives import choose, collective_us
 from .collectives import CollSpec, nccl_call
 from .topology import NCCL_ALGOS, Topology, load_topology
 from .workload import simulate_collective

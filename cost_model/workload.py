@@ -7,7 +7,7 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 `rule(run, step, ready, C) -> done`: `ready[r]` / `done[r]` are per-chunk events of rank r.
 - Compute / MatMul / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
 - Collective: the collectives layer's algorithm (the tuner's pick; on a GPU topology NCCL's calls,
-  `cost_model.nccl`; comm=shm's library all-reduce, `closed_form.shm_all_reduce_us`: memory
+  `cost_model.nccl`; comm=shm's library all-reduce, `closed_collectives.shm_all_reduce_us`: memory
   traffic on every member at the device's `stream_memory_gbps`, as `_peer_fused` charges); P2P: rank i of the
   source stage sends to rank i of the destination stage,
   chunk by chunk (on a GPU topology each message holds its ports for `nccl.p2p_us`).
@@ -20,7 +20,7 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   its own and write the gathered outputs twice (its slot, its own block); at the end each rank
   copies its peers' blocks of every gathered output: all of it memory traffic on the rank's
   compute stream, at the device's `stream_memory_gbps` (every rank streaming at once; where 0,
-  `Device.elementwise_us`, `kernel_us`). Bytes per rank (`closed_form.copy_bytes`,
+  `Device.elementwise_us`, `kernel_us`). Bytes per rank (`closed_collectives.copy_bytes`,
   `own_block_bytes`): a copy reads, writes and, on a `write_allocate` device, reads the
   destination's line first (its destination is never read before); the kernel's second write
   likewise, unless the kernel reads that buffer itself (in place).
@@ -52,9 +52,9 @@ from codegen.chunked import fusable, overlappable
 from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Plan
 
 from . import collectives, nccl
+from .closed_collectives import choose, collective_us, copy_bytes, shm_all_reduce_us
 from .closed_form import _dtype as dtype_of
-from .closed_form import (choose, collective_us, copy_bytes, kernel_bytes, shm_all_reduce_us,
-                          spec_of, staging_us, step_us)
+from .closed_form import kernel_bytes, spec_of, staging_us, step_us
 from .collectives import CollSpec
 from .network import Sim, join
 from .topology import Topology

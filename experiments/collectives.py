@@ -36,7 +36,7 @@ import torch
 
 from codegen.runtime import backend as backends
 from codegen.runtime.launch import run_ranks
-from cost_model.closed_form import choose
+from cost_model.closed_collectives import choose
 from cost_model.collectives import CollSpec, nccl_call, uses_nccl
 from cost_model.topology import load_topology
 from cost_model.workload import simulate_collective

@@ -9,8 +9,9 @@ import pytest
 
 from codegen import plan as plan_types
 from codegen.lower import lower
-from cost_model import closed_form, collectives, workload
-from cost_model.closed_form import closed_rules, collective_us, plan_us
+from cost_model import closed_collectives, collectives, workload
+from cost_model.closed_collectives import collective_us
+from cost_model.closed_form import closed_rules, plan_us
 from cost_model.collectives import CollSpec
 from cost_model.network import Sim, mesh_ring_links
 from cost_model.topology import LinkClass, Topology, load_topology
@@ -212,9 +213,9 @@ def test_the_tuner_picks_the_fastest_estimate_unless_forced():
     topo = load_topology("dgx2", nodes=4)
     spec = CollSpec("all_reduce", 1 << 12, tuple(range(64)))
     picks = {a: collective_us(spec, a, topo) for a in collectives.applicable(spec, topo)}
-    assert closed_form.choose(spec, topo) == min(picks, key=picks.get)
+    assert closed_collectives.choose(spec, topo) == min(picks, key=picks.get)
     forced = dataclasses.replace(topo, algorithm="ring")
-    assert closed_form.choose(spec, forced) == "ring"
+    assert closed_collectives.choose(spec, forced) == "ring"
 
 
 def test_every_schedule_of_every_experiment_simulates():

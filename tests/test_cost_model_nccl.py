@@ -9,7 +9,7 @@ import pytest
 
 import experiments
 from cost_model import nccl
-from cost_model.closed_form import choose, collective_us
+from cost_model.closed_collectives import choose, collective_us
 from cost_model.collectives import CollSpec
 from cost_model.topology import Nccl, Topology, TopologyError, load_topology
 from cost_model.workload import simulate_collective

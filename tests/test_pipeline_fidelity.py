@@ -6,7 +6,7 @@ import pytest
 import experiments
 from codegen.lower import lower
 from codegen.runtime.launch import launch
-from cost_model.closed_form import collective_us
+from cost_model.closed_collectives import collective_us
 from cost_model.collectives import CollSpec
 from cost_model.topology import load_topology
 from cost_model.workload import simulate, simulate_collective

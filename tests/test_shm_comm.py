@@ -26,8 +26,8 @@ from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import RankError, launch
 from codegen.runtime.shm_comm import ShmComm
 from codegen.shm_fuse import peer_step
-from cost_model.closed_form import (choose, collective_us, kernel_bytes, shm_all_reduce_bytes,
-                                    spec_of)
+from cost_model.closed_collectives import choose, collective_us, shm_all_reduce_bytes
+from cost_model.closed_form import kernel_bytes, spec_of
 from cost_model.workload import _peer_readable
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
