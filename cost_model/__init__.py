@@ -15,6 +15,7 @@ Layers, as in ASTRA-sim:
   pipelined transfers (`CollSpec`, `simulate`).
 - `workload`: a Plan becomes a task DAG per rank (`cost_rules`, one per step kind);
   `simulate(plan, topo) -> Result(time_us, finish_us, trace, folded)`, `simulate_collective`.
+- `peer_fused`: comm=shm's fused all-reduce in that simulation (the reduction inside the kernels).
 - `closed_collectives`: the collectives' alpha-beta oracle and the tuner (`collective_us`,
   `choose`); `closed_form`: whole schedules from it, step by step (`plan_us`, `closed_rules`).
 - `calibration`: `fit(measurements, base, world_size) -> Topology` and `predict_ms` for the

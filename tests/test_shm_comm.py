@@ -28,7 +28,7 @@ from codegen.runtime.shm_comm import ShmComm
 from codegen.shm_fuse import peer_step
 from cost_model.closed_collectives import choose, collective_us, shm_all_reduce_bytes
 from cost_model.closed_form import kernel_bytes, spec_of
-from cost_model.workload import _peer_readable
+from cost_model.peer_fused import peer_readable
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
 from experiments import adam_fusion, lamb_fusion
@@ -303,4 +303,4 @@ def test_the_cost_model_runs_peer_style_exactly_what_the_runtime_does():
         for name, prog in progs.items():
             plan = lower(prog, {"N": 1024}, 2, fused_chunks=2)
             for f in [s for s in plan.steps if isinstance(s, FusedCollective)]:
-                assert _peer_readable(plan, f) == (peer_step(plan, f) is not None), name
+                assert peer_readable(plan, f) == (peer_step(plan, f) is not None), name
