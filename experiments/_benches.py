@@ -29,6 +29,7 @@ from .rounds import sample_ms
 
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
+LIBRARY_CALLS = 5  # calls of a library step per sample, at least (`library_steps`)
 
 
 def kernel_args(plan, step, n: int, runner) -> list:
@@ -54,12 +55,13 @@ def exchange(comm, x, out, tag=0, chunks=1):
 class Bench:
     """One benchmark: `sample(calls)` times `calls` back-to-back calls after a barrier and
     returns ms per call for each of `kinds` (this rank's); `repeatable`: a sample of a short one
-    may hold several calls."""
+    may hold several calls; `min_calls`: however long a call, at least that many per sample."""
     kinds: tuple[str, ...]
     nbytes: int
     sample: Callable[[int], tuple[float, ...]]
     extra: dict = field(default_factory=dict)
     repeatable: bool = True
+    min_calls: int = 1
 
 
 def plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
@@ -170,7 +172,10 @@ def library_steps(rank, world, spec, backend) -> list[Bench]:
     update, what its `compute_ms` times in a run), built on this rank's inputs at N = n with no
     ranks around it; each call on the same buffers, as a run's baseline steps (beyond the caches
     from 2^22 elements: 64 MiB of w, m, v, g), its gradient scaled back untimed (the run's
-    all-reduce sums the ranks' before each step)."""
+    all-reduce sums the ranks' before each step). A sample is the median of LIBRARY_CALLS calls
+    at least, each timed: a run's memory scale divides by this time, and in a quick calibration
+    (6 rounds) one call a round left the time of the same step at 2^23 elements 0.83-1.15x of
+    twice its time at 2^22 (five calibrations in a row)."""
     from dsl.equivalence import distribute, global_inputs
 
     from .api import BaselineContext, with_defaults
@@ -189,12 +194,15 @@ def library_steps(rank, world, spec, backend) -> list[Bench]:
 
             def sample(calls: int, base=base) -> tuple[float, ...]:
                 dist.barrier()
-                before = base.compute_ms
+                times = []
                 for _ in range(calls):
+                    before = base.compute_ms
                     base.local_step()
+                    times.append(base.compute_ms - before)
                     base.g.mul_(world)
-                return ((base.compute_ms - before) / calls,)
-            out.append(Bench((f"library_{cls.routine}",), 4 * n, sample))
+                return (statistics.median(times),)
+            out.append(Bench((f"library_{cls.routine}",), 4 * n, sample,
+                             min_calls=LIBRARY_CALLS))
     return out
 
 

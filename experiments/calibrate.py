@@ -177,7 +177,7 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
                 seed: int = 0) -> list[list[list[float]]]:
     """Per bench, per kind of it, one sample per round: warm-up (each bench `warmup` times, the last
     one's slowest-rank time sets how many calls make a sample of a short bench, as
-    `experiments.rounds` does), then `rounds` rounds, each running every bench once in a fresh
+    `experiments.rounds` does, and never fewer than the bench's `min_calls`), then `rounds` rounds, each running every bench once in a fresh
     random order (`numpy.random.default_rng([seed, round])`: the same on every rank), the
     round's times the slowest rank's (one all_reduce MAX), so drifts of a shared machine reach
     every benchmark alike and benchmarks compared with each other are compared round by round."""
@@ -186,7 +186,8 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
         for i, b in enumerate(benches):
             warm[i] = b.sample(1)[0]
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
-    calls = [calls_for(float(w)) if b.repeatable else 1 for b, w in zip(benches, warm)]
+    calls = [max(b.min_calls, calls_for(float(w))) if b.repeatable else 1
+             for b, w in zip(benches, warm)]
     slots, width = [], 0
     for b in benches:
         slots.append(width)

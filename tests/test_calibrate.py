@@ -168,3 +168,27 @@ def test_a_stall_between_clean_sizes_is_interpolated_not_pooled_into_them():
     got = dict(monotone(sorted(noisy.items())))
     assert got[1 << 17] == got[1 << 18] == pytest.approx(0.32)  # pooled: 0.33, 0.31 -> 0.32
     assert list(got.values()) == sorted(got.values())
+
+
+def _calls_per_sample(rank, world):
+    from experiments._benches import Bench
+    from experiments.calibrate import interleaved
+    seen = {"x": [], "y": []}
+
+    def bench(kind, **kw):
+        def sample(calls):
+            seen[kind].append(calls)
+            return (6.0,)  # ms a call: long enough for one call a sample by itself
+        return Bench((kind,), 4, sample, **kw)
+    interleaved([bench("x", min_calls=5), bench("y")], rounds=3, warmup=1, rank=1)
+    return seen
+
+
+def test_a_bench_with_min_calls_takes_that_many_calls_per_sample_however_long_they_are():
+    """The library steps a run's memory scale divides by (`library_steps`) are sampled as the
+    median of LIBRARY_CALLS calls at least, not one call a round."""
+    from codegen.runtime.launch import run_ranks
+    from experiments._benches import LIBRARY_CALLS
+    for seen in run_ranks(_calls_per_sample, 2, timeout_s=60):
+        assert seen["x"] == [1, 5, 5, 5] and seen["y"] == [1, 1, 1, 1]  # warm-up, then 3 rounds
+    assert LIBRARY_CALLS >= 3
