@@ -177,10 +177,11 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
                 seed: int = 0) -> list[list[list[float]]]:
     """Per bench, per kind of it, one sample per round: warm-up (each bench `warmup` times, the last
     one's slowest-rank time sets how many calls make a sample of a short bench, as
-    `experiments.rounds` does, and never fewer than the bench's `min_calls`), then `rounds` rounds, each running every bench once in a fresh
-    random order (`numpy.random.default_rng([seed, round])`: the same on every rank), the
-    round's times the slowest rank's (one all_reduce MAX), so drifts of a shared machine reach
-    every benchmark alike and benchmarks compared with each other are compared round by round."""
+    `experiments.rounds` does, and never fewer than the bench's `min_calls`), then `rounds`
+    rounds, each running every bench once in a fresh random order
+    (`numpy.random.default_rng([seed, round])`: the same on every rank), the round's times the
+    slowest rank's (one all_reduce MAX), so drifts of a shared machine reach every benchmark
+    alike and benchmarks compared with each other are compared round by round."""
     warm = torch.zeros(len(benches), dtype=torch.float64)
     for _ in range(max(1, warmup)):
         for i, b in enumerate(benches):

@@ -95,19 +95,15 @@ def measured_baseline_compute(rows, schedule: str = "baseline") -> dict[tuple[in
     return out
 
 
-def measured_memory_reference(rows) -> dict[tuple[int, str], float]:
-    """(world size, shape) -> the ms the measured baseline's memory reference took: its
-    `probe_ms` (the probe timed beside it) where the row has one, else its compute_ms (the
-    baseline's own routine); `memory_scale` reads it."""
-    out = {}
-    for r in rows:
-        if r.get("source") != "measured" or r.get("schedule") != "baseline":
-            continue
-        for col in ("probe_ms", "compute_ms"):
-            if _present(r.get(col)):
-                out[(int(r["world_size"]), str(r["shape"]))] = float(r[col])
-                break
-    return out
+def measured_memory_reference(exp: Experiment, rows) -> dict[tuple[int, str], float]:
+    """(world size, shape) -> the ms the measured baseline's memory reference took, which
+    `memory_scale` reads: the `probe_ms` of its row where the baseline names a probe (a row
+    without one, e.g. from an older version's results.csv resumed, has none: its own
+    computation is not the probe's routine), else its compute_ms (its own routine)."""
+    col = "probe_ms" if getattr(exp.baseline, "probe", "") else "compute_ms"
+    return {(int(r["world_size"]), str(r["shape"])): float(r[col]) for r in rows
+            if r.get("source") == "measured" and r.get("schedule") == "baseline"
+            and _present(r.get(col))}
 
 
 def _present(value) -> bool:
@@ -271,7 +267,7 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
             paper_result_rows(exp.name)
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
-    reference = measured_memory_reference(settings.measured)
+    reference = measured_memory_reference(exp, settings.measured)
     on_gloo = measured_baseline_compute(settings.measured, GLOO_BASELINE)
     gloo = settings.gloo_topology if on_gloo else None  # comm=shm measured it: predict it too
     rows = []

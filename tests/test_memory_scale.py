@@ -82,7 +82,9 @@ def test_lamb_reads_the_memory_rate_from_the_adam_probe_timed_beside_its_baselin
              "compute_ms": "1.0", "probe_ms": ""},
             {"source": "predicted", "schedule": "baseline", "world_size": "2", "shape": "[64]",
              "compute_ms": "1.0", "probe_ms": "2.0"}]
-    assert measured_memory_reference(rows) == {(2, "[8]"): 4.0, (2, "[16]"): 7.0}
+    assert measured_memory_reference(lamb, rows) == {(2, "[8]"): 4.0}  # no probe: no scale
+    adam = experiments.get("adam_fusion")  # its baseline's own step is the routine
+    assert measured_memory_reference(adam, rows) == {(2, "[8]"): 9.0, (2, "[16]"): 7.0}
 
 
 def test_the_probe_is_the_routines_own_step_on_a_copy_of_the_inputs():
