@@ -1,4 +1,5 @@
-"""The closed-form (alpha-beta) model of the collectives: the DES's oracle (schedules: `closed_form`).
+"""The closed-form (alpha-beta) model of the collectives: the DES's oracle (whole schedules:
+`closed_form`).
 
 On a topology with an `nccl` section, a collective NCCL runs is C NCCL calls of nbytes / C each,
 one after the other: C x `cost_model.nccl`'s time of the call (the DES holds the same ports for

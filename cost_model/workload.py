@@ -9,7 +9,8 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
 - Collective: the collectives layer's algorithm (the tuner's pick; on a GPU topology NCCL's calls,
   `cost_model.nccl`; comm=shm's library all-reduce, `closed_collectives.shm_all_reduce_us`: memory
   traffic on every member at the device's `stream_memory_gbps`, as `peer_fused` charges); P2P:
-  rank i of the source stage sends to rank i of the destination stage, chunk by chunk (on a GPU topology each message holds its ports for `nccl.p2p_us`).
+  rank i of the source stage sends to rank i of the destination stage, chunk by chunk (on a GPU
+  topology each message holds its ports for `nccl.p2p_us`).
 - FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
   scatter, or P2P), then the kernels on chunk c as soon as it is there, then chunk c's all-gathers;
   a 0-d all_reduce inside is a barrier (every chunk's kernels before it finish first).

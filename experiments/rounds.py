@@ -31,8 +31,9 @@ On every rank of the default process group, collectively:
 - stop: after at least `budget.min_rounds`, when every paired speedup's bootstrap 95% interval
   (RESAMPLES resamples of the rounds, seeded by `key`: the same on every rank) lies within
   +-`budget.ci_pct`% of its median (with `baseline=None`: every function's time interval;
-  functions named in `aside` are timed in the rounds but not held to the target) ("converged"), or when the point has used `budget.budget_s` seconds of wall time on some rank
-  ("budget"), or after `budget.max_rounds` ("rounds").
+  functions named in `aside` are timed in the rounds but not held to the target)
+  ("converged"), or when the point has used `budget.budget_s` seconds of wall time on some
+  rank ("budget"), or after `budget.max_rounds` ("rounds").
 
 Pure statistics (`paired`, `bootstrap_median`, `calls_for`) are separate from the rank loop.
 Units: ms, s, %.
