@@ -171,8 +171,7 @@ def library_steps(rank, world, spec, backend) -> list[Bench]:
     gradient: the baseline's own `local_step` (the gradient averaged, then the optimizer's
     update, what its `compute_ms` times in a run), built on this rank's inputs at N = n with no
     ranks around it; each call on the same buffers, as a run's baseline steps (beyond the caches
-    from 2^22 elements: 64 MiB of w, m, v, g), its gradient scaled back untimed (the run's
-    all-reduce sums the ranks' before each step). A sample is the median of LIBRARY_CALLS calls
+    from 2^22 elements: 64 MiB of w, m, v, g), its gradient scaled back untimed (`alone_step`). A sample is the median of LIBRARY_CALLS calls
     at least, each timed: a run's memory scale divides by this time, and in a quick calibration
     (6 rounds) one call a round left the time of the same step at 2^23 elements 0.83-1.15x of
     twice its time at 2^22 (five calibrations in a row)."""
@@ -197,9 +196,8 @@ def library_steps(rank, world, spec, backend) -> list[Bench]:
                 times = []
                 for _ in range(calls):
                     before = base.compute_ms
-                    base.local_step()
+                    base.alone_step()
                     times.append(base.compute_ms - before)
-                    base.g.mul_(world)
                 return (statistics.median(times),)
             out.append(Bench((f"library_{cls.routine}",), 4 * n, sample,
                              min_calls=LIBRARY_CALLS))

@@ -215,7 +215,7 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     make_probe = getattr(exp.baseline, "memory_probe", None)
     probe = make_probe(BaselineContext(**ctx, exact=False)) if make_probe else None
     if probe is not None:  # the memory rate's reference, in the same rounds (`probe_ms`)
-        counted[PROBE] = _per_call(probe, probe.probe_step, False)
+        counted[PROBE] = _per_call(probe, probe.alone_step, False)
     fns = {name: fn for name, (fn, _) in counted.items()}
     rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock,
                         aside=(PROBE,))

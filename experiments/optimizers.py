@@ -75,20 +75,12 @@ class DataParallelBaseline:
     @classmethod
     def memory_probe(cls, ctx: BaselineContext) -> Optional["DataParallelBaseline"]:
         """The library routine `probe` names, built on a copy of this rank's inputs with no
-        ranks around it, as calibration's `library_<routine>` is; its `probe_step()` is one
-        `local_step` (timed in its compute_ms) with the gradient scaled back untimed afterwards
-        (a run's all-reduce sums the ranks' before each step: unscaled, it would shrink towards
-        denormals). None where the baseline names no probe."""
+        ranks around it, as calibration's `library_<routine>` is (timed by its `alone_step`).
+        None where the baseline names no probe."""
         if not cls.probe:
             return None
         routine = next(c for c in LIBRARY_BASELINES if c.routine == cls.probe)
-        probe = routine(dataclasses.replace(ctx, groups=None))
-
-        def probe_step() -> None:
-            probe.local_step()
-            probe.g.mul_(probe.world)
-        probe.probe_step = probe_step
-        return probe
+        return routine(dataclasses.replace(ctx, groups=None))
 
     def step(self) -> None:
         self.comm.all_reduce(self.g, "sum")
@@ -101,6 +93,13 @@ class DataParallelBaseline:
         self.t += 1
         self.update()
         self.compute_ms += (time.perf_counter() - start) * 1e3
+
+    def alone_step(self) -> None:
+        """`local_step` (timed in compute_ms) with no ranks around it: the gradient is scaled
+        back untimed afterwards (a run's all-reduce sums the ranks' before each step; unscaled,
+        it would shrink towards denormals)."""
+        self.local_step()
+        self.g.mul_(self.world)
 
     def update(self) -> None:
         raise NotImplementedError

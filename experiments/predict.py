@@ -84,15 +84,7 @@ def measured_baseline_compute(rows, schedule: str = "baseline") -> dict[tuple[in
     """(world size, shape) -> the measured baseline's library time: its `library_ms` where it
     has one (the computation beside its matmuls, which the cost model times itself), else its
     compute_ms, from measured rows (`schedule`: GLOO_BASELINE for the baseline on gloo)."""
-    out = {}
-    for r in rows:
-        if r.get("source") != "measured" or r.get("schedule") != schedule:
-            continue
-        for col in ("library_ms", "compute_ms"):
-            if _present(r.get(col)):
-                out[(int(r["world_size"]), str(r["shape"]))] = float(r[col])
-                break
-    return out
+    return _measured(rows, schedule, ("library_ms", "compute_ms"))
 
 
 def measured_memory_reference(exp: Experiment, rows) -> dict[tuple[int, str], float]:
@@ -101,9 +93,20 @@ def measured_memory_reference(exp: Experiment, rows) -> dict[tuple[int, str], fl
     without one, e.g. from an older version's results.csv resumed, has none: its own
     computation is not the probe's routine), else its compute_ms (its own routine)."""
     col = "probe_ms" if getattr(exp.baseline, "probe", "") else "compute_ms"
-    return {(int(r["world_size"]), str(r["shape"])): float(r[col]) for r in rows
-            if r.get("source") == "measured" and r.get("schedule") == "baseline"
-            and _present(r.get(col))}
+    return _measured(rows, "baseline", (col,))
+
+
+def _measured(rows, schedule: str, cols) -> dict[tuple[int, str], float]:
+    """(world size, shape) -> the first of `cols` present in the measured row of `schedule`."""
+    out = {}
+    for r in rows:
+        if r.get("source") != "measured" or r.get("schedule") != schedule:
+            continue
+        for col in cols:
+            if _present(r.get(col)):
+                out[(int(r["world_size"]), str(r["shape"]))] = float(r[col])
+                break
+    return out
 
 
 def _present(value) -> bool:

@@ -104,8 +104,8 @@ def test_the_probe_is_the_routines_own_step_on_a_copy_of_the_inputs():
     probe = LambBaseline.memory_probe(ctx)
     assert isinstance(probe, AdamBaseline)
     g = probe.g.clone()
-    probe.probe_step()
-    probe.probe_step()
+    probe.alone_step()
+    probe.alone_step()
     assert probe.compute_ms > 0
     assert np.array_equal(inputs["w"], ctx.inputs["w"])  # the baseline's own inputs untouched
     assert np.allclose(probe.g.numpy(), g.numpy())  # the gradient scaled back after each step
