@@ -21,6 +21,7 @@ import experiments
 from codegen.lower import lower
 from dsl.equivalence import symbols
 from experiments import Experiment
+from experiments.optimizers import DataParallelBaseline
 
 from .config import Config
 from .errors import SuiteError, one_line
@@ -136,11 +137,32 @@ def check_sizes(cfg: Config, exp: Experiment, reference: dsl.Program,
                 except (dsl.DSLError, ValueError, KeyError, ZeroDivisionError) as e:
                     raise SuiteError(f"size {b} on {ws} ranks does not fit schedule {name}: "
                                      f"{one_line(e)}") from None
-        need = _bytes(reference, b) * (len(schedules) + 2)
+        need = point_bytes(exp, reference, b, len(schedules), cfg.world_size,
+                           cfg.backend.comm == "shm")
         if cfg.backend.name == "cpu" and need > MEMORY_BYTES:
-            raise SuiteError(f"size {b} needs about {need / 2**30:.0f} GiB for its "
-                             f"{len(schedules)} schedules and the baseline; this machine has "
-                             f"{MEMORY_BYTES / 2**30:.0f} GiB")
+            raise SuiteError(f"size {b} needs about {need / 2**30:.0f} GiB on {cfg.world_size} "
+                             f"ranks for its {len(schedules)} schedules and "
+                             f"{_baselines(exp, cfg.backend.comm == 'shm')} baseline copies; "
+                             f"this machine has {MEMORY_BYTES / 2**30:.0f} GiB")
+
+
+def point_bytes(exp: Experiment, reference: dsl.Program, b: dict, schedules: int,
+                world_size: int, shm: bool = False) -> int:
+    """A lower bound of the memory a measured point holds at once (bytes, every rank together):
+    at least one whole copy of the inputs per schedule (a schedule's slices add up to one over
+    its ranks) and for the reference the checks compare with, and the baselines' copies
+    (`_baselines`), each a whole replica on every rank for a data-parallel baseline."""
+    per = world_size if isinstance(exp.baseline, type) and \
+        issubclass(exp.baseline, DataParallelBaseline) else 1
+    return _bytes(reference, b) * (schedules + 1 + per * _baselines(exp, shm))
+
+
+def _baselines(exp: Experiment, shm: bool) -> int:
+    """Copies of the inputs a point's baselines hold (`experiments.harness`): the baseline's,
+    its gloo twin's with comm=shm, its memory probe's where it names one (each its own copy)."""
+    if exp.baseline is None:
+        return 0
+    return 1 + int(shm) + int(bool(getattr(exp.baseline, "probe", "")))
 
 
 def _bytes(program: dsl.Program, b: dict) -> int:

@@ -113,3 +113,28 @@ def test_through_the_entry_point(line):
     assert out.returncode == 2, out
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith("error: ")
     assert "Traceback" not in out.stderr and not out.stdout.strip()
+
+
+def test_the_memory_estimate_counts_every_copy_a_point_holds(monkeypatch):
+    """A lower bound, every rank together: per schedule and for the reference one whole copy of
+    the inputs; a data-parallel baseline, its gloo twin (comm=shm) and its memory probe (lamb)
+    a replica on every rank each."""
+    import experiments
+    from suite import load
+    adam, lamb, mp = (experiments.get(n) for n in ("adam_fusion", "lamb_fusion",
+                                                     "model_parallel"))
+    one = load._bytes(adam.program(), {"N": 1 << 20})
+    assert 16 << 20 < one < (16 << 20) + 64  # w, g, m, v in f32, and hyper-parameters
+    assert load.point_bytes(adam, adam.program(), {"N": 1 << 20}, 5, 2) == one * (5 + 1 + 2)
+    assert load.point_bytes(adam, adam.program(), {"N": 1 << 20}, 5, 2, shm=True) == \
+        one * (5 + 1 + 4)
+    lone = load._bytes(lamb.program(), {"N": 1 << 20})
+    assert load.point_bytes(lamb, lamb.program(), {"N": 1 << 20}, 5, 4) == lone * (5 + 1 + 8)
+    b = {k: 64 for k in ("S", "B", "H", "K")}
+    mone = load._bytes(mp.program(), b)
+    assert load.point_bytes(mp, mp.program(), b, 3, 2) == mone * (3 + 1 + 1)
+    # refused before any work, naming the copies, when the machine is smaller than the bound
+    monkeypatch.setattr(load, "MEMORY_BYTES", lone * 9)  # the bound: 10 copies; 7 before
+    with pytest.raises(SuiteError, match=r"on 2 ranks for its \d+ schedules and 2 baseline "
+                                         r"copies; this machine has"):
+        prevalidate(["experiment=lamb_fusion", "experiment.sizes=[{N:1048576}]"])
