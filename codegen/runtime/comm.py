@@ -17,7 +17,8 @@ P members; this rank is member `me`; "block i" of a tensor of n*P elements is el
   Ring order for sums: ((x[me+1] + x[me+2]) + ...) + x[me].
 - `all_gather(x, out, chunks)`: x holds n elements, out n*P; block i of out = member i's x. A ring
   (one exchange for P == 2). x may be a view of out's own block (in place).
-- `RingReduceScatter` / `RingAllGather`: the same rings, chunk by chunk, for fused collectives.
+- `RingReduceScatter` / `RingAllGather`: the same rings, chunk by chunk, for fused collectives
+  (the rings live in `codegen.runtime.rings`, the groups and checks in `codegen.runtime.group`).
 - `p2p(x, out, src, dst, chunks)` / `p2p_async`: send x from global rank src into out on dst.
 - `broadcast(x, src)`, `reduce(x, out, root, op)` (root's out = reduction, others' out = zeros),
   `all_to_all(x, out)` (x split into P equal pieces, piece j to member j; out = the received
@@ -38,297 +39,12 @@ Buffers given to an operation (x and out) must not be touched until it has compl
 """
 from __future__ import annotations
 
-import datetime
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 
-OPS = {"sum": (dist.ReduceOp.SUM, torch.add), "max": (dist.ReduceOp.MAX, torch.maximum),
-       "min": (dist.ReduceOp.MIN, torch.minimum), "prod": (dist.ReduceOp.PRODUCT, torch.mul)}
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-_KIND_RS, _KIND_AG, _KIND_P2P = 1, 2, 3
-_SEQ_BITS, _USER_TAGS = 20, 64
-
-
-@dataclass(frozen=True)
-class Group:
-    """A process group (`pg`, None = default), its members' global ranks, and its timeout."""
-
-    pg: object
-    ranks: tuple[int, ...]
-    timeout_s: float
-
-    @classmethod
-    def world(cls) -> Group:
-        return cls(None, tuple(range(dist.get_world_size())), pg_timeout_s(None))
-
-    @classmethod
-    def of(cls, pg, ranks=None) -> Group:
-        """Wrap an existing process group; `ranks` default to its members in group order."""
-        ranks = tuple(ranks if ranks is not None else dist.get_process_group_ranks(pg))
-        return cls(pg, ranks, pg_timeout_s(pg))
-
-    @classmethod
-    def new(cls, ranks, timeout_s: float | None = None) -> Group:
-        """Create a subgroup; collective: every rank must call it, with the same ranks."""
-        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-        pg = dist.new_group(list(ranks), timeout=timeout, backend="gloo")
-        return cls(pg, tuple(ranks), timeout_s or pg_timeout_s(None))
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def me(self) -> int:
-        rank = dist.get_rank()
-        if rank not in self.ranks:
-            raise ValueError(f"rank {rank} is not a member of group {list(self.ranks)}")
-        return self.ranks.index(rank)
-
-    @property
-    def timeout(self) -> datetime.timedelta:
-        return datetime.timedelta(seconds=self.timeout_s)
-
-    def right(self, me: int) -> int:
-        return self.ranks[(me + 1) % self.size]
-
-    def left(self, me: int) -> int:
-        return self.ranks[(me - 1) % self.size]
-
-
-def pg_timeout_s(pg) -> float:
-    """The timeout a process group was created with (torch's default if it cannot be read)."""
-    try:
-        group = pg if pg is not None else dist.group.WORLD
-        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
-    except (AttributeError, RuntimeError):
-        return dist.default_pg_timeout.total_seconds()
-
-
-def chunk_size(n: int, chunks: int) -> int:
-    """Elements per chunk of an n-element slice; ValueError unless `chunks` divides n."""
-    if chunks < 1 or n % chunks:
-        raise ValueError(f"chunks={chunks} must be >= 1 and divide the slice of n={n} elements")
-    return n // chunks
-
-
-def _check(t: torch.Tensor, name: str, numel: int | None = None, dtype=None) -> None:
-    if not isinstance(t, torch.Tensor) or t.dim() != 1 or not t.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous 1-D tensor (flatten it first)")
-    if t.dtype not in DTYPES:
-        raise ValueError(f"{name}: dtype {t.dtype} is not supported (one of {DTYPES})")
-    if numel is not None and t.numel() != numel:
-        raise ValueError(f"{name} has {t.numel()} elements, expected {numel}")
-    if dtype is not None and t.dtype != dtype:
-        raise ValueError(f"{name} has dtype {t.dtype}, expected {dtype}")
-
-
-def _op(op: str):
-    if op not in OPS:
-        raise ValueError(f"op={op!r} is not one of {sorted(OPS)}")
-    return OPS[op]
-
-
-def _tag(kind: int, user_tag: int, seq: int) -> int:
-    if not 0 <= user_tag < _USER_TAGS or seq >= 1 << _SEQ_BITS:
-        raise ValueError(f"tag={user_tag} must be in 0..{_USER_TAGS - 1} (and chunks*steps < 2^20)")
-    return (kind << 26) | (user_tag << _SEQ_BITS) | seq
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
-
-
-def _wait(work, group: Group) -> None:
-    if work is not None:
-        work.wait(group.timeout)
-
-
-# ----------------------------------------------------------------------------- rings
-
-
-class RingReduceScatter:
-    """Chunked ring reduce-scatter. `start()`, then `wait_chunk(c)` for c in order (or any order),
-    then `wait()`. `wait_chunk(c)` returns (begin, end): out[begin:end] is chunk c of this member's
-    block, fully reduced, while later chunks may still be in flight; run a kernel on it at once.
-    """
-
-    def __init__(self, x, out, op: str = "sum", chunks: int = 1, group: Group | None = None,
-                 tag: int = 0):
-        self.g = group or Group.world()
-        self.P, self.me = self.g.size, self.g.me
-        _check(out, "out")
-        _check(x, "x", out.numel() * self.P, out.dtype)
-        if _overlaps(x, out):
-            raise ValueError("reduce_scatter: out must not overlap x")
-        self.x, self.out, self.n = x, out, out.numel()
-        self.chunks, self.k = chunks, chunk_size(self.n, chunks)
-        self.fn = _op(op)[1]
-        self.tag = tag
-        self._recvs: dict[tuple[int, int], tuple[torch.Tensor, object]] = {}
-        self._sends: list = []
-        self._done = 0  # chunks fully reduced
-        self._started = False
-
-    def chunk_range(self, c: int) -> tuple[int, int]:
-        return c * self.k, (c + 1) * self.k
-
-    def _xblock(self, block: int, c: int) -> torch.Tensor:
-        begin = (block % self.P) * self.n + c * self.k
-        return self.x[begin:begin + self.k]
-
-    def start(self, send: bool = True) -> RingReduceScatter:
-        """Post every receive and, with `send`, every chunk's first send. With send=False the
-        caller produces the input chunk by chunk and calls `send_chunk(c)` when chunk c of every
-        block of x is ready (an overlapped producer)."""
-        if self._started:
-            raise RuntimeError("RingReduceScatter.start() called twice")
-        self._started = True
-        P, me, steps = self.P, self.me, self.P - 1
-        if P == 1:
-            self.out.copy_(self.x)
-            return self
-        scratch = self.x.new_empty((steps - 1) * self.n) if steps > 1 else None
-        for s in range(steps):  # recv step s into scratch row s, the last step straight into out
-            for c in range(self.chunks):
-                lo, hi = self.chunk_range(c)
-                buf = self.out[lo:hi] if s == steps - 1 else scratch[s * self.n + lo:
-                                                                     s * self.n + hi]
-                work = dist.irecv(buf, src=self.g.left(me), group=self.g.pg, tag=self._t(s, c))
-                self._recvs[(c, s)] = (buf, work)
-        if send:
-            for c in range(self.chunks):  # step 0 sends come straight from x
-                self._send(self._xblock(me - 1, c), 0, c)
-        return self
-
-    def send_chunk(self, c: int) -> None:
-        """The first send of chunk c (after `start(send=False)`); every member in the same order."""
-        if self.P > 1:
-            self._send(self._xblock(self.me - 1, c), 0, c)
-
-    def _t(self, s: int, c: int) -> int:
-        return _tag(_KIND_RS, self.tag, s * self.chunks + c)
-
-    def _send(self, buf: torch.Tensor, s: int, c: int) -> None:
-        work = dist.isend(buf, dst=self.g.right(self.me), group=self.g.pg, tag=self._t(s, c))
-        self._sends.append(work)
-
-    def _step(self, c: int, s: int) -> None:
-        buf, work = self._recvs.pop((c, s))
-        _wait(work, self.g)
-        self.fn(buf, self._xblock(self.me - s - 2, c), out=buf)  # partial of block me-s-2
-        if s < self.P - 2:
-            self._send(buf, s + 1, c)
-
-    def wait_chunk(self, c: int) -> tuple[int, int]:
-        if not self._started:
-            raise RuntimeError("RingReduceScatter.wait_chunk() before start()")
-        if not 0 <= c < self.chunks:
-            raise ValueError(f"chunk {c} out of range 0..{self.chunks - 1}")
-        while self._done <= c and self.P > 1:  # chunk-major order, the same on every member
-            for s in range(self.P - 1):
-                self._step(self._done, s)
-            self._done += 1
-        return self.chunk_range(c)
-
-    def wait(self) -> torch.Tensor:
-        if not self._started:
-            self.start()
-        self.wait_chunk(self.chunks - 1)
-        for work in self._sends:
-            _wait(work, self.g)
-        self._sends.clear()
-        return self.out
-
-
-class RingAllGather:
-    """Chunked ring all-gather. Receives are posted at construction; `start_chunk(c)` (alias
-    `send_chunk`) sends chunk c of this member's slice once the caller has computed it (src[lo:hi]
-    with (lo, hi) = chunk_range(c)); `wait()` starts any chunk not yet started and finishes all.
-    When src is not out's own block, start_chunk(c) copies src's chunk c into it first. For
-    P == 2 the whole transfer is issued by start_chunk; for P > 2 the forwarding steps run in
-    wait().
-    """
-
-    def __init__(self, src, out, chunks: int = 1, group: Group | None = None, tag: int = 0):
-        self.g = group or Group.world()
-        self.P, self.me = self.g.size, self.g.me
-        _check(src, "src")
-        _check(out, "out", src.numel() * self.P, src.dtype)
-        self.src, self.out, self.n = src, out, src.numel()
-        self.chunks, self.k = chunks, chunk_size(self.n, chunks)
-        self.tag = tag
-        self.own = out[self.me * self.n:(self.me + 1) * self.n]
-        self.in_place = src.data_ptr() == self.own.data_ptr()
-        if not self.in_place and _overlaps(src, out):
-            raise ValueError("all_gather: src must be out's own block or not overlap out")
-        self._started = [False] * chunks
-        self._sends: list = []
-        self._recvs = {}
-        for s in range(self.P - 1):  # step s receives block me-s-1 from the left
-            for c in range(chunks):
-                buf = self._oblock(self.me - s - 1, c)
-                work = dist.irecv(buf, src=self.g.left(self.me), group=self.g.pg,
-                                  tag=self._t(s, c))
-                self._recvs[(c, s)] = work
-
-    def chunk_range(self, c: int) -> tuple[int, int]:
-        return c * self.k, (c + 1) * self.k
-
-    def _oblock(self, block: int, c: int) -> torch.Tensor:
-        begin = (block % self.P) * self.n + c * self.k
-        return self.out[begin:begin + self.k]
-
-    def _t(self, s: int, c: int) -> int:
-        return _tag(_KIND_AG, self.tag, s * self.chunks + c)
-
-    def _send(self, buf, s: int, c: int) -> None:
-        work = dist.isend(buf, dst=self.g.right(self.me), group=self.g.pg, tag=self._t(s, c))
-        self._sends.append(work)
-
-    def start_chunk(self, c: int) -> None:
-        if not 0 <= c < self.chunks or self._started[c]:
-            raise ValueError(f"chunk {c} out of range 0..{self.chunks - 1} or already started")
-        self._started[c] = True
-        lo, hi = self.chunk_range(c)
-        if not self.in_place:
-            self.own[lo:hi].copy_(self.src[lo:hi])
-        if self.P > 1:
-            self._send(self.own[lo:hi], 0, c)
-
-    send_chunk = start_chunk
-
-    def wait(self) -> torch.Tensor:
-        for c in range(self.chunks):
-            if not self._started[c]:
-                self.start_chunk(c)
-        # Forward what the right neighbour still needs (steps 1..P-2), in step-major order, the
-        # same on every member. (gloo's send/recv Work reports completion only once waited, so
-        # forwarding cannot be polled earlier.)
-        for (c, s), work in self._recvs.items():
-            _wait(work, self.g)
-            if s < self.P - 2:
-                self._send(self._oblock(self.me - s - 1, c), s + 1, c)
-        self._recvs.clear()
-        for work in self._sends:
-            _wait(work, self.g)
-        self._sends.clear()
-        return self.out
-
-
-def reduce_scatter(x, out, op: str = "sum", chunks: int = 1, group: Group | None = None,
-                   tag: int = 0) -> torch.Tensor:
-    """out = block `me` of the reduction over members of x (ring; see the module doc)."""
-    return RingReduceScatter(x, out, op, chunks, group, tag).start().wait()
-
-
-def all_gather(x, out, chunks: int = 1, group: Group | None = None, tag: int = 0) -> torch.Tensor:
-    """Block i of out = member i's x (ring; x may be out's own block)."""
-    return RingAllGather(x, out, chunks, group, tag).wait()
-
+from .group import (DTYPES, KIND_P2P, OPS, Group, check, chunk_size, make_tag,  # noqa: F401
+                    op_of, pg_timeout_s, wait_work)
+from .rings import RingAllGather, RingReduceScatter, all_gather, reduce_scatter  # noqa: F401
 
 # ----------------------------------------------------------------------------- point to point
 
@@ -344,9 +60,9 @@ class P2P:
         if self.rank not in (src, dst):
             raise ValueError(f"p2p: rank {self.rank} is neither src={src} nor dst={dst}")
         buf = x if self.rank == src else out
-        _check(buf, "x" if self.rank == src else "out")
+        check(buf, "x" if self.rank == src else "out")
         if src == dst:
-            _check(out, "out", x.numel(), x.dtype)
+            check(out, "out", x.numel(), x.dtype)
         self.x, self.out, self.buf = x, out, buf
         self.chunks, self.k = chunks, chunk_size(buf.numel(), chunks)
         self.tag, self.timeout = tag, (group or Group.world()).timeout
@@ -369,7 +85,7 @@ class P2P:
             self._works = [None] * self.chunks
         lo, hi = self.chunk_range(c)
         pg = self.g.pg if self.g else None
-        tag = _tag(_KIND_P2P, self.tag, c)
+        tag = make_tag(KIND_P2P, self.tag, c)
         if self.rank == self.src:
             work = dist.isend(self.buf[lo:hi], dst=self.dst, group=pg, tag=tag)
         else:
@@ -406,27 +122,27 @@ def p2p(x, out, src: int, dst: int, chunks: int = 1, group: Group | None = None,
 def all_reduce(x, op: str = "sum", group: Group | None = None) -> torch.Tensor:
     """x = the reduction of every member's x (gloo, in place)."""
     g = group or Group.world()
-    _check(x, "x")
-    _wait(dist.all_reduce(x, op=_op(op)[0], group=g.pg, async_op=True), g)
+    check(x, "x")
+    wait_work(dist.all_reduce(x, op=op_of(op)[0], group=g.pg, async_op=True), g)
     return x
 
 
 def broadcast(x, src: int, group: Group | None = None) -> torch.Tensor:
     """x on every member = x on global rank src (in place)."""
     g = group or Group.world()
-    _check(x, "x")
-    _wait(dist.broadcast(x, src=src, group=g.pg, async_op=True), g)
+    check(x, "x")
+    wait_work(dist.broadcast(x, src=src, group=g.pg, async_op=True), g)
     return x
 
 
 def reduce(x, out, root: int, op: str = "sum", group: Group | None = None) -> torch.Tensor:
     """out on global rank root = the reduction of every member's x; out elsewhere = zeros."""
     g = group or Group.world()
-    _check(x, "x")
-    _check(out, "out", x.numel(), x.dtype)
+    check(x, "x")
+    check(out, "out", x.numel(), x.dtype)
     if out.data_ptr() != x.data_ptr():
         out.copy_(x)
-    _wait(dist.reduce(out, dst=root, op=_op(op)[0], group=g.pg, async_op=True), g)
+    wait_work(dist.reduce(out, dst=root, op=op_of(op)[0], group=g.pg, async_op=True), g)
     if dist.get_rank() != root:
         out.zero_()
     return out
@@ -435,29 +151,29 @@ def reduce(x, out, root: int, op: str = "sum", group: Group | None = None) -> to
 def all_to_all(x, out, group: Group | None = None) -> torch.Tensor:
     """Piece j (of P equal pieces) of x goes to member j; out = received pieces in member order."""
     g = group or Group.world()
-    _check(x, "x")
-    _check(out, "out", x.numel(), x.dtype)
+    check(x, "x")
+    check(out, "out", x.numel(), x.dtype)
     if x.numel() % g.size:
         raise ValueError(f"all_to_all: {x.numel()} elements do not split into {g.size} pieces")
-    _wait(dist.all_to_all_single(out, x, group=g.pg, async_op=True), g)
+    wait_work(dist.all_to_all_single(out, x, group=g.pg, async_op=True), g)
     return out
 
 
 def library_reduce_scatter(x, out, op: str = "sum", group: Group | None = None) -> torch.Tensor:
     """gloo's own reduce-scatter (an all-reduce inside): the baseline the ring is measured by."""
     g = group or Group.world()
-    _check(out, "out")
-    _check(x, "x", out.numel() * g.size, out.dtype)
+    check(out, "out")
+    check(x, "x", out.numel() * g.size, out.dtype)
     call = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    _wait(call(out, x, op=_op(op)[0], group=g.pg, async_op=True), g)
+    wait_work(call(out, x, op=op_of(op)[0], group=g.pg, async_op=True), g)
     return out
 
 
 def library_all_gather(x, out, group: Group | None = None) -> torch.Tensor:
     """gloo's own all-gather into one flat tensor."""
     g = group or Group.world()
-    _check(x, "x")
-    _check(out, "out", x.numel() * g.size, x.dtype)
+    check(x, "x")
+    check(out, "out", x.numel() * g.size, x.dtype)
     call = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    _wait(call(out, x, group=g.pg, async_op=True), g)
+    wait_work(call(out, x, group=g.pg, async_op=True), g)
     return out
