@@ -18,6 +18,7 @@ Contract
     - After `timeout_s` of wall-clock time the run is ended and `RankError` names the ranks that
       had not finished (`err.ranks`); `err.remote_traceback` holds their Python stacks at that
       moment (dumped by faulthandler on SIGUSR1).
+    - How a report or an exit becomes that line, and RankError itself: `codegen.runtime.failures`.
     - A parent killed outright (Ctrl-C twice, SIGTERM, SIGKILL) leaves no ranks behind: each
       rank watches its parent and exits within a second of it.
     - Shared-memory segments of the run (`codegen.runtime.shm`, named by the store's port) are
@@ -72,36 +73,16 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
 
 from . import shm
+from .failures import (RankError, failure, looks_like_echo, raise_failure,  # noqa: F401
+                       raise_timeout)
 
 _HOST = "127.0.0.1"
 MALLOC_SETTINGS = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-_ECHO_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
-_ECHO_WORDS = ("connection closed", "connection reset", "broken pipe", "socket closed",
-               "ECONNRESET", "EPIPE")
 _ECHO_GRACE_S = 1.0     # after a failure that looks like an echo, wait this long for its cause
 _STOP_GRACE_S = 2.0     # SIGTERM, then SIGKILL after this long
 _EXIT_GRACE_S = 10.0    # after all results arrived, ranks may take this long to exit
 _DUMP_WAIT_S = 0.3      # on a timeout, time given to the hung ranks to dump their stacks
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-class RankError(RuntimeError):
-    """A launched run failed: a rank raised, died, or the run passed its deadline.
-
-    Attributes: `rank` (the rank at fault, None for a timeout), `ranks` (ranks at fault: the one
-    rank, or all unfinished ranks on a timeout), `exc_type` and `exc_message` (the remote exception,
-    None if the rank died), `exitcode`, `remote_traceback` (text, '' if none), `failures` (every
-    failure collected, as (rank, one-line description) pairs, root cause first).
-    """
-
-    def __init__(self, message: str, *, rank: int | None = None, ranks: tuple[int, ...] = (),
-                 exc_type: str | None = None, exc_message: str | None = None,
-                 exitcode: int | None = None, remote_traceback: str = "",
-                 failures: tuple[tuple[int, str], ...] = ()):
-        super().__init__(message)
-        self.rank, self.ranks = rank, tuple(ranks)
-        self.exc_type, self.exc_message, self.exitcode = exc_type, exc_message, exitcode
-        self.remote_traceback, self.failures = remote_traceback, tuple(failures)
 
 
 def cpu_cores() -> int:
@@ -269,7 +250,7 @@ def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -
         if decide_at is not None and now >= decide_at:
             break
         if decide_at is None and now >= deadline:
-            _raise_timeout(sorted(pending), timeout_s, _dump_stacks(procs, pending, stacks_dir))
+            raise_timeout(sorted(pending), timeout_s, _dump_stacks(procs, pending, stacks_dir))
         waiting = {conns[r]: ("msg", r) for r in pending}
         waiting.update({procs[r].sentinel: ("exit", r) for r in pending})
         ready = _wait_ready(list(waiting), timeout=(decide_at or deadline) - now)
@@ -280,13 +261,13 @@ def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -
             if outcome is not None and outcome[0] == "ok":
                 results[rank] = outcome[1]
             else:
-                failures.append(_failure(rank, outcome, procs[rank]))
+                failures.append(failure(rank, outcome, procs[rank], _STOP_GRACE_S))
             pending.discard(rank)
         if failures and decide_at is None:
             echo_only = all(f["echo"] for f in failures)
             decide_at = time.monotonic() + (_ECHO_GRACE_S if echo_only and pending else 0.0)
     if failures:
-        _raise_failure(failures)
+        raise_failure(failures)
     return [results[r] for r in range(len(procs))]
 
 
@@ -303,43 +284,6 @@ def _read(conn, proc):
                 traceback.format_exc())
 
 
-def _failure(rank: int, outcome, proc) -> dict:
-    if outcome is None:
-        proc.join(_STOP_GRACE_S)
-        code = proc.exitcode
-        if code is not None and code < 0:
-            try:
-                how = f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"killed by signal {-code}"
-        else:
-            how = f"died with exit code {code}" + (" without returning" if code == 0 else "")
-        return {"rank": rank, "line": how, "exc_type": None, "exc_message": None,
-                "exitcode": code, "tb": "", "echo": False}
-    _, exc_type, message, tb = outcome
-    text = " ".join(str(message).split())
-    if len(text) > 500:
-        text = text[:497] + "..."
-    echo = looks_like_echo(exc_type, text)
-    return {"rank": rank, "line": f"{exc_type}: {text}", "exc_type": exc_type,
-            "exc_message": message, "exitcode": None, "tb": tb, "echo": echo}
-
-
-def looks_like_echo(exc_type: str, message: str) -> bool:
-    """A failure that a peer's failure causes (a collective on a closed connection)."""
-    return exc_type in _ECHO_TYPES or any(w.lower() in message.lower() for w in _ECHO_WORDS)
-
-
-def _raise_failure(failures: list[dict]):
-    ordered = [f for f in failures if not f["echo"]] + [f for f in failures if f["echo"]]
-    root = ordered[0]
-    raise RankError(f"rank {root['rank']} failed: {root['line']}", rank=root["rank"],
-                    ranks=(root["rank"],), exc_type=root["exc_type"],
-                    exc_message=root["exc_message"], exitcode=root["exitcode"],
-                    remote_traceback=root["tb"],
-                    failures=tuple((f["rank"], f["line"]) for f in ordered))
-
-
 def _dump_stacks(procs, ranks, stacks_dir: str) -> str:
     """Ask the hung ranks for their Python stacks (SIGUSR1, faulthandler); return the text."""
     for rank in ranks:
@@ -354,11 +298,6 @@ def _dump_stacks(procs, ranks, stacks_dir: str) -> str:
         except OSError:
             pass
     return "\n".join(texts)
-
-
-def _raise_timeout(ranks: list[int], timeout_s: float, stacks: str):
-    raise RankError(f"ranks {ranks} did not finish within timeout_s={timeout_s:g}", rank=None,
-                    ranks=tuple(ranks), remote_traceback=stacks)
 
 
 def _stop(procs, grace_s: float) -> None:
