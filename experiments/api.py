@@ -142,7 +142,7 @@ class PredictSettings:
     sizes: Optional[list] = None  # experiment.sizes: bindings replacing the sweep
     schedules: Optional[Mapping[str, object]] = None  # the schedules to predict; None: all
     # comm=shm: the gloo-calibrated Topology the library baseline on gloo (GLOO_BASELINE) is
-    # predicted on; None: not predicted
+    # predicted on (collectives: gloo's rows, measured beside shm's); None: not predicted
     gloo_topology: object = None
 
 

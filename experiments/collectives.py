@@ -211,14 +211,21 @@ def measure(settings) -> list[dict]:
 
 def predict(settings) -> list[dict]:
     """backend=sim: the chosen topology, all its devices (local: world_size ranks), 1 KiB to 1 GiB;
-    backend=cpu: the local topology at the measured world size and sizes, beside the measurements.
-    """
+    backend=cpu: the local topology at the measured world size and sizes, beside the measurements;
+    with comm=shm (a `gloo_topology` given: the same calibration's gloo one) both transports, as
+    they were measured side by side, each row naming its transport in `comm`."""
     topo = settings.topology
     if settings.backend == "sim":
         world = settings.world_size if topo.name == "local" else topo.devices
         return predict_rows(topo, world, settings.scale)
     local = topo if topo.name == "local" else load_topology("local")
-    return predict_rows(local, settings.world_size, settings.scale, settings.max_elements * 4)
+    rows = predict_rows(local, settings.world_size, settings.scale, settings.max_elements * 4)
+    gloo = getattr(settings, "gloo_topology", None)
+    if gloo is None:
+        return rows
+    return [dict(r, comm="shm") for r in rows] + [
+        dict(r, comm="gloo") for r in predict_rows(gloo, settings.world_size, settings.scale,
+                                                   settings.max_elements * 4)]
 
 
 EXPERIMENT = register(Experiment(

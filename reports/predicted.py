@@ -5,7 +5,8 @@
   max, predicted, and fidelity two ways: the time error `predicted / measured - 1` (`error`) and
   the speedup error `predicted speedup / measured speedup - 1` (`speedup_error`; NaN for the
   baseline, whose speedup is 1 by definition); a comm=shm run's rows with `speedup_gloo` on
-  both sides (over the library baseline on gloo) also get `speedup_gloo_error`, the same for it.
+  both sides (over the library baseline on gloo) also get `speedup_gloo_error`, the same for it;
+  rows of several transports (collectives with comm=shm: `comm` on both sides) pair by transport.
 - `summary(acc)`: the median and largest |time error| and |speedup error| (and |speedup_gloo
   error| where there is one), the machine's
   repeatability beside them (the median half-width, in % of the median, of the measured rows'
@@ -45,12 +46,16 @@ def accuracy(df, experiment: str, topology: str = "local"):
         return meas.iloc[0:0].assign(predicted_ms=[], error=[])
     # comm=shm runs' speedup over the gloo baseline (a table read back has the column, empty)
     gloo = all("speedup_gloo" in x and x.speedup_gloo.notna().any() for x in (pred, meas))
-    pred = pred[KEYS + ["time_ms", "speedup"] + (["speedup_gloo"] if gloo else [])].rename(
+    # rows of several transports measured side by side (collectives with comm=shm) pair with the
+    # prediction of their own transport
+    keys = KEYS + (["comm"] if all("comm" in x and x["comm"].notna().any() for x in (pred, meas))
+                   else [])
+    pred = pred[keys + ["time_ms", "speedup"] + (["speedup_gloo"] if gloo else [])].rename(
         columns={"time_ms": "predicted_ms", "speedup": "predicted_speedup",
                  "speedup_gloo": "predicted_speedup_gloo"})
     meas = meas.assign(shape=meas["shape"].astype(str))
     pred = pred.assign(shape=pred["shape"].astype(str))
-    out = meas.merge(pred.drop_duplicates(KEYS), on=KEYS, how="inner")
+    out = meas.merge(pred.drop_duplicates(keys), on=keys, how="inner")
     speedup_error = (out.predicted_speedup / out.speedup - 1.0).where(out.schedule != "baseline")
     out = out.assign(error=out.predicted_ms / out.time_ms - 1.0, speedup_error=speedup_error)
     if gloo:  # NaN for the gloo baseline itself (x1 by definition) and rows without it
@@ -187,10 +192,13 @@ def accuracy_figure(acc, path, title: str = "") -> Path:
 def busbw_figure(df, path) -> Path:
     rows = df[df.experiment == "collectives"]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for (kind, source, topo), part in rows.groupby(["schedule", "source", "topology"]):
+    comm = rows["comm"].fillna("") if "comm" in rows else ""  # comm=shm: a line per transport
+    for (kind, source, topo, via), part in rows.assign(via=comm).groupby(
+            ["schedule", "source", "topology", "via"]):
         part = part.sort_values("size")
         ax.plot(part["size"], part.busbw_gbps, marker="o", ms=3,
-                ls="-" if source == "measured" else "--", label=f"{kind} {source} ({topo})")
+                ls="-" if source == "measured" else "--",
+                label=f"{kind} {source}{' ' + via if via else ''} ({topo})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes, nccl-tests convention)")

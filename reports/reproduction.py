@@ -75,7 +75,9 @@ def busbw_table(df) -> str:
     rows = df[df.experiment == "collectives"]
     out = []
     for kind, part in rows.groupby("schedule", sort=False):
-        part = part.assign(column=part.source + " " + part.topology + " ("
+        via = (part["comm"].map(lambda c: f" {c}" if isinstance(c, str) else "")
+               if "comm" in part else "")  # comm=shm: a column per transport, never averaged
+        part = part.assign(column=part.source + via + " " + part.topology + " ("
                            + part.world_size.astype(str) + ")")
         pivot = part.pivot_table(index="size", columns="column", values="busbw_gbps",
                                  sort=False)
@@ -110,6 +112,8 @@ def repeatability(df) -> str:
     for kind in ("all_reduce", "reduce_scatter", "all_gather"):
         a = meas[(meas.experiment == "calibrate") & (meas.schedule == kind)]
         b = meas[(meas.experiment == "collectives") & (meas.schedule == kind)]
+        if "comm" in b:  # comm=shm: calibrate measured gloo's; shared memory is not the same call
+            b = b[b["comm"] != "shm"]
         both = a[["size", "time_ms"]].merge(b[["size", "time_ms"]], on="size")
         if both.empty:
             continue

@@ -3,7 +3,8 @@ reproduction report's overview.
 
 - `schedule_summary(df, experiment)`: one row per schedule: the measured speedup over `baseline`
   at the largest measured point, the local prediction at that point, and the prediction at the
-  largest point of every other topology (collectives: busbw in GB/s at the largest size instead).
+  largest point of every other topology (collectives: busbw in GB/s at the largest size instead;
+  a row per transport where several were measured side by side, comm=shm).
 - `experiment_summary(df, experiment)`: one row for the whole experiment: points measured and
   verified, the best measured speedup (schedule @ point), the local fidelity two ways (time error
   |predicted/measured time - 1| and speedup error |predicted/measured speedup - 1|, median and
@@ -40,9 +41,12 @@ def _cell(part, schedule: str, column: str, fmt: str) -> str:
 
 def schedule_summary(df, experiment: str) -> Table:
     rows = df[df.experiment == experiment]
+    busbw = experiment == "collectives"
+    if busbw and "comm" in rows and rows["comm"].dropna().nunique() > 1:  # comm=shm: a row each
+        rows = rows.assign(schedule=rows.schedule + rows["comm"].map(
+            lambda c: f" ({c})" if isinstance(c, str) else ""))
     meas = rows[rows.source == "measured"]
     pred = rows[rows.source == "predicted"]
-    busbw = experiment == "collectives"
     column, fmt = ("busbw_gbps", "{:.2f}") if busbw else ("speedup", "x{:.2f}")
     top = _largest(meas)
     local = pred[pred.topology == "local"]

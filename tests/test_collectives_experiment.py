@@ -54,3 +54,29 @@ def test_shm_and_gloo_interleaved_in_one_run(tmp_path):
             assert shm["speedup_lo"] <= shm["speedup"] <= shm["speedup_hi"]
             assert shm["time_ms_lo"] <= shm["time_ms"] <= shm["time_ms_hi"]
     assert "measured/shm" in collectives.table(rows) and "measured/gloo" in collectives.table(rows)
+
+
+def test_comm_shm_predicts_both_transports(tmp_path):
+    """With comm=shm the run measured gloo and shared memory side by side: each is predicted on
+    its own topology (the shm one the run's, gloo's the same calibration's), rows naming it."""
+    from pathlib import Path
+
+    from experiments import PredictSettings
+    data = Path(__file__).resolve().parents[1] / "cost_model" / "data"
+    shm, gloo = load_topology(path=data / "local_shm.yaml"), load_topology("local")
+    settings = PredictSettings(scale="smoke", backend="cpu", topology=shm, world_size=2,
+                               max_elements=1 << 12, measured=[], out_dir=tmp_path,
+                               gloo_topology=gloo)
+    rows = collectives.predict(settings)
+    by = {(r["schedule"], r["size"], r["comm"]): r for r in rows}
+    assert len(by) == len(rows) == 3 * 2 * 2
+    for kind in collectives.KINDS:
+        alone = {r["size"]: r["time_ms"] for r in collectives.predict_rows(
+            gloo, 2, "smoke", 1 << 14) if r["schedule"] == kind}
+        for b in (1 << 10, 1 << 14):
+            assert by[(kind, b, "gloo")]["time_ms"] == alone[b]
+            assert by[(kind, b, "shm")]["time_ms"] != by[(kind, b, "gloo")]["time_ms"]
+    without = collectives.predict(PredictSettings(
+        scale="smoke", backend="cpu", topology=gloo, world_size=2, max_elements=1 << 12,
+        measured=[], out_dir=tmp_path))
+    assert len(without) == 3 * 2 and all("comm" not in r for r in without)

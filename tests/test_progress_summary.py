@@ -114,3 +114,33 @@ def test_repeatability_compares_the_same_collective_measured_twice():
     text = repeatability(pd.DataFrame(rows))
     assert "| all_reduce | 2 | 25.0% | 50.0% |" in text
     assert repeatability(pd.DataFrame(rows[:2])) == ""
+    # comm=shm: collectives' shared-memory rows are not gloo's call measured again
+    shm = [{**r, "time_ms": 0.1, "comm": "shm"} for r in rows[2:]]
+    both = pd.DataFrame(rows[:2] + [{**r, "comm": "gloo"} for r in rows[2:]] + shm)
+    assert "| all_reduce | 2 | 25.0% | 50.0% |" in repeatability(both)
+
+
+def test_collectives_of_two_transports_get_a_summary_row_each():
+    """comm=shm measures gloo and shared memory side by side: one row per (collective, comm),
+    each with its own measured and predicted busbw."""
+    rows = []
+    for comm, meas, pred in (("gloo", 1.8, 1.7), ("shm", 5.7, 5.4)):
+        common = {"experiment": "collectives", "schedule": "all_reduce", "world_size": 2,
+                  "size": 1 << 27, "shape": "[33554432]", "topology": "local", "comm": comm}
+        rows += [{**common, "source": "measured", "busbw_gbps": meas},
+                 {**common, "source": "predicted", "busbw_gbps": pred}]
+    header, table = schedule_summary(pd.DataFrame(rows), "collectives")
+    assert [r[0] for r in table] == ["all_reduce (gloo)", "all_reduce (shm)"]
+    assert [r[1:] for r in table] == [["1.80", "1.70"], ["5.70", "5.40"]]
+
+
+def test_busbw_table_keeps_the_transports_apart():
+    """comm=shm: gloo's and shm's rows at one size are two columns (a pivot averaged them)."""
+    df = pd.DataFrame([{"experiment": "collectives", "schedule": "all_reduce", "source": s,
+                        "topology": "local", "world_size": 2, "size": 1 << 20, "comm": c,
+                        "busbw_gbps": b}
+                       for s, c, b in (("measured", "gloo", 1.5), ("measured", "shm", 6.0),
+                                       ("predicted", "gloo", 1.6), ("predicted", "shm", 5.0))])
+    text = busbw_table(df)
+    assert "measured gloo local (2)" in text and "measured shm local (2)" in text
+    assert "| 1 MiB | 1.5 | 6 | 1.6 | 5 |" in text

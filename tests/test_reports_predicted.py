@@ -76,3 +76,23 @@ def test_the_speedup_over_the_gloo_baseline_is_compared_too():
     assert "nan" not in accuracy_table(accuracy(empty, "x"))
     # nor a speedup column of xnan where there are no speedups (calibrate's benchmarks)
     assert "nan" not in accuracy_table(accuracy(table().assign(speedup=float("nan")), "x"))
+
+
+def test_rows_of_two_transports_pair_with_their_own_prediction(tmp_path):
+    """collectives with comm=shm: gloo and shm measured at the same size, each predicted on its
+    own transport's topology; each measured row is compared with its own (before: both with
+    whichever came first, a shm prediction for gloo's row)."""
+    rows = []
+    for comm, meas, pred in (("gloo", 10.0, 9.0), ("shm", 2.0, 2.2)):
+        common = {"experiment": "collectives", "schedule": "all_reduce", "world_size": 2,
+                  "size": 1 << 20, "shape": "[262144]", "dtype": "f32", "topology": "local",
+                  "comm": comm, "speedup": float("nan")}  # no speedup: as read back
+        rows.append({**common, "source": "measured", "time_ms": meas, "time_ms_min": meas,
+                     "time_ms_max": meas})
+        rows.append({**common, "source": "predicted", "time_ms": pred})
+    acc = accuracy(pd.DataFrame(rows), "collectives")
+    assert len(acc) == 2
+    assert dict(zip(acc["comm"], acc.error.round(3))) == {"gloo": -0.1, "shm": 0.1}
+    figure = tmp_path / "busbw.png"
+    from reports.predicted import busbw_figure
+    assert busbw_figure(pd.DataFrame(rows).assign(busbw_gbps=1.0), figure).exists()
