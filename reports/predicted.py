@@ -16,7 +16,8 @@
   spread), whether the prediction orders them the same way.
 - `accuracy_table(acc)` / `speedup_table(df, experiment, topology)`: Markdown.
 - `accuracy_figure(acc, path)`: predicted against measured time (log-log, y = x and +-25%).
-- `busbw_figure(df, path)`: the collectives experiment's bus bandwidth against size.
+- `busbw_figure(df, path)` / `busbw_table(df)`: the collectives experiment's bus bandwidth
+  against size (a line / a column per source, topology and transport).
 - `breakdown_table(df, experiment, topology)`: per predicted point and schedule the time split
   (compute, communication hidden and exposed) and the algorithm/protocol of each collective.
 - `paper_section(df, experiment)`: the paper's published results (source `paper`) beside the
@@ -136,12 +137,14 @@ def accuracy_table(acc) -> str:
              "| measured speedup [95%] | predicted speedup | speedup error |"
              + (" measured / predicted over gloo | error |" if gloo else ""),
              "|---|---:|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if gloo else "")]
+    several = "comm" in acc and acc["comm"].dropna().nunique() > 1  # comm=shm's collectives
     for _, r in acc.sort_values(["world_size", "size", "schedule"]).iterrows():
+        name = f"{r.schedule} ({r['comm']})" if several else r.schedule
         ci = (f" [{r.speedup_lo:.3f}, {r.speedup_hi:.3f}]" if "speedup_lo" in r
               and r.speedup_lo == r.speedup_lo else "")
         over = (f" x{r.speedup_gloo:.3f} / x{r.predicted_speedup_gloo:.3f} | "
                 f"{_pct(r.speedup_gloo_error)} |" if gloo else "")
-        lines.append(f"| {r.schedule} | {r.world_size} | {_size(r['size'])} | "
+        lines.append(f"| {name} | {r.world_size} | {_size(r['size'])} | "
                      f"{r.time_ms:.2f} [{r.time_ms_min:.2f}, {r.time_ms_max:.2f}] | "
                      f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% | {_x(r.speedup)}{ci} | "
                      f"{_x(r.predicted_speedup)} | {_pct(r.speedup_error)} |{over}")
@@ -206,6 +209,35 @@ def busbw_figure(df, path) -> Path:
     ax.grid(True, alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def busbw_table(df) -> str:
+    """Bus bandwidth (GB/s) per collective and size: measured and predicted side by side."""
+    rows = df[df.experiment == "collectives"]
+    out = []
+    for kind, part in rows.groupby("schedule", sort=False):
+        via = (part["comm"].map(lambda c: f" {c}" if isinstance(c, str) else "")
+               if "comm" in part else "")  # comm=shm: a column per transport, never averaged
+        part = part.assign(column=part.source + via + " " + part.topology + " ("
+                           + part.world_size.astype(str) + ")")
+        pivot = part.pivot_table(index="size", columns="column", values="busbw_gbps",
+                                 sort=False)
+        cols = list(pivot.columns)
+        out += [f"### {kind}: bus bandwidth (GB/s)", "",
+                "| bytes | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
+        for size, r in pivot.sort_index().iterrows():
+            cells = ["" if r[c] != r[c] else f"{r[c]:.3g}" for c in cols]
+            out.append(f"| {_bytes(size)} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def _bytes(n) -> str:
+    n = int(n)
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):g} {unit}"
+    return f"{n} B"
 
 
 def breakdown_table(df, experiment: str, topology: str) -> str:
@@ -280,13 +312,15 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
     rows = df[(df.experiment == experiment) & (df.source == "predicted")]
     if rows.empty:
         return ""
+    if experiment == "collectives":  # bus bandwidth, not speedups: measured beside predicted
+        fig = busbw_figure(df, out_dir / "figures" / "busbw.png")
+        text = ["## Bus bandwidth", "", "Measured on local ranks and predicted by the cost model "
+                "(`cost_model/`, SimPy) on each topology, as nccl-tests counts it:", "",
+                busbw_table(df), f"![busbw](figures/{fig.name})", ""]
+        return "\n".join(text + _accuracy_section(df, experiment, out_dir, rows)) + "\n"
     text = ["## Predicted", "",
             "The cost model (`cost_model/`, SimPy) on each topology: speedup over the predicted "
             "`baseline` at the same point.", ""]
-    if experiment == "collectives":
-        fig = busbw_figure(df, out_dir / "figures" / "busbw.png")
-        text += [f"![busbw](figures/{fig.name})", ""]
-        return "\n".join(text) + "\n"
     if "speedup" in rows and rows.speedup.notna().any():
         for topo in dict.fromkeys(rows.topology):
             text += [f"### {topo}", "", speedup_table(df, experiment, topo)]
@@ -301,11 +335,16 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
                      "picks for each collective):", "", breakdown_table(df, experiment, topo),
                      f"![{topo} breakdown](figures/{fig.name})", ""]
     text += [paper_section(df, experiment)]
+    return "\n".join(text + _accuracy_section(df, experiment, out_dir, rows)) + "\n"
+
+
+def _accuracy_section(df, experiment: str, out_dir: Path, rows) -> list[str]:
+    """## Predicted vs measured (local topology): the summary line, the table, the figure."""
     acc = accuracy(df, experiment)
-    if not acc.empty:
-        fig = accuracy_figure(acc, out_dir / "figures" / "predicted_vs_measured.png",
-                              f"{experiment}: local topology")
-        text += ["## Predicted vs measured", "", summary_line(summary(acc)), "",
-                 memory_note(rows), accuracy_table(acc),
-                 f"![predicted vs measured](figures/{fig.name})", ""]
-    return "\n".join(text) + "\n"
+    if acc.empty:
+        return []
+    fig = accuracy_figure(acc, out_dir / "figures" / "predicted_vs_measured.png",
+                          f"{experiment}: local topology")
+    return ["## Predicted vs measured", "", summary_line(summary(acc)), "",
+            memory_note(rows), accuracy_table(acc),
+            f"![predicted vs measured](figures/{fig.name})", ""]

@@ -70,35 +70,6 @@ def kernels_list(run_dir: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def busbw_table(df) -> str:
-    """Bus bandwidth (GB/s) per collective and size: measured and predicted side by side."""
-    rows = df[df.experiment == "collectives"]
-    out = []
-    for kind, part in rows.groupby("schedule", sort=False):
-        via = (part["comm"].map(lambda c: f" {c}" if isinstance(c, str) else "")
-               if "comm" in part else "")  # comm=shm: a column per transport, never averaged
-        part = part.assign(column=part.source + via + " " + part.topology + " ("
-                           + part.world_size.astype(str) + ")")
-        pivot = part.pivot_table(index="size", columns="column", values="busbw_gbps",
-                                 sort=False)
-        cols = list(pivot.columns)
-        out += [f"### {kind}: bus bandwidth (GB/s)", "",
-                "| bytes | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
-        for size, r in pivot.sort_index().iterrows():
-            cells = ["" if r[c] != r[c] else f"{r[c]:.3g}" for c in cols]
-            out.append(f"| {_bytes(size)} | " + " | ".join(cells) + " |")
-        out.append("")
-    return "\n".join(out) + "\n"
-
-
-def _bytes(n) -> str:
-    n = int(n)
-    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << k:
-            return f"{n / (1 << k):g} {unit}"
-    return f"{n} B"
-
-
 def repeatability(df) -> str:
     """The machine's own repeatability: the same collective, same runtime call, measured twice in
     this run the same way (by `calibrate` first, among its kernels, by `collectives` minutes
@@ -158,8 +129,7 @@ def experiment_section(df, out_dir: Path, name: str, checks: dict) -> str:
     rows = df[df.experiment == name] if not df.empty else df
     if rows.empty:
         return "\n".join(lines + ["_no results_", ""])
-    measured = busbw_table(df) if name == "collectives" else \
-        "" if name == "calibrate" else measured_section(df, name, run_dir)
+    measured = "" if name in ("collectives", "calibrate") else measured_section(df, name, run_dir)
     body = measured + "\n" + predicted_section(df, name, run_dir)
     lines += [nest(body, name), "", f"### Generated kernels ({name})", "", kernels_list(run_dir)]
     return "\n".join(lines) + "\n"

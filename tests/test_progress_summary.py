@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from reports.progress import Progress, clock_text
-from reports.reproduction import busbw_table, kernels_list, nest, summary_rows
+from reports.predicted import busbw_table
+from reports.reproduction import kernels_list, nest, summary_rows
 from reports.summary import experiment_summary, markdown_table, schedule_summary, text_table
 
 
