@@ -144,7 +144,8 @@ def accuracy_table(acc) -> str:
               and r.speedup_lo == r.speedup_lo else "")
         over = (f" x{r.speedup_gloo:.3f} / x{r.predicted_speedup_gloo:.3f} | "
                 f"{_pct(r.speedup_gloo_error)} |" if gloo else "")
-        lines.append(f"| {name} | {r.world_size} | {_size(r['size'])} | "
+        size = _bytes(r["size"]) if r.experiment == "collectives" else _size(r["size"])
+        lines.append(f"| {name} | {r.world_size} | {size} | "
                      f"{r.time_ms:.2f} [{r.time_ms_min:.2f}, {r.time_ms_max:.2f}] | "
                      f"{r.predicted_ms:.2f} | {100 * r.error:+.1f}% | {_x(r.speedup)}{ci} | "
                      f"{_x(r.predicted_speedup)} | {_pct(r.speedup_error)} |{over}")
