@@ -212,20 +212,22 @@ def measure(settings) -> list[dict]:
 def predict(settings) -> list[dict]:
     """backend=sim: the chosen topology, all its devices (local: world_size ranks), 1 KiB to 1 GiB;
     backend=cpu: the local topology at the measured world size and sizes, beside the measurements;
-    with comm=shm (a `gloo_topology` given: the same calibration's gloo one) both transports, as
-    they were measured side by side, each row naming its transport in `comm`."""
+    a shared-memory topology's rows name it in `comm` ("shm"); with comm=shm and a
+    `gloo_topology` (the same calibration's gloo one) gloo's rows too ("gloo"), as the two were
+    measured side by side."""
     topo = settings.topology
     if settings.backend == "sim":
         world = settings.world_size if topo.name == "local" else topo.devices
         return predict_rows(topo, world, settings.scale)
     local = topo if topo.name == "local" else load_topology("local")
     rows = predict_rows(local, settings.world_size, settings.scale, settings.max_elements * 4)
+    if local.peer_reads:  # a shared-memory topology: its rows are shm's (topology.path=FILE too)
+        rows = [dict(r, comm="shm") for r in rows]
     gloo = getattr(settings, "gloo_topology", None)
     if gloo is None:
         return rows
-    return [dict(r, comm="shm") for r in rows] + [
-        dict(r, comm="gloo") for r in predict_rows(gloo, settings.world_size, settings.scale,
-                                                   settings.max_elements * 4)]
+    return rows + [dict(r, comm="gloo") for r in predict_rows(
+        gloo, settings.world_size, settings.scale, settings.max_elements * 4)]
 
 
 EXPERIMENT = register(Experiment(

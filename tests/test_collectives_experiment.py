@@ -80,3 +80,8 @@ def test_comm_shm_predicts_both_transports(tmp_path):
         scale="smoke", backend="cpu", topology=gloo, world_size=2, max_elements=1 << 12,
         measured=[], out_dir=tmp_path))
     assert len(without) == 3 * 2 and all("comm" not in r for r in without)
+    # topology.path=FILE with comm=shm predicts no gloo rows: shm's still say they are shm's
+    alone = collectives.predict(PredictSettings(
+        scale="smoke", backend="cpu", topology=shm, world_size=2, max_elements=1 << 12,
+        measured=[], out_dir=tmp_path))
+    assert len(alone) == 3 * 2 and all(r["comm"] == "shm" for r in alone)
