@@ -46,6 +46,7 @@ from .group import (DTYPES, KIND_P2P, OPS, Group, check, chunk_size, make_tag,  
                     op_of, pg_timeout_s, wait_work)
 from .rings import RingAllGather, RingReduceScatter, all_gather, reduce_scatter  # noqa: F401
 
+
 # ----------------------------------------------------------------------------- point to point
 
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from .group import (KIND_AG, KIND_RS, Group, check, chunk_size, make_tag, op_of, overlaps,
                     wait_work)
 
+
 class RingReduceScatter:
     """Chunked ring reduce-scatter. `start()`, then `wait_chunk(c)` for c in order (or any order),
     then `wait()`. `wait_chunk(c)` returns (begin, end): out[begin:end] is chunk c of this member's
