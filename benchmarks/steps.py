@@ -30,12 +30,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from codegen.build import build
 from codegen.lower import lower
-from codegen.plan import Collective, Compute, FusedCollective, walk
-from codegen.runtime.backend import CpuBackend, CpuKernel
+from codegen.plan import Collective, FusedCollective
+from codegen.runtime.backend import CpuBackend
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
+from experiments.harness import FUSED_CHUNKS
 
 from .comm import parse_size
 
@@ -43,12 +43,11 @@ CALLS = 3  # calls per sample: the first after another schedule, the others afte
 
 
 def runner(program, bindings: dict, rank: int, world: int) -> PlanRunner:
-    """The schedule's plan on this rank, its kernels built, its float inputs uniform in [0.1, 1)."""
-    plan = lower(program, bindings, world)
-    kernels = [s.kernel for s in walk(plan.steps) if isinstance(s, Compute)]
-    built = build(kernels)
-    r = PlanRunner(plan, rank, {k.name: CpuKernel(built[k.name]) for k in kernels},
-                   CpuBackend().groups(plan.stages))
+    """The schedule's plan on this rank, lowered as the experiments lower it (`FUSED_CHUNKS`),
+    its kernels built, its float inputs uniform in [0.1, 1)."""
+    plan = lower(program, bindings, world, fused_chunks=FUSED_CHUNKS)
+    backend = CpuBackend()
+    r = PlanRunner(plan, rank, backend.build(plan.kernels()), backend.groups(plan.stages))
     gen = torch.Generator().manual_seed(rank)
     for _, bid in plan.inputs:
         buf = r.bufs.get(bid)

@@ -171,10 +171,11 @@ def library_steps(rank, world, spec, backend) -> list[Bench]:
     gradient: the baseline's own `local_step` (the gradient averaged, then the optimizer's
     update, what its `compute_ms` times in a run), built on this rank's inputs at N = n with no
     ranks around it; each call on the same buffers, as a run's baseline steps (beyond the caches
-    from 2^22 elements: 64 MiB of w, m, v, g), its gradient scaled back untimed (`alone_step`). A sample is the median of LIBRARY_CALLS calls
-    at least, each timed: a run's memory scale divides by this time, and in a quick calibration
-    (6 rounds) one call a round left the time of the same step at 2^23 elements 0.83-1.15x of
-    twice its time at 2^22 (five calibrations in a row)."""
+    from 2^22 elements: 64 MiB of w, m, v, g), its gradient scaled back untimed (`alone_step`).
+    A sample is the median of LIBRARY_CALLS calls at least, each timed: a run's memory scale
+    divides by this time, and in a quick calibration (6 rounds) one call a round left the time
+    of the same step at 2^23 elements 0.83-1.15x of twice its time at 2^22 (five calibrations
+    in a row)."""
     from dsl.equivalence import distribute, global_inputs
 
     from .api import BaselineContext, with_defaults

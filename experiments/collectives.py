@@ -223,11 +223,10 @@ def predict(settings) -> list[dict]:
     rows = predict_rows(local, settings.world_size, settings.scale, settings.max_elements * 4)
     if local.peer_reads:  # a shared-memory topology: its rows are shm's (topology.path=FILE too)
         rows = [dict(r, comm="shm") for r in rows]
-    gloo = getattr(settings, "gloo_topology", None)
-    if gloo is None:
+    if settings.gloo_topology is None:
         return rows
     return rows + [dict(r, comm="gloo") for r in predict_rows(
-        gloo, settings.world_size, settings.scale, settings.max_elements * 4)]
+        settings.gloo_topology, settings.world_size, settings.scale, settings.max_elements * 4)]
 
 
 EXPERIMENT = register(Experiment(

@@ -137,12 +137,12 @@ def check_sizes(cfg: Config, exp: Experiment, reference: dsl.Program,
                 except (dsl.DSLError, ValueError, KeyError, ZeroDivisionError) as e:
                     raise SuiteError(f"size {b} on {ws} ranks does not fit schedule {name}: "
                                      f"{one_line(e)}") from None
-        need = point_bytes(exp, reference, b, len(schedules), cfg.world_size,
-                           cfg.backend.comm == "shm")
+        shm = cfg.backend.comm == "shm"
+        need = point_bytes(exp, reference, b, len(schedules), cfg.world_size, shm)
         if cfg.backend.name == "cpu" and need > MEMORY_BYTES:
             raise SuiteError(f"size {b} needs about {need / 2**30:.0f} GiB on {cfg.world_size} "
                              f"ranks for its {len(schedules)} schedules and "
-                             f"{_baselines(exp, cfg.backend.comm == 'shm')} baseline copies; "
+                             f"{_baselines(exp, shm)} baseline copies; "
                              f"this machine has {MEMORY_BYTES / 2**30:.0f} GiB")
 
 

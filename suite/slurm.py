@@ -46,7 +46,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf
 from submitit.core.utils import pickle_load
 
-from codegen.runtime.launch import looks_like_echo
+from codegen.runtime.failures import looks_like_echo
 
 from .errors import SuiteError, fail
 from .slurm_job import JobOutcome, first_line, run_task

@@ -22,9 +22,9 @@ main did, and the ranks leave the process group together.
 Failures: a rank whose fn raises stores its one-line error, leaves the process group (so that its
 peers' collectives end at once, not at their timeout) and raises
 `RankError('rank R failed: Type: message')`; a peer whose own fn then fails on the closed
-connection (an echo, `launch.looks_like_echo`) raises that stored root cause instead (waiting up to
-ECHO_GRACE_S for it). The group is then closed: rank 0's later run_ranks raise at once, the others
-return from serve. A rank that dies without a word leaves its peers their connection error. A
+connection (an echo, `failures.looks_like_echo`) raises that stored root cause instead (waiting
+up to ECHO_GRACE_S for it). The group is then closed: rank 0's later run_ranks raise at once, the
+others return from serve. A rank that dies without a word leaves its peers their connection error. A
 world_size that is not the job's is refused: the job's ranks are the measurement's ranks.
 """
 from __future__ import annotations
@@ -37,7 +37,8 @@ from typing import Callable, Optional
 
 import torch.distributed as dist
 
-from .launch import RankError, default_threads, dispatching, looks_like_echo, set_threads
+from .failures import RankError, looks_like_echo
+from .launch import default_threads, dispatching, set_threads
 
 ECHO_GRACE_S = 2.0  # after an echo, how long to wait for the root cause to be stored
 COMMAND_WAIT_S = 30 * 24 * 3600.0  # the others wait this long for rank 0's next command (the

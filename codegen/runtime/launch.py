@@ -73,8 +73,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
 
 from . import shm
-from .failures import (RankError, failure, looks_like_echo, raise_failure,  # noqa: F401
-                       raise_timeout)
+from .failures import RankError, failure, raise_failure, raise_timeout  # noqa: F401 (RankError)
 
 _HOST = "127.0.0.1"
 MALLOC_SETTINGS = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
