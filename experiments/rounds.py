@@ -11,7 +11,12 @@ On every rank of the default process group, collectively:
 - warm-up: each function `budget.warmup` times (at least once), in the given order; each one's
   last warm-up (the slowest rank's time) sets its `calls[name]` (`calls_for`), how many calls
   make one of its samples (a call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at
-  most MAX_CALLS), so a function is called max(1, warmup) + rounds x calls[name] times in all;
+  most MAX_CALLS), so a function is called max(1, warmup) + rounds x (1 + calls[name]) times;
+- before each sample, one untimed call of the same function (after its own barrier), so that no
+  sample takes the first call after another function: that call ran slower (RS-C-AG at 2^20
+  elements: 8.6 against 7.7 ms, `python -m benchmarks.steps`), and a step of 5 ms and more,
+  sampled as one call, always took it where a shorter step's median of several calls did not;
+  calibration's benchmarks are sampled the same way (`experiments.calibrate.interleaved`);
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
   alone by the backend's clock; the sample is the median of those calls' times in ms (the
   experiments' schedules, `experiments.calibrate`'s microbenchmarks and
@@ -154,6 +159,7 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
     stopped = "rounds"
     for r in range(budget.max_rounds):
         for i in np.random.default_rng([*_ints(key), r]).permutation(len(names)):
+            sample_ms(fns[names[i]], 1, clock)  # untimed: a sample never takes the first call
             round_[i] = sample_ms(fns[names[i]], calls[names[i]], clock)
         round_[-1] = float(time.monotonic() - started > budget.budget_s)
         dist.all_reduce(round_, op=dist.ReduceOp.MAX)

@@ -135,3 +135,27 @@ def test_a_rows_compute_is_the_median_calls_not_the_mean():
     assert samples["compute_ms"] == [1.0, 1.0, 50.0, 1.0, 2.0]
     assert statistics.median(samples["compute_ms"]) == 1.0
     assert statistics.median(samples["library_ms"]) == 0.5
+
+
+def _first_call_slow(rank, world):
+    """Two functions whose first call after the other one is slow (30 ms, else 6 ms)."""
+    last, calls = [None], {"baseline": 0, "other": 0}
+
+    def make(name):
+        def fn():
+            time.sleep(0.030 if last[0] != name else 0.006)
+            last[0] = name
+            calls[name] += 1
+        return fn
+    r = interleave({n: make(n) for n in calls}, Budget(warmup=0, min_rounds=3, max_rounds=3,
+                                                       budget_s=60), key=(1,), clock=WallClock())
+    return r.times_ms, r.calls, calls
+
+
+def test_a_sample_never_takes_the_first_call_after_another_function():
+    """Each sample follows an untimed call of its own function: a step's first call after another
+    schedule ran slower, and a one-call sample (a step of 5 ms and more) always took it."""
+    (times, per_sample, calls), _ = launch(_first_call_slow, 2, timeout_s=120)
+    assert per_sample == {"baseline": 1, "other": 1}  # 30 ms at the warm-up: one call a sample
+    assert calls == {"baseline": 1 + 3 * 2, "other": 1 + 3 * 2}  # warm-up, (untimed + timed) x 3
+    assert all(5.0 < t < 20.0 for ts in times.values() for t in ts)  # never the 30 ms call
