@@ -6,8 +6,9 @@
 `topology.path`, a measuring backend, an experiment that does not fit its own topology) uses the
 calibration cached in `.cache/calibration/<key>/` (topology.yaml, calibration.json,
 fingerprint.json), where `key` hashes the machine's `fingerprint()`: CPU model, cores, memory,
-torch and C++ compiler versions, and the calibration code's version (a hash of the
-files in `CODE`: calibrate's measurement, its rounds, its benchmarks and the fit). When none
+torch and C++ compiler versions, the calibration code's version (a hash of the
+files in `CODE`: calibrate's measurement, its rounds, its benchmarks and the fit) and the run's
+`keep_awake`. When none
 matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibrate's
 "quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
@@ -62,13 +63,16 @@ class Calibration:
     gloo_path: Optional[Path] = None  # comm=shm: the same calibration's gloo topology.yaml
 
 
-def fingerprint() -> dict:
-    """What makes one machine's calibration another's: hardware, software, calibration code."""
+def fingerprint(keep_awake: bool = True) -> dict:
+    """What makes one machine's calibration another's: hardware, software, calibration code, and
+    whether the CPUs were kept awake (`codegen.runtime.awake`: it changes every communication's
+    time)."""
     code = hashlib.sha256()
     for rel in CODE:
         code.update((PROJECT_ROOT / rel).read_bytes())
     return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
-            "torch": torch.__version__, "compiler": _compiler(), "code": code.hexdigest()[:16]}
+            "torch": torch.__version__, "compiler": _compiler(), "code": code.hexdigest()[:16],
+            "keep_awake": bool(keep_awake)}
 
 
 def key_of(fp: dict) -> str:
@@ -81,7 +85,7 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     if (cfg.calibration == "off" or cfg.topology.path or cfg.topology.name != "local"
             or cfg.backend.name != "cpu" or exp.fits_topology):
         return None
-    fp = fingerprint()
+    fp = fingerprint(cfg.keep_awake)
     key = key_of(fp)
     where = cache / key
     shm = cfg.backend.comm == "shm"

@@ -144,6 +144,10 @@ class Config:
     # The local topology (suite.calibration): auto, the calibration cached for this machine
     # (calibrating first when none matches); refresh, calibrate again; off, the shipped figures.
     calibration: str = "auto"
+    # Idle-priority spinners keep the CPUs from halting while the run calibrates and measures
+    # (codegen.runtime.awake: on a VM a halted vCPU wakes a blocked gloo thread milliseconds
+    # late); the calibration cache is keyed by it.
+    keep_awake: bool = True
     # Continue the run directory: skip the points its results.csv already holds with the same
     # settings (suite.resume); the earlier file is kept, numbered, as on every re-run.
     resume: bool = False

@@ -25,6 +25,9 @@
                 figures/predicted_vs_measured.png, tables/*.csv|tex (reports/); then a short
                 summary table (reports.summary) and the report's path are printed
 
+The whole run (calibrating and measuring) runs with the CPUs kept awake by idle-priority spinners
+(`keep_awake=true`, codegen.runtime.awake; not with backend=sim, which measures nothing).
+
 Experiments without a DSL program (`Experiment.program` None) skip show and verify and give their
 own measure and predict. Exit status: 0 when every check verified, 1 when a schedule failed
 verification (the report is still written), 2 for bad input before any work (`fail`: one line on
@@ -44,6 +47,7 @@ import pandas as pd
 import dsl
 from codegen.build import BuildError
 from codegen.runtime import backend as backends
+from codegen.runtime.awake import keep_awake
 from codegen.runtime.launch import RankError
 from experiments import Experiment, MeasureSettings, PredictSettings, harness
 from experiments.predict import predictions
@@ -76,9 +80,10 @@ class Outcome:
 
 def run(cfg: Config, out_dir: Union[str, Path]) -> int:
     """Run the experiment `cfg` names, write its report into `out_dir`; return the exit status."""
-    if cfg.experiment.runs:
-        return run_paper(cfg, Path(out_dir), run_one)
-    return run_one(cfg, out_dir).status
+    with keep_awake(cfg.keep_awake and cfg.backend.name != "sim"):
+        if cfg.experiment.runs:
+            return run_paper(cfg, Path(out_dir), run_one)
+        return run_one(cfg, out_dir).status
 
 
 def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
@@ -153,7 +158,7 @@ def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) 
     settings = {"experiment": exp.name, "scale": dataclasses.asdict(cfg.scale),
                 "seed": cfg.seed, "backend": cfg.backend.name, "comm": cfg.backend.comm,
                 "world_size": cfg.world_size, "schedules": sorted(schedules),
-                "sizes": cfg.experiment.sizes}
+                "sizes": cfg.experiment.sizes, "keep_awake": cfg.keep_awake}
     kept = resume_rows(out_dir, settings) if cfg.resume else []
     keep_earlier_results(out_dir)
     write_settings(out_dir, settings)

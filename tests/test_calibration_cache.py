@@ -16,14 +16,16 @@ ADAM = experiments.get("adam_fusion")
 
 def _cfg(mode="auto", path=None, topology="local", backend="cpu"):
     return N(calibration=mode, topology=N(path=path, name=topology), backend=N(name=backend,
-                                                                             comm="ring"))
+                                                                             comm="ring"),
+             keep_awake=True)
 
 
 def test_fingerprint_names_the_machine_and_the_code():
     fp = fingerprint()
-    assert set(fp) == {"cpu", "cores", "memory_gib", "torch", "compiler", "code"}
+    assert set(fp) == {"cpu", "cores", "memory_gib", "torch", "compiler", "code", "keep_awake"}
     assert fp["cores"] >= 1 and fp["torch"] and len(fp["code"]) == 16
     assert key_of(fp) == key_of(dict(fp)) != key_of({**fp, "torch": "0.0"})
+    assert key_of(fingerprint(keep_awake=False)) != key_of(fp)  # calibrated with the spinners
 
 
 def test_auto_reuses_a_cached_calibration(tmp_path, monkeypatch):

@@ -78,7 +78,7 @@ def test_the_fused_step_streams_at_the_concurrent_rate_not_the_lone_sweeps():
 
 def _cfg(comm):
     return N(calibration="auto", topology=N(path=None, name="local"),
-             backend=N(name="cpu", comm=comm))
+             backend=N(name="cpu", comm=comm), keep_awake=True)
 
 
 def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp_path,
