@@ -10,8 +10,8 @@ a virtual machine whose idle vCPU halts at once (this project's VMs: cpuidle hal
 again: milliseconds, at the host's whim. Measured here (2 gloo ranks, an all-reduce after a
 barrier, 280 calls, three alternations): 1 KiB took 0.74-1.21 ms in the median with 32-57% of
 calls over 1 ms, against 0.59-0.71 ms and 11-24% with the spinners; 1 MiB took 2.4-3.9 ms
-against 1.3-1.7 ms. Such stalls are what made the same run's small collectives differ by 2x
-between calibration and measurement.
+against 1.3-1.7 ms. Without them, one paper run timed the all-reduce of 1-64 KiB at 0.8-0.9 ms
+in calibration and at up to 2.5 ms in `experiment=collectives` minutes later.
 
 Contract: `keep_awake(enabled)` starts, for each CPU this process may run on, a child process
 pinned to that CPU at SCHED_IDLE (it gets a CPU only when no other thread wants it, so it takes
