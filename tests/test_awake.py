@@ -68,27 +68,3 @@ def test_a_launcher_killed_outright_leaves_no_spinner():
     parent.wait(timeout=10)
     assert all(_gone(pid) for pid in pids)  # PR_SET_PDEATHSIG: SIGKILL with the parent
 
-
-def test_the_calibration_is_keyed_by_it(tmp_path, monkeypatch):
-    """A calibration measured with the spinners is not the one a run without them uses."""
-    from suite import calibration
-    seen = []
-    monkeypatch.setattr(calibration, "_calibrate", lambda where, fp, *a: seen.append(
-        (where.name, fp["keep_awake"])) or _fake(where, fp))
-
-    class Cfg:
-        calibration, keep_awake = "auto", True
-        topology = type("T", (), {"path": None, "name": "local"})
-        backend = type("B", (), {"name": "cpu", "comm": "ring"})
-    exp = type("E", (), {"fits_topology": False})
-    a = calibration.local_calibration(Cfg, exp, 2, cache=tmp_path)
-    Cfg.keep_awake = False
-    b = calibration.local_calibration(Cfg, exp, 2, cache=tmp_path)
-    assert a.key != b.key and [k for _, k in seen] == [True, False]
-
-
-def _fake(where, fp):
-    import json
-    where.mkdir(parents=True)
-    (where / "topology.yaml").write_text("name: local\n")
-    (where / "fingerprint.json").write_text(json.dumps({**fp, "created": "now"}))

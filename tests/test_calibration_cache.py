@@ -14,10 +14,10 @@ from suite.calibration import describe, fingerprint, key_of, local_calibration
 ADAM = experiments.get("adam_fusion")
 
 
-def _cfg(mode="auto", path=None, topology="local", backend="cpu"):
+def _cfg(mode="auto", path=None, topology="local", backend="cpu", keep_awake=True):
     return N(calibration=mode, topology=N(path=path, name=topology), backend=N(name=backend,
                                                                              comm="ring"),
-             keep_awake=True)
+             keep_awake=keep_awake)
 
 
 def test_fingerprint_names_the_machine_and_the_code():
@@ -62,3 +62,18 @@ def test_refresh_calibrates_for_real_and_replaces_the_cache(tmp_path, capfd):
     assert [p.name for p in tmp_path.iterdir()] == [where.name]  # no temporary folder left
     again = local_calibration(_cfg(), ADAM, 2, cache=tmp_path)
     assert not again.fresh and again.created == found.created
+
+
+def test_a_run_without_the_spinners_does_not_use_their_calibration(tmp_path, monkeypatch):
+    """keep_awake (codegen.runtime.awake) keys the cache: each setting calibrates its own."""
+    seen = []
+
+    def fake(where, fp, *a):
+        seen.append(fp["keep_awake"])
+        where.mkdir(parents=True)
+        (where / "topology.yaml").write_text("name: local\n")
+        (where / "fingerprint.json").write_text(json.dumps({**fp, "created": "now"}))
+    monkeypatch.setattr(calibration, "_calibrate", fake)
+    a = local_calibration(_cfg(keep_awake=True), ADAM, 2, cache=tmp_path)
+    b = local_calibration(_cfg(keep_awake=False), ADAM, 2, cache=tmp_path)
+    assert a.key != b.key and seen == [True, False]
