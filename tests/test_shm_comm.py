@@ -1,11 +1,16 @@
 """comm=shm: collectives and point to point over POSIX shared memory between local ranks, checked
 against exact expectations; waits that time out with a clear error; no segment left behind by a
-run, a rank that fails, or a rank killed by SIGKILL (the launcher removes them by the run's prefix).
+run, a rank that fails, or a rank killed by SIGKILL (the launcher removes them by the run's prefix),
+and what a launcher killed outright left is swept by the next launch (`shm.sweep`).
 """
 import dataclasses
 import glob
 import os
 import signal
+import socket
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -155,6 +160,62 @@ def _killed(rank, world, where):
 def test_a_killed_rank_ends_the_run_and_leaves_no_segment(no_leaks, where):
     with pytest.raises(RankError, match="rank 1 failed: killed by signal SIGKILL"):
         launch(_killed, 2, args=(where,), timeout_s=60)
+
+
+def test_sweep_removes_the_segments_of_ports_no_socket_uses_and_keeps_the_others():
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        with socket.socket() as probe:  # a port nothing uses once this socket closes
+            probe.bind(("127.0.0.1", 0))
+            dead = probe.getsockname()[1]
+        kept = shm.Segment(shm.prefix(live.getsockname()[1]) + "board", 64, create=True)
+        left = shm.Segment(shm.prefix(dead) + "board", 64, create=True)
+        try:
+            gone = shm.sweep()
+            assert os.path.basename(left.path) in gone and not os.path.exists(left.path)
+            assert os.path.exists(kept.path)
+        finally:
+            kept.unlink()
+            left.unlink()
+
+
+def test_a_launcher_killed_outright_leaves_segments_the_next_launch_sweeps(no_leaks):
+    code = textwrap.dedent("""
+        from codegen.runtime.launch import launch
+        from tests.test_shm_comm import _stuck
+        launch(_stuck, 2, timeout_s=90)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=root, env={**os.environ, "PYTHONPATH": root})
+    paths = [parent.stdout.readline().strip() for _ in range(2)]
+    assert all(p.startswith(shm.ROOT) and os.path.exists(p) for p in paths)
+    parent.kill()  # no cleanup runs; its ranks end within a second (they watch their parent)
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _in_use(paths) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(os.path.exists(p) for p in paths)  # left behind ...
+    launch(_nothing, 2, timeout_s=60)
+    assert not any(os.path.exists(p) for p in paths)  # ... and swept by the next launch
+
+
+def _stuck(rank, world):
+    """A segment mid-setup when the launcher dies: made, its path printed, never unlinked."""
+    seg = shm.Segment(shm.prefix(os.environ["MASTER_PORT"]) + f"r{rank}", 64, create=True)
+    print(seg.path, flush=True)
+    time.sleep(60)
+
+
+def _in_use(paths):
+    """The segments among `paths` whose port a socket still uses (the dying ranks' own)."""
+    used = shm.ports_in_use()
+    return [p for p in paths if int(os.path.basename(p).split("-")[2]) in used]
+
+
+def _nothing(rank, world):
+    return rank
 
 
 # -- the fused kernel that reads its peers' chunks (codegen.shm_fuse) ---------------------------

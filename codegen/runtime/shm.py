@@ -4,6 +4,8 @@ A `Segment` is a file in /dev/shm mapped into this process (`tensor(dtype)`: a t
 Names start with `prefix(port)` = "coconet-shm-<MASTER_PORT>-": the rendezvous port is unique among
 the runs on a host while they run, so the launcher (`codegen.runtime.launch`) removes whatever a run
 left behind by that prefix on every exit path (`remove(prefix)`), a rank killed by SIGKILL included.
+A launcher killed outright runs no exit path; the next launch sweeps what such runs left
+(`sweep()`: every segment whose rendezvous port no socket of this host uses any more).
 Ranks also unlink each segment as soon as every peer has mapped it (the memory lives on while
 mapped and goes when the last process holding it exits), so a name exists only while it is set up.
 
@@ -34,9 +36,12 @@ class ShmTimeout(RuntimeError):
     """A wait on shared-memory flags ran out of time (a peer died, hung or diverged)."""
 
 
+NAMES = "coconet-shm-"  # every segment's name starts so
+
+
 def prefix(port) -> str:
     """The name prefix of every segment of the run whose rendezvous is on `port`."""
-    return f"coconet-shm-{port}-"
+    return f"{NAMES}{port}-"
 
 
 def remove(name_prefix: str) -> list[str]:
@@ -48,6 +53,42 @@ def remove(name_prefix: str) -> list[str]:
             gone.append(os.path.basename(path))
         except FileNotFoundError:
             pass
+    return gone
+
+
+def ports_in_use() -> set[int]:
+    """Every TCP port a socket a process holds on this host has at either end (IPv4 and IPv6,
+    /proc/net/tcp*; a socket no process holds any more, e.g. in TIME_WAIT, has inode 0): a run's
+    store listens on its port, and its ranks hold connections to it, on this host or from it to
+    the store's host."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[9] == "0":
+                continue
+            for address in fields[1:3]:  # local, remote: hex ip:port
+                ports.add(int(address.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def sweep() -> list[str]:
+    """Unlink the segments of runs that are over: no socket of this host has the port in the
+    segment's name at either end (a live run's store listens on it, or its ranks are connected
+    to it), so the segment was left by a launcher killed before its cleanup. The names removed;
+    none where the sockets cannot be read."""
+    if not os.path.exists("/proc/net/tcp"):
+        return []
+    used, gone = ports_in_use(), []
+    for path in glob.glob(os.path.join(ROOT, NAMES + "*")):
+        port = os.path.basename(path)[len(NAMES):].split("-", 1)[0]
+        if port.isdigit() and int(port) not in used:
+            gone += remove(prefix(port))
     return gone
 
 
