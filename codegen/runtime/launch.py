@@ -22,8 +22,9 @@ Contract
     - A parent killed outright (Ctrl-C twice, SIGTERM, SIGKILL) leaves no ranks behind: each
       rank watches its parent and exits within a second of it.
     - Shared-memory segments of the run (`codegen.runtime.shm`, named by the store's port) are
-      removed when it ends, however it ends; a launch first removes those of runs whose store is
-      gone (`shm.sweep`: a launcher killed outright left them).
+      removed when it ends, however it ends; a launch first removes those whose port no socket
+      held by a process on this host uses any more (`shm.sweep`: a launcher killed outright
+      left them).
     - The ranks' stack files live in a temporary folder named after the launching process
       (`coconet-ranks-<pid>-*`), removed when the run ends; a launch first removes the folders of
       launching processes that are gone (killed outright, their cleanup never ran).
@@ -128,7 +129,7 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
     ctx = mp.get_context("spawn")
     procs, conns = [], []
     stacks_dir = _stacks_dir()
-    shm.sweep()  # what launchers killed outright left (their stores no longer listen)
+    shm.sweep()  # what launchers killed outright left (no socket uses their ports any more)
     try:
         malloc = {k: v for k, v in MALLOC_SETTINGS.items() if k not in os.environ}
         with _env(OMP_NUM_THREADS=str(threads), **malloc):

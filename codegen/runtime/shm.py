@@ -5,7 +5,8 @@ Names start with `prefix(port)` = "coconet-shm-<MASTER_PORT>-": the rendezvous p
 the runs on a host while they run, so the launcher (`codegen.runtime.launch`) removes whatever a run
 left behind by that prefix on every exit path (`remove(prefix)`), a rank killed by SIGKILL included.
 A launcher killed outright runs no exit path; the next launch sweeps what such runs left
-(`sweep()`: every segment whose rendezvous port no socket of this host uses any more).
+(`sweep()`: every segment whose rendezvous port no socket held by a process of this host uses
+any more).
 Ranks also unlink each segment as soon as every peer has mapped it (the memory lives on while
 mapped and goes when the last process holding it exits), so a name exists only while it is set up.
 
