@@ -189,10 +189,12 @@ def test_a_launcher_killed_outright_leaves_segments_the_next_launch_sweeps(no_le
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                               cwd=root, env={**os.environ, "PYTHONPATH": root})
-    paths = [parent.stdout.readline().strip() for _ in range(2)]
-    assert all(p.startswith(shm.ROOT) and os.path.exists(p) for p in paths)
-    parent.kill()  # no cleanup runs; its ranks end within a second (they watch their parent)
-    parent.wait(timeout=10)
+    try:
+        paths = [parent.stdout.readline().strip() for _ in range(2)]
+        assert all(p.startswith(shm.ROOT) and os.path.exists(p) for p in paths)
+    finally:
+        parent.kill()  # no cleanup runs; its ranks end within a second (they watch their parent)
+        parent.wait(timeout=10)
     deadline = time.monotonic() + 10
     while _in_use(paths) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -204,14 +206,14 @@ def test_a_launcher_killed_outright_leaves_segments_the_next_launch_sweeps(no_le
 def _stuck(rank, world):
     """A segment mid-setup when the launcher dies: made, its path printed, never unlinked."""
     seg = shm.Segment(shm.prefix(os.environ["MASTER_PORT"]) + f"r{rank}", 64, create=True)
-    print(seg.path, flush=True)
+    os.write(1, (seg.path + "\n").encode())  # one write: the two ranks' lines never interleave
     time.sleep(60)
 
 
 def _in_use(paths):
     """The segments among `paths` whose port a socket still uses (the dying ranks' own)."""
     used = shm.ports_in_use()
-    return [p for p in paths if int(os.path.basename(p).split("-")[2]) in used]
+    return [p for p in paths if shm.port_of(p) in used]
 
 
 def _nothing(rank, world):

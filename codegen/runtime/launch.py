@@ -22,9 +22,9 @@ Contract
     - A parent killed outright (Ctrl-C twice, SIGTERM, SIGKILL) leaves no ranks behind: each
       rank watches its parent and exits within a second of it.
     - Shared-memory segments of the run (`codegen.runtime.shm`, named by the store's port) are
-      removed when it ends, however it ends; a launch first removes those whose port no socket
-      held by a process on this host uses any more (`shm.sweep`: a launcher killed outright
-      left them).
+      removed when it ends, however it ends; a launch first removes those named by its own
+      store's port and those whose port no socket on this host listens on or is connected to any
+      more (`shm.sweep`: a launcher killed outright left them).
     - The ranks' stack files live in a temporary folder named after the launching process
       (`coconet-ranks-<pid>-*`), removed when the run ends; a launch first removes the folders of
       launching processes that are gone (killed outright, their cleanup never ran).
@@ -129,7 +129,8 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
     ctx = mp.get_context("spawn")
     procs, conns = [], []
     stacks_dir = _stacks_dir()
-    shm.sweep()  # what launchers killed outright left (no socket uses their ports any more)
+    shm.remove(shm.prefix(store.port))  # a dead run's, on the port this store was given
+    shm.sweep()  # what launchers killed outright left (nothing listens on or connects to their port)
     try:
         malloc = {k: v for k, v in MALLOC_SETTINGS.items() if k not in os.environ}
         with _env(OMP_NUM_THREADS=str(threads), **malloc):

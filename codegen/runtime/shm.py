@@ -5,8 +5,8 @@ Names start with `prefix(port)` = "coconet-shm-<MASTER_PORT>-": the rendezvous p
 the runs on a host while they run, so the launcher (`codegen.runtime.launch`) removes whatever a run
 left behind by that prefix on every exit path (`remove(prefix)`), a rank killed by SIGKILL included.
 A launcher killed outright runs no exit path; the next launch sweeps what such runs left
-(`sweep()`: every segment whose rendezvous port no socket held by a process of this host uses
-any more).
+(`sweep()`: every segment whose rendezvous port no socket of this host listens on or is connected
+to any more), and a launch first removes any segment named by its own store's port (a dead run's).
 Ranks also unlink each segment as soon as every peer has mapped it (the memory lives on while
 mapped and goes when the last process holding it exits), so a name exists only while it is set up.
 
@@ -58,10 +58,11 @@ def remove(name_prefix: str) -> list[str]:
 
 
 def ports_in_use() -> set[int]:
-    """Every TCP port a socket a process holds on this host has at either end (IPv4 and IPv6,
-    /proc/net/tcp*; a socket no process holds any more, e.g. in TIME_WAIT, has inode 0): a run's
-    store listens on its port, and its ranks hold connections to it, on this host or from it to
-    the store's host."""
+    """The TCP ports runs may hold on this host (IPv4 and IPv6, /proc/net/tcp*): every port a
+    socket listens on (a run's store), and every port a socket is connected to (its ranks'
+    connections to the store, here or on the store's host). A connection's own local port is
+    not one (an ephemeral port a client was given, which a dead run's port can become), nor is
+    any port of a socket no process holds any more (inode 0, e.g. in TIME_WAIT)."""
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -70,27 +71,34 @@ def ports_in_use() -> set[int]:
         except OSError:
             continue
         for line in lines:
-            fields = line.split()
+            fields = line.split()  # sl, local ip:port, remote ip:port, state, ..., inode
             if len(fields) < 10 or fields[9] == "0":
                 continue
-            for address in fields[1:3]:  # local, remote: hex ip:port
-                ports.add(int(address.rsplit(":", 1)[1], 16))
+            local, remote = (int(a.rsplit(":", 1)[1], 16) for a in fields[1:3])
+            ports.add(local if fields[3] == "0A" else remote)  # 0A: TCP_LISTEN
     return ports
 
 
 def sweep() -> list[str]:
-    """Unlink the segments of runs that are over: no socket of this host has the port in the
-    segment's name at either end (a live run's store listens on it, or its ranks are connected
-    to it), so the segment was left by a launcher killed before its cleanup. The names removed;
+    """Unlink the segments of runs that are over: no socket of this host listens on the port in
+    the segment's name or is connected to it (`ports_in_use`: a live run's store listens on it,
+    its ranks are connected to it), so the segment was left by a launcher killed before its
+    cleanup. The names removed;
     none where the sockets cannot be read."""
     if not os.path.exists("/proc/net/tcp"):
         return []
     used, gone = ports_in_use(), []
     for path in glob.glob(os.path.join(ROOT, NAMES + "*")):
-        port = os.path.basename(path)[len(NAMES):].split("-", 1)[0]
-        if port.isdigit() and int(port) not in used:
+        port = port_of(path)
+        if port is not None and port not in used:
             gone += remove(prefix(port))
     return gone
+
+
+def port_of(path: str) -> int | None:
+    """The rendezvous port in a segment's name (`prefix`), None if it has none."""
+    port = os.path.basename(path)[len(NAMES):].split("-", 1)[0]
+    return int(port) if port.isdigit() else None
 
 
 class Segment:
