@@ -130,7 +130,7 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
     procs, conns = [], []
     stacks_dir = _stacks_dir()
     shm.remove(shm.prefix(store.port))  # a dead run's, on the port this store was given
-    shm.sweep()  # what launchers killed outright left (nothing listens on or connects to their port)
+    shm.sweep()  # what launchers killed outright left (no socket listens on their port)
     try:
         malloc = {k: v for k, v in MALLOC_SETTINGS.items() if k not in os.environ}
         with _env(OMP_NUM_THREADS=str(threads), **malloc):
