@@ -11,7 +11,8 @@ import pytest
 from codegen.runtime.backend import WallClock
 from codegen.runtime.launch import launch
 from experiments.harness import _per_call
-from experiments.rounds import Budget, bootstrap_median, converged, interleave, paired
+from experiments.rounds import (MIN_CALLS, Budget, bootstrap_median, converged, interleave,
+                               paired)
 
 
 def test_bootstrap_interval_holds_the_median_and_narrows_with_samples():
@@ -105,7 +106,7 @@ def test_a_sample_times_each_call_alone_after_a_barrier():
 
 
 def _collectives_alone(rank, world):
-    fns = {"a": lambda: time.sleep(0.002), "b": lambda: time.sleep(0.004)}
+    fns = {"a": lambda: time.sleep(0.002), "b": lambda: time.sleep(0.008)}
     r = interleave(fns, Budget(warmup=1, min_rounds=4, max_rounds=50, budget_s=30.0,
                                ci_pct=20.0), key=(0,), clock=WallClock(),
                    baseline=None)
@@ -115,8 +116,10 @@ def _collectives_alone(rank, world):
 def test_times_without_a_baseline_converge_on_their_own_intervals():
     (stopped, a, b, calls), _ = launch(_collectives_alone, 2, timeout_s=120)
     assert stopped == "converged"
-    assert 1.9 < a < 3.5 and 3.9 < b < 6.0
-    assert calls == {"a": 3, "b": 3}
+    assert 1.9 < a < 3.5 and 7.9 < b < 10.5
+    # calls per sample, from one warm-up call: 8 ms is one; 2 ms is MIN_CALLS, or one where that
+    # call overslept past MIN_SAMPLE_MS (a loaded VM's 4 ms tick: a 3-4 ms sleep once took 5 ms)
+    assert calls["b"] == 1 and calls["a"] in (MIN_CALLS, 1)
 
 
 def test_a_rows_compute_is_the_median_calls_not_the_mean():
