@@ -125,6 +125,8 @@ class MeasureSettings:
     min_rounds: int = 3  # interleaved rounds per point (experiments.rounds), at least ...
     max_rounds: int = 20  # ... and at most (defaults: scale=smoke's; the suite passes the scale's)
     point_budget_s: float = 1.0  # wall seconds per point before the rounds stop unconverged
+    long_rounds: int = 0  # ... unless fewer rounds than this (long steps): then up to ...
+    long_budget_s: float = 0.0  # ... this many seconds (experiments.rounds.out_of_time)
     ci_pct: float = 2.5  # rounds stop when every speedup's 95% interval is within +-ci_pct%
     # points already measured (resume): (world size, sorted (symbol, value) pairs), skipped
     skip: frozenset = frozenset()

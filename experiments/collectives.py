@@ -193,7 +193,8 @@ def measure(settings) -> list[dict]:
     # comm=shm: gloo and shared memory side by side, in one run, in interleaved rounds
     comms = ("ring", settings.comm) if settings.comm == "shm" else (settings.comm,)
     # one transport: the whole sweep in one set of rounds, the scale's budget for a point;
-    # several: each (size, collective) its own, at most POINT_BUDGET_S
+    # several: each (size, collective) its own, at most POINT_BUDGET_S; no long-step extension
+    # (scale.long_rounds): the rows are times, with no paired speedup whose interval it is for
     budget = Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
                     max_rounds=max(settings.min_rounds, settings.max_rounds),
                     budget_s=(min(settings.point_budget_s, POINT_BUDGET_S) if len(comms) > 1

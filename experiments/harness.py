@@ -160,7 +160,8 @@ def budget_of(settings: MeasureSettings) -> Budget:
     """The interleaved rounds' budget from the run's settings."""
     return Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
                   max_rounds=max(settings.min_rounds, settings.max_rounds),
-                  budget_s=settings.point_budget_s, ci_pct=settings.ci_pct)
+                  budget_s=settings.point_budget_s, ci_pct=settings.ci_pct,
+                  long_rounds=settings.long_rounds, long_budget_s=settings.long_budget_s)
 
 
 # -- one rank -------------------------------------------------------------------------------------

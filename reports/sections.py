@@ -25,7 +25,8 @@ def rounds_note(rows) -> str:
             f"Rounds per point: {int(points.rounds.min())} to {int(points.rounds.max())}.")
     if budget:
         text += (f" {len(budget)} of {len(points)} points stopped on their time budget "
-                 f"(scale.budget_s) before every interval was within the target: "
+                 "(scale.budget_s; long steps: scale.long_budget_s) before every interval was "
+                 "within the target: "
                  + ", ".join(budget) + ".")
     else:
         text += " Every point's intervals reached the target (scale.ci_pct)."

@@ -61,11 +61,14 @@ class ScaleConf:
     repeats: int = 5  # timed repeats of the experiments that time on their own (calibrate, ...)
     # Interleaved rounds (experiments.rounds): at least min_rounds, at most max_rounds, until
     # every paired speedup's 95% interval is within +-ci_pct% of its median or the point has
-    # used budget_s seconds.
+    # used budget_s seconds and, if it has fewer than long_rounds rounds (long steps), up to
+    # long_budget_s seconds (0: no extension).
     min_rounds: int = 10
     max_rounds: int = 400
     budget_s: float = 15.0
     ci_pct: float = 2.5
+    long_rounds: int = 0
+    long_budget_s: float = 0.0
     verify_trials: int = 3  # random input draws per equivalence check
     max_elements: int = 1 << 24  # the largest principal tensor measured at this scale
 
@@ -188,6 +191,9 @@ def validate(cfg: Config) -> None:
     for key, value in {"scale.budget_s": cfg.scale.budget_s, "scale.ci_pct": cfg.scale.ci_pct}.items():
         if not value > 0:
             raise SuiteError(f"{key}={value} is impossible; it must be > 0")
+    if cfg.scale.long_rounds < 0 or cfg.scale.long_budget_s < 0:
+        raise SuiteError(f"scale.long_rounds={cfg.scale.long_rounds}, scale.long_budget_s="
+                         f"{cfg.scale.long_budget_s} are impossible; they must be >= 0")
     if not 1 <= cfg.scale.min_rounds <= cfg.scale.max_rounds:
         raise SuiteError(f"scale.min_rounds={cfg.scale.min_rounds}, scale.max_rounds="
                          f"{cfg.scale.max_rounds} are impossible; need 1 <= min <= max")

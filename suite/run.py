@@ -241,7 +241,8 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                points=[dict(b) for b in cfg.experiment.sizes or []] or None,
                                min_rounds=cfg.scale.min_rounds,
                                max_rounds=cfg.scale.max_rounds, point_budget_s=cfg.scale.budget_s,
-                               ci_pct=cfg.scale.ci_pct, skip=skip)
+                               ci_pct=cfg.scale.ci_pct, long_rounds=cfg.scale.long_rounds,
+                               long_budget_s=cfg.scale.long_budget_s, skip=skip)
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
           "scale)", flush=True)

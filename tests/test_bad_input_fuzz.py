@@ -52,7 +52,8 @@ STATIC = [
     "seed=-1", "seed=4294967296", "seed=-99999", "world_size=0", "world_size=-2",
     "verify.world_sizes=[]", "verify.world_sizes=[0]", "verify.trials=0", "scale.repeats=0",
     "scale.warmup=-1", "scale.max_elements=0", "scale.min_rounds=0", "scale.max_rounds=1",
-    "scale.budget_s=0", "scale.budget_s=-5", "scale.ci_pct=0", "calibration=sometimes",
+    "scale.budget_s=0", "scale.budget_s=-5", "scale.long_rounds=-1",
+    "scale.long_budget_s=-3", "scale.ci_pct=0", "calibration=sometimes",
     "calibration=", "resume=maybe",
     # names and types
     "experiment=nope", "scale=huge", "backend=tpu", "topology=dgx9", "seed=abc", "world_size=two",

@@ -74,6 +74,25 @@ def test_a_known_speedup_and_the_stop_reasons(budget, stopped):
     assert 1.5 < x.median < 2.3 and x.lo <= x.median <= x.hi
 
 
+def test_a_long_step_point_goes_on_past_the_budget_to_long_rounds():
+    """Rounds of these two sleeps take 40 ms and more: 0.2 s holds at most 6, so the point goes
+    on past budget_s until it has long_rounds (well inside long_budget_s)."""
+    budget = Budget(warmup=1, min_rounds=2, max_rounds=10_000, budget_s=0.2, ci_pct=1e-9,
+                    long_rounds=20, long_budget_s=60.0)
+    (x, how, rounds), same = launch(_sleepy, 2, args=(budget,), timeout_s=120)
+    assert (x, how, rounds) == same and how == "budget" and rounds == 20
+
+
+def test_out_of_time_extends_the_budget_only_for_points_short_of_long_rounds():
+    from experiments.rounds import out_of_time
+    b = Budget(budget_s=15.0, long_rounds=40, long_budget_s=60.0)
+    assert not out_of_time(14.0, 3, b)  # inside the budget: never
+    assert out_of_time(16.0, 95, b)  # short steps: enough rounds by budget_s, stop there
+    assert not out_of_time(16.0, 11, b) and not out_of_time(59.0, 39, b)  # long: go on ...
+    assert out_of_time(55.0, 40, b) and out_of_time(61.0, 30, b)  # ... to 40 rounds or 60 s
+    assert out_of_time(16.0, 11, Budget(budget_s=15.0))  # no extension by default
+
+
 def test_calls_per_sample():
     from experiments.rounds import MAX_CALLS, MIN_CALLS, calls_for
     assert calls_for(12.0) == 1
