@@ -46,7 +46,8 @@ On every rank of the default process group, collectively:
   +-1.9% (README). Points with short rounds reach `long_rounds` inside `budget_s` and stop as
   before.
 
-Pure statistics (`paired`, `bootstrap_median`, `calls_for`) are separate from the rank loop.
+Pure rules (`paired`, `bootstrap_median`, `calls_for`, `out_of_time`) are separate from the rank
+loop.
 Units: ms, s, %.
 """
 from __future__ import annotations
