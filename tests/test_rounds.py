@@ -75,7 +75,7 @@ def test_a_known_speedup_and_the_stop_reasons(budget, stopped):
 
 
 def test_a_long_step_point_goes_on_past_the_budget_to_long_rounds():
-    """Rounds of these two sleeps take 40 ms and more: 0.2 s holds at most 6, so the point goes
+    """Rounds of these two sleeps take 36 ms and more: 0.2 s holds at most 5, so the point goes
     on past budget_s until it has long_rounds (well inside long_budget_s)."""
     budget = Budget(warmup=1, min_rounds=2, max_rounds=10_000, budget_s=0.2, ci_pct=1e-9,
                     long_rounds=20, long_budget_s=60.0)
