@@ -12,7 +12,7 @@ from codegen.runtime.backend import WallClock
 from codegen.runtime.launch import launch
 from experiments.harness import _per_call
 from experiments.rounds import (MIN_CALLS, Budget, bootstrap_median, converged, interleave,
-                               paired)
+                               out_of_time, paired)
 
 
 def test_bootstrap_interval_holds_the_median_and_narrows_with_samples():
@@ -84,7 +84,6 @@ def test_a_long_step_point_goes_on_past_the_budget_to_long_rounds():
 
 
 def test_out_of_time_extends_the_budget_only_for_points_short_of_long_rounds():
-    from experiments.rounds import out_of_time
     b = Budget(budget_s=15.0, long_rounds=40, long_budget_s=60.0)
     assert not out_of_time(14.0, 3, b)  # inside the budget: never
     assert out_of_time(16.0, 95, b)  # short steps: enough rounds by budget_s, stop there

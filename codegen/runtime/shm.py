@@ -83,8 +83,7 @@ def sweep() -> list[str]:
     """Unlink the segments of runs that are over: no socket of this host listens on the port in
     the segment's name or is connected to it (`ports_in_use`: a live run's store listens on it,
     its ranks are connected to it), so the segment was left by a launcher killed before its
-    cleanup. The names removed;
-    none where the sockets cannot be read."""
+    cleanup. The names removed; none where the sockets cannot be read."""
     if not os.path.exists("/proc/net/tcp"):
         return []
     used, gone = ports_in_use(), []
