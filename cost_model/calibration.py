@@ -1,9 +1,15 @@
 """Fit the `local` topology to microbenchmark measurements (data in, Topology out; no ranks here).
 
 The calibration experiment (in experiments/) measures; this module only reads its measurements,
-so the fit runs anywhere. A `Measurement` is one benchmark at one size: `kind`, `nbytes`, the median `time_ms` over
-repeats (and its min/max), `world_size` P, `flops` where it applies. Kinds and what they fit
-(the model's formula for each, inverted size by size):
+so the fit runs anywhere. A `Measurement` is one benchmark at one size: `kind`, `nbytes`, the
+median `time_ms` over rounds (its min/max and mean), `world_size` P, `flops` where it applies.
+The communication kinds (`AT_MEAN`) are fitted at their mean over rounds where it was measured
+(`at_means`), every other kind at its median: on gloo a transfer's time has a heavy tail (a
+512 KiB ring exchange: median 1.75 ms, mean 3.34 ms over 200 calls here), and a step of many
+transfers, which is what the model adds them up into, pays nearer the sum of their means than
+of their medians (RS-C-AG at 2^20 elements: 13.6 ms a step against 12.5 ms of its parts'
+medians, `python -m benchmarks.steps`). Kinds and what they fit (the model's formula for each,
+inverted size by size):
 - `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
   bus the P messages of a step go one after the other: time = P * (overhead + b / (bandwidth *
   efficiency(b))) + latency. `exchange_chunked` (the same in C chunks) gives the per-message
@@ -69,6 +75,16 @@ FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_r
 # kernel over 2^21 elements on fresh data, over 2^23 on the sweep's reused buffers
 STREAM_FROM, SWEEP_STREAM_FROM = 28 << 21, 28 << 23
 CHECKED = ("send",)
+# fitted at their mean over rounds (see the module); comm=shm's too, as shm_<kind>
+AT_MEAN = ("exchange", "exchange_chunked", "send", "all_reduce", "reduce_scatter", "all_gather")
+
+
+def at_means(ms: Iterable[Measurement]) -> list[Measurement]:
+    """The measurements with each `AT_MEAN` kind's `time_ms` its mean over rounds, where
+    measured (a calibration without `time_ms_mean` is fitted at its medians throughout)."""
+    return [dataclasses.replace(m, time_ms=m.time_ms_mean)
+            if m.time_ms_mean is not None and m.kind.removeprefix(SHM) in AT_MEAN else m
+            for m in ms]
 
 
 def _series(ms: Iterable[Measurement], kind: str) -> list[tuple[int, float]]:
@@ -162,7 +178,7 @@ def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
 
 def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "") -> Topology:
     """The base topology (conf/topology/local.yaml) with every fitted figure replaced."""
-    ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
+    ms = at_means(m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements)
     P = world_size
     device = fit_device(ms, base.device)
     plain = dataclasses.replace(base, device=device, compute_slowdown=0.0, comm_slowdown=0.0)
@@ -210,7 +226,7 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     kernel reads its peers' chunks: memory traffic, `cost_model.workload`) at the device's
     `stream_memory_gbps` (`kernel_stream`: every rank streaming at once). ValueError without
     shm measurements."""
-    every = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
+    every = at_means(m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements)
     ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in every if m.kind.startswith(SHM)]
     if not ms:
         raise ValueError("no shm_* measurements to fit comm=shm's links to")

@@ -1,6 +1,6 @@
 """The calibration's microbenchmarks as data: a `Measurement` (one benchmark at one size: `kind`,
-`nbytes`, the median `time_ms` over rounds and its min/max, `world_size` P, `flops`, and for some
-kinds the bytes of their parts or their chunks), the kinds' prefixes (`library_<routine>`,
+`nbytes`, the median `time_ms` over rounds, its min/max and mean (`time_ms_mean`), `world_size`
+P, `flops`, and for some kinds the bytes of their parts or their chunks), the kinds' prefixes (`library_<routine>`,
 `shm_<collective>`), and `predict_ms(topo, m)`: the cost model's time for each, which the fit
 (`cost_model.calibration`) inverts and the calibration's own predicted-vs-measured table shows.
 What each kind measures: `experiments.calibrate`. Units: `time_ms` in ms, `nbytes` in bytes,
@@ -29,6 +29,7 @@ class Measurement:
     world_size: int
     time_ms_min: Optional[float] = None
     time_ms_max: Optional[float] = None
+    time_ms_mean: Optional[float] = None
     flops: float = 0.0
     exchange_bytes: int = 0
     kernel_bytes: int = 0

@@ -11,7 +11,9 @@ per call (a short benchmark's sample holds several calls, `experiments.rounds.ca
 local operation's back to back, a communication's each after its own barrier, the sample their
 median, `experiments.rounds.sample_ms`, as every experiment's rounds and `collectives` time
 them), and each
-benchmark's time is the median over rounds; so benchmarks that the fit compares with each other
+benchmark's time is the median over rounds (and its mean over rounds, `time_ms_mean`, at which
+the fit takes the communication kinds: `cost_model.calibration.AT_MEAN`; the results.csv rows
+are the medians, so their predictions sit above those by a transfer's tail); so benchmarks that the fit compares with each other
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
 matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
 two up to the scale's largest (every size's buffers views of one set of the largest; the
@@ -139,7 +141,9 @@ def _adam_kernel(n_max: int, world: int):
 
 def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     """Every benchmark in interleaved rounds (`interleaved`); per benchmark the median over
-    rounds of the slowest rank's time per call, and its min and max."""
+    rounds of the slowest rank's time per call, its min and max, and its mean over rounds
+    (`time_ms_mean`, which the fit takes for the communication kinds,
+    `cost_model.calibration.AT_MEAN`)."""
     plan, step = spec["plan"], spec["step"]
     fn = build([step.kernel])[step.kernel.name]
     runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)},
@@ -152,8 +156,8 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
                + (shm_collectives(world, spec, shm) if shm is not None else []))
     times = in_streams_spell(benches, interleaved(benches, spec["rounds"], spec["warmup"], rank))
     return [{"kind": kind, "nbytes": b.nbytes, "time_ms": statistics.median(ts),
-             "time_ms_min": min(ts), "time_ms_max": max(ts), "world_size": world,
-             "rounds": len(ts), **b.extra}
+             "time_ms_min": min(ts), "time_ms_max": max(ts), "time_ms_mean": statistics.fmean(ts),
+             "world_size": world, "rounds": len(ts), **b.extra}
             for b, got in zip(benches, times) for kind, ts in zip(b.kinds, got)]
 
 

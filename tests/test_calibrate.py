@@ -65,6 +65,24 @@ def test_the_fit_recovers_the_topology_that_made_the_measurements():
         assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=0.1), m
 
 
+def test_communication_is_fitted_at_its_means_and_the_rest_at_its_medians():
+    """Medians made by one topology, means by another whose links are slower and whose memory
+    is faster: the fit takes the links from the means, the device from the medians, and fits
+    a calibration without means (an old calibration.json) at its medians."""
+    t = truth()
+    slow = dataclasses.replace(t, intra=dataclasses.replace(t.intra, link=dataclasses.replace(
+        t.intra.link, bandwidth_gbps=1.0)), library=dataclasses.replace(t.library,
+                                                                       bandwidth_gbps=0.75),
+        device=dataclasses.replace(t.device, memory_bandwidth_gbps=40.0))
+    ms = [dataclasses.replace(m, time_ms_mean=predict_ms(slow, m)) for m in synthetic(t)]
+    got = fit(ms, load_topology("local"), 2)
+    assert got.intra.link.bandwidth_gbps == pytest.approx(1.0, rel=0.02)
+    assert got.library.bandwidth_gbps == pytest.approx(0.75, rel=0.02)
+    assert got.device.memory_bandwidth_gbps == pytest.approx(20.0, rel=0.02)
+    old = fit([dataclasses.replace(m, time_ms_mean=None) for m in ms], load_topology("local"), 2)
+    assert old.intra.link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
+
+
 def test_chunks_of_one_transfer_go_at_the_transfers_rate():
     """`rate_by: transfer`: C chunks cost what the whole message costs plus their posts (as the
     CPU runtime measures); `message`: each chunk at its own (lower) efficiency, so more."""
@@ -104,7 +122,8 @@ def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
     assert all(t > 0 for c in topo.device.library_steps_us.values() for t in c.values())
     assert topo.name == "local" and topo.intra.kind == "bus"
     assert "calibrated" in topo.source
-    assert json.loads((tmp_path / "calibration.json").read_text())
+    raw = json.loads((tmp_path / "calibration.json").read_text())
+    assert all(m["time_ms_min"] <= m["time_ms_mean"] <= m["time_ms_max"] for m in raw)
     pred = exp.predict(PredictSettings(scale="smoke", backend="cpu", topology=topo,
                                        world_size=2, max_elements=1 << 16, measured=rows,
                                        out_dir=tmp_path))
