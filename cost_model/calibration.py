@@ -8,7 +8,9 @@ The communication kinds (`AT_MEAN`) are fitted at their mean over rounds where i
 512 KiB ring exchange: median 1.75 ms, mean 3.34 ms over 200 calls here), and a step of many
 transfers, which is what the model adds them up into, pays nearer the sum of their means than
 of their medians (RS-C-AG at 2^20 elements: 13.6 ms a step against 12.5 ms of its parts'
-medians, `python -m benchmarks.steps`). Kinds and what they fit (the model's formula for each,
+medians, `python -m benchmarks.steps`). The links fitted at the medians are kept beside them
+(`lone_link`, `lone_library`), for what is a lone call's median (`Topology.lone`:
+`experiment=collectives`, the calibration's own table). Kinds and what they fit (the model's formula for each,
 inverted size by size):
 - `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
   bus the P messages of a step go one after the other: time = P * (overhead + b / (bandwidth *
@@ -177,8 +179,16 @@ def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
 
 
 def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "") -> Topology:
-    """The base topology (conf/topology/local.yaml) with every fitted figure replaced."""
-    ms = at_means(m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements)
+    """The base topology (conf/topology/local.yaml) with every fitted figure replaced: its links
+    fitted at the communication kinds' means (`at_means`), `lone_link` and `lone_library` at
+    their medians (`Topology.lone`)."""
+    ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
+    lone = _fit(ms, base, world_size)
+    return dataclasses.replace(_fit(at_means(ms), base, world_size), lone_link=lone.intra.link,
+                               lone_library=lone.library, source=source)
+
+
+def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
     P = world_size
     device = fit_device(ms, base.device)
     plain = dataclasses.replace(base, device=device, compute_slowdown=0.0, comm_slowdown=0.0)
@@ -213,8 +223,7 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     return dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
                                                                               link=link),
                                library=library, compute_slowdown=u, comm_slowdown=v,
-                               step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
-                               source=source)
+                               step_overhead_us=step_overhead_us(ms, base.step_overhead_us))
 
 
 def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
@@ -226,10 +235,17 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     kernel reads its peers' chunks: memory traffic, `cost_model.workload`) at the device's
     `stream_memory_gbps` (`kernel_stream`: every rank streaming at once). ValueError without
     shm measurements."""
-    every = at_means(m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements)
+    every = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
     ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in every if m.kind.startswith(SHM)]
     if not ms:
         raise ValueError("no shm_* measurements to fit comm=shm's links to")
+    lone = _fit_shm(ms, fitted, world_size)
+    return dataclasses.replace(_fit_shm(at_means(ms), fitted, world_size),
+                               lone_link=lone.intra.link, lone_library=lone.library,
+                               source=source or fitted.source)
+
+
+def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topology:
     P, group = world_size, tuple(range(world_size))
     plain = dataclasses.replace(fitted, compute_slowdown=0.0, comm_slowdown=0.0)
     per_step = P if fitted.intra.kind == "bus" else 1
@@ -247,8 +263,7 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
         dataclasses.replace(plain, library=lk)))}, 2 * (P - 1) * per_step, 0.0,
         fitted.library.rate_by if fitted.library else "message")
     return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
-                               library=library, peer_reads=True,
-                               source=source or fitted.source)
+                               library=library, peer_reads=True)
 
 
 def stream_memory_gbps(ms: list[Measurement], launch_us: float) -> float:

@@ -244,6 +244,9 @@ class Topology:
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     step_overhead_us: float = field(default=0.0, metadata=_positive(False))
+    # a calibrated topology's links fitted at the medians of lone calls (`lone`)
+    lone_link: Optional[LinkClass] = None
+    lone_library: Optional[LinkClass] = None
     nccl: Optional[Nccl] = None
     algo: Optional[str] = field(default=None, metadata={"choices": NCCL_ALGOS})
     proto: Optional[str] = field(default=None, metadata={"choices": PROTOCOLS})
@@ -274,6 +277,18 @@ class Topology:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def lone(self) -> "Topology":
+        """The topology for a lone call's median time (`experiment=collectives`, a
+        calibration's own check) rather than a step's: a calibrated topology's links are
+        fitted at the communication benchmarks' means (`cost_model.calibration`), which a step
+        of many heavy-tailed transfers pays, and `lone_link` / `lone_library` at their medians;
+        this topology with those in place, where it has them (unchanged otherwise)."""
+        if self.lone_link is None and self.lone_library is None:
+            return self
+        return dataclasses.replace(
+            self, intra=dataclasses.replace(self.intra, link=self.lone_link or self.intra.link),
+            library=self.lone_library or self.library, lone_link=None, lone_library=None)
 
     def with_memory_scale(self, scale: float) -> "Topology":
         """This topology with its device's memory rates (`memory_bandwidth_gbps`,

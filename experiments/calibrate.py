@@ -12,8 +12,9 @@ local operation's back to back, a communication's each after its own barrier, th
 median, `experiments.rounds.sample_ms`, as every experiment's rounds and `collectives` time
 them), and each
 benchmark's time is the median over rounds (and its mean over rounds, `time_ms_mean`, at which
-the fit takes the communication kinds: `cost_model.calibration.AT_MEAN`; the results.csv rows
-are the medians, so their predictions sit above those by a transfer's tail); so benchmarks that the fit compares with each other
+the fit takes the communication kinds for steps: `cost_model.calibration.AT_MEAN`; the
+results.csv rows are the medians, predicted with the links fitted at the medians,
+`Topology.lone`); so benchmarks that the fit compares with each other
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
 matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
 two up to the scale's largest (every size's buffers views of one set of the largest; the
@@ -262,7 +263,8 @@ def measure(settings) -> list[dict]:
 
 
 def predict(settings) -> list[dict]:
-    """Every measured benchmark predicted by the fitted topology (the calibration's own check)."""
+    """Every measured benchmark predicted by the fitted topology (the calibration's own check),
+    its links for a lone call's median (`Topology.lone`), as the rows measure."""
     out_dir = Path(settings.out_dir)
     if not (out_dir / CALIBRATION).exists():
         return []
@@ -271,7 +273,7 @@ def predict(settings) -> list[dict]:
     shm = load_topology(path=out_dir / TOPOLOGY_SHM) if (out_dir / TOPOLOGY_SHM).exists() else None
     on_shm = lambda kind: shm is not None and (kind.startswith(SHM)  # noqa: E731
                                                or kind == "kernel_stream")
-    return [_row(m, "predicted", "sim", predict_ms(shm if on_shm(m["kind"]) else topo,
+    return [_row(m, "predicted", "sim", predict_ms((shm if on_shm(m["kind"]) else topo).lone(),
                                                    Measurement.of(m)))
             for m in raw if (shm is not None or not m["kind"].startswith(SHM))
             and m["kind"] not in DERIVED]

@@ -68,8 +68,9 @@ def row(kind: str, nbytes: int, time_ms: float, P: int, source: str, backend: st
 
 
 def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) -> list[dict]:
-    """Every collective at every size, simulated alone on `world_size` ranks of `topo`."""
-    rows = []
+    """Every collective at every size, simulated alone on `world_size` ranks of `topo` (its
+    links for a lone call's median, `Topology.lone`, as the rows measure)."""
+    rows, topo = [], topo.lone()
     group = tuple(range(world_size))
     for kind in KINDS:
         for b in sizes(scale, max_bytes):

@@ -67,8 +67,9 @@ def test_the_fit_recovers_the_topology_that_made_the_measurements():
 
 def test_communication_is_fitted_at_its_means_and_the_rest_at_its_medians():
     """Medians made by one topology, means by another whose links are slower and whose memory
-    is faster: the fit takes the links from the means, the device from the medians, and fits
-    a calibration without means (an old calibration.json) at its medians."""
+    is faster: the fit takes the links from the means, the device from the medians, keeps the
+    medians' links for lone calls (`Topology.lone`), and fits a calibration without means (an
+    old calibration.json) at its medians."""
     t = truth()
     slow = dataclasses.replace(t, intra=dataclasses.replace(t.intra, link=dataclasses.replace(
         t.intra.link, bandwidth_gbps=1.0)), library=dataclasses.replace(t.library,
@@ -79,6 +80,10 @@ def test_communication_is_fitted_at_its_means_and_the_rest_at_its_medians():
     assert got.intra.link.bandwidth_gbps == pytest.approx(1.0, rel=0.02)
     assert got.library.bandwidth_gbps == pytest.approx(0.75, rel=0.02)
     assert got.device.memory_bandwidth_gbps == pytest.approx(20.0, rel=0.02)
+    lone = got.lone()  # a lone call's median: the links fitted at the medians
+    assert lone.intra.link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
+    assert lone.library.bandwidth_gbps == pytest.approx(1.5, rel=0.02)
+    assert lone.device == got.device and lone.lone() == lone
     old = fit([dataclasses.replace(m, time_ms_mean=None) for m in ms], load_topology("local"), 2)
     assert old.intra.link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
 

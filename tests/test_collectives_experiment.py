@@ -26,6 +26,24 @@ def test_predicted_rows_follow_nccl_tests_conventions():
     assert "busbw" in collectives.table(rows)
 
 
+def test_a_calibrated_topology_predicts_lone_collectives_with_its_median_links():
+    """The rows are a lone call's median: `Topology.lone`'s links (fitted at the medians), not
+    the links fitted at the means that steps are predicted with."""
+    import dataclasses
+
+    local = load_topology("local")
+    slow = dataclasses.replace(local.intra.link, bandwidth_gbps=local.intra.link.bandwidth_gbps / 4)
+    lib = dataclasses.replace(local.library, bandwidth_gbps=local.library.bandwidth_gbps / 4)
+    means = dataclasses.replace(local, intra=dataclasses.replace(local.intra, link=slow),
+                                library=lib, lone_link=local.intra.link,
+                                lone_library=local.library)
+    times = lambda t: [r["time_ms"] for r in collectives.predict_rows(t, 2, "smoke")]  # noqa: E731
+    assert times(means) == times(local)
+    stripped = dataclasses.replace(means, lone_link=None, lone_library=None)  # steps' links
+    big = [(a, b) for a, b in zip(times(stripped), times(local)) if b > 1.0]
+    assert big and all(a > 2 * b for a, b in big)
+
+
 def test_measured_on_local_ranks(tmp_path):
     settings = MeasureSettings(scale="smoke", max_elements=1 << 12, world_size=2, warmup=1,
                                repeats=2, csv_path=tmp_path / "results.csv",
