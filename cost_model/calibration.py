@@ -10,8 +10,8 @@ transfers, which is what the model adds them up into, pays nearer the sum of the
 of their medians (RS-C-AG at 2^20 elements: 13.6 ms a step against 12.5 ms of its parts'
 medians, `python -m benchmarks.steps`). The links fitted at the medians are kept beside them
 (`lone_link`, `lone_library`), for what is a lone call's median (`Topology.lone`:
-`experiment=collectives`, the calibration's own table). Kinds and what they fit (the model's formula for each,
-inverted size by size):
+`experiment=collectives`, the calibration's own table). Kinds and what they fit (the model's
+formula for each, inverted size by size):
 - `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
   bus the P messages of a step go one after the other: time = P * (overhead + b / (bandwidth *
   efficiency(b))) + latency. `exchange_chunked` (the same in C chunks) gives the per-message

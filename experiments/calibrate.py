@@ -291,12 +291,18 @@ def _row(m: dict, source: str, backend: str, time_ms: float) -> dict:
 
 def describe(topo) -> str:
     d, link, lib = topo.device, topo.intra.link, topo.library
+
+    def lone(k) -> str:  # links at the means (a step's), and at the medians (`Topology.lone`)
+        return (f"; a lone call's (medians) {k.bandwidth_gbps:.2f} GB/s, latency "
+                f"{k.latency_us:.0f} us" if k is not None else "")
     return (f"  device: memory {d.memory_bandwidth_gbps:.1f} GB/s (best), launch "
             f"{d.launch_us:.0f} us, streaming {d.stream_memory_gbps:.1f} GB/s (a kernel in a "
             f"step), matmul f32 {d.peak('f32') * 1e3:.0f} GFLOP/s\n"
             f"  ring send/recv: {link.bandwidth_gbps:.2f} GB/s, overhead {link.overhead_us:.0f} us"
-            f" per message, latency {link.latency_us:.0f} us (small messages)\n"
-            f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us\n"
+            f" per message, latency {link.latency_us:.0f} us (small messages)"
+            f"{lone(topo.lone_link)}\n"
+            f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us"
+            f"{lone(topo.lone_library)}\n"
             f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
             f" v = {topo.comm_slowdown:.2f}\n"
             f"  a step beyond its operations: {topo.step_overhead_us / 1e3:.2f} ms")
