@@ -1,8 +1,9 @@
 """The calibration's microbenchmarks as data: a `Measurement` (one benchmark at one size: `kind`,
 `nbytes`, the median `time_ms` over rounds, its min/max and mean (`time_ms_mean`), `world_size`
-P, `flops`, and for some kinds the bytes of their parts or their chunks), the kinds' prefixes (`library_<routine>`,
-`shm_<collective>`), and `predict_ms(topo, m)`: the cost model's time for each, which the fit
-(`cost_model.calibration`) inverts and the calibration's own predicted-vs-measured table shows.
+P, `flops`, and for some kinds the bytes of their parts or their chunks), the kinds' prefixes
+(`library_<routine>`, `shm_<collective>`), and `predict_ms(topo, m)`: the cost model's time for
+each, which the fit (`cost_model.calibration`) inverts and the calibration's own
+predicted-vs-measured table shows.
 What each kind measures: `experiments.calibrate`. Units: `time_ms` in ms, `nbytes` in bytes,
 topology fields as named (`_us`, `_gbps`).
 """
