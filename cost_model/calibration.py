@@ -183,9 +183,15 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     fitted at the communication kinds' means (`at_means`), `lone_link` and `lone_library` at
     their medians (`Topology.lone`)."""
     ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
-    lone = _fit(ms, base, world_size)
-    return dataclasses.replace(_fit(at_means(ms), base, world_size), lone_link=lone.intra.link,
-                               lone_library=lone.library, source=source)
+    return dataclasses.replace(_means_and_lone(_fit, ms, base, world_size), source=source)
+
+
+def _means_and_lone(fit_links, ms: list[Measurement], *args) -> Topology:
+    """`fit_links(ms, *args)` at the communication kinds' means, with the links of the same fit
+    at the medians as `lone_link` and `lone_library`."""
+    lone = fit_links(ms, *args)
+    return dataclasses.replace(fit_links(at_means(ms), *args), lone_link=lone.intra.link,
+                               lone_library=lone.library)
 
 
 def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
@@ -239,9 +245,7 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in every if m.kind.startswith(SHM)]
     if not ms:
         raise ValueError("no shm_* measurements to fit comm=shm's links to")
-    lone = _fit_shm(ms, fitted, world_size)
-    return dataclasses.replace(_fit_shm(at_means(ms), fitted, world_size),
-                               lone_link=lone.intra.link, lone_library=lone.library,
+    return dataclasses.replace(_means_and_lone(_fit_shm, ms, fitted, world_size),
                                source=source or fitted.source)
 
 

@@ -1,6 +1,8 @@
 """The collectives experiment: nccl-tests rows predicted on any topology, measured on 2 ranks."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cost_model.topology import load_topology
@@ -29,8 +31,6 @@ def test_predicted_rows_follow_nccl_tests_conventions():
 def test_a_calibrated_topology_predicts_lone_collectives_with_its_median_links():
     """The rows are a lone call's median: `Topology.lone`'s links (fitted at the medians), not
     the links fitted at the means that steps are predicted with."""
-    import dataclasses
-
     local = load_topology("local")
     slow = dataclasses.replace(local.intra.link, bandwidth_gbps=local.intra.link.bandwidth_gbps / 4)
     lib = dataclasses.replace(local.library, bandwidth_gbps=local.library.bandwidth_gbps / 4)
