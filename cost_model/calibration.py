@@ -40,7 +40,8 @@ formula for each, inverted size by size):
 - `sequence`, `sequence_comm`, `sequence_compute`, `sequence_extra` (gloo's all-reduce of b bytes
   followed at once by the generated Adam kernel on b / 4 elements, each alone, and the first
   minus the other two paired call by call): the topology's `step_overhead_us`, the median over
-  sizes of `sequence_extra` (at least 0).
+  sizes of `sequence_extra` (at least 0), and `step_overhead_by_bytes`, `sequence_extra` by size
+  (a running median of three, at least 0), which the model charges by a step's largest transfer.
 - `library_<routine>` (a library routine on b bytes of gradient, e.g. `library_adam`: the
   baseline's torch fused Adam step): the device's `library_steps_us[routine]`, its median times.
 - `send`: not fitted; predicted and compared.
@@ -229,7 +230,8 @@ def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
     return dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
                                                                               link=link),
                                library=library, compute_slowdown=u, comm_slowdown=v,
-                               step_overhead_us=step_overhead_us(ms, base.step_overhead_us))
+                               step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
+                               step_overhead_by_bytes=step_overhead_by_bytes(ms))
 
 
 def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
@@ -300,6 +302,14 @@ def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:
         return default
     return round(max(0.0, statistics.median(parts[0][b] - parts[1][b] - parts[2][b]
                                             for b in sizes)), 2)
+
+
+def step_overhead_by_bytes(ms: list[Measurement]) -> dict:
+    """{bytes: us}: `sequence_extra` by its all-reduce's size (each size's median over rounds), a
+    running median of three over sizes, at least 0; {} without it (older calibrations)."""
+    paired = _series(ms, "sequence_extra")
+    return {int(b): round(max(0.0, t), 2)
+            for (b, _), t in zip(paired, smooth([t for _, t in paired]))}
 
 
 def library_steps_us(ms: list[Measurement]) -> dict:

@@ -62,11 +62,11 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         ar = collective_us(spec, "ring", topo)
         if m.kind == "sequence_comm":
             return ar / 1e3
-        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_us) / 1e3
+        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_at(b)) / 1e3
     if m.kind == "sequence_compute":
         return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
     if m.kind == "sequence_extra":
-        return topo.step_overhead_us / 1e3
+        return topo.step_overhead_at(b) / 1e3
     if m.kind == "kernel_stream":
         return dev.step_kernel_us(b, m.flops, "f32") / 1e3
     if m.kind in ("kernel", "overlap_kernel"):

@@ -67,6 +67,9 @@ message and kernel sizes in bytes.
   no barrier between them) costs beyond its operations timed one by one (CPU ranks: the
   library's threads and the processes handing the two cores to each other; charged to plans
   whose stages hold more than one rank, `cost_model.workload`); 0 on GPUs.
+  `step_overhead_by_bytes` {bytes: us}, where calibrated: the same by the size of the step's
+  largest transfer (it grows with it: 0.2-0.5 ms at 2 MiB, 2-4 ms at 32 MiB here), which
+  `step_overhead_at(bytes)` interpolates as `efficiency` maps are; empty: `step_overhead_us`.
 - `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
   `comm_slowdown` v: transfers run at (1 - v) of their speed while both ends compute, (1 - v/2)
   while one does (CPU ranks sharing cores with the library's threads).
@@ -244,6 +247,8 @@ class Topology:
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     step_overhead_us: float = field(default=0.0, metadata=_positive(False))
+    step_overhead_by_bytes: Dict[int, float] = field(default_factory=dict,
+                                                     metadata={"by_size": True})
     # a calibrated topology's links fitted at the medians of lone calls (`lone`)
     lone_link: Optional[LinkClass] = None
     lone_library: Optional[LinkClass] = None
@@ -277,6 +282,14 @@ class Topology:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def step_overhead_at(self, nbytes: float) -> float:
+        """A step's overhead (us) for a step whose largest transfer is nbytes:
+        `step_overhead_by_bytes` interpolated in log2(bytes), clamped at its ends; without it,
+        `step_overhead_us`."""
+        if not self.step_overhead_by_bytes:
+            return self.step_overhead_us
+        return interpolate(self.step_overhead_by_bytes, nbytes)
 
     def lone(self) -> "Topology":
         """The topology for a lone call's median time (`experiment=collectives`, a

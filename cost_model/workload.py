@@ -26,8 +26,9 @@ same on every node (the CPU runtime's tree, chain) then takes its closed-form ti
 `compute_us` {step id: us} replaces a step's time on the compute stream by a given one (a
 Compute step's roofline: a library routine that does its work, e.g. the baseline's torch
 optimizer, split evenly over its chunks; a Collective's staging copy: 0 where a library reduces
-in place). Every rank ends with the topology's `step_overhead_us` (a task `overhead` of the step
-`step`, on the comm stream), where it is not 0 and a stage has more than one rank: what
+in place). Every rank ends with the topology's step overhead (`step_overhead_at` the plan's
+`largest_transfer`: a task `overhead` of the step `step`, on the comm stream), where it is not 0
+and a stage has more than one rank: what
 calibration's `sequence` measures (a collective among ranks, then a kernel) is no part of a plan
 whose stages are single ranks (a pipeline of one rank per stage: kernels and sends only).
 `Result.trace` is the DataFrame of every task: rank, stream, step, task, start, end (us).
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from codegen.chunked import fusable, overlappable
-from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Plan
+from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Plan, walk
 
 from . import collectives, nccl
 from .closed_collectives import choose, collective_us, shm_all_reduce_us
@@ -314,8 +315,9 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
         for r in run.sim.ranks:
             evs = [e for e in done[r] + run.pending.pop(r, []) if e is not None]
             cursor[r] = [join(run.sim.env, evs)]
-    if topo.step_overhead_us > 0 and plan.P > 1:
-        cursor = {r: [run.sim.delay(r, topo.step_overhead_us, "step", "overhead", cursor[r])]
+    extra = topo.step_overhead_at(largest_transfer(plan, topo)) if plan.P > 1 else 0.0
+    if extra > 0:
+        cursor = {r: [run.sim.delay(r, extra, "step", "overhead", cursor[r])]
                   for r in run.sim.ranks}
     ends = {}
     for r in run.sim.ranks:
@@ -325,6 +327,13 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
     total = run.sim.run()
     finish = {r: ends.get(r, 0.0) for r in run.sim.ranks}
     return Result(max(finish.values(), default=total), finish, run.sim.frame(), fold)
+
+
+def largest_transfer(plan: Plan, topo: Topology) -> float:
+    """Bytes of the plan's largest collective (as `spec_of` sizes it) or P2P transfer; 0 if none."""
+    sizes = [spec_of(plan, s, topo, 1).nbytes if isinstance(s, Collective) else s.nbytes
+             for s in walk(plan.steps) if isinstance(s, (Collective, P2P))]
+    return float(max(sizes, default=0))
 
 
 def simulate_collective(spec: CollSpec, topo: Topology, algorithm: Optional[str] = None,

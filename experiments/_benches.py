@@ -29,6 +29,7 @@ from .rounds import sample_ms
 
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
+OVERLAP_CALLS = 3  # side-by-side calls of the overlap benchmark per sample, at least (`overlap`)
 LIBRARY_CALLS = 5  # calls of a library step per sample, at least (`library_steps`)
 
 
@@ -55,13 +56,15 @@ def exchange(comm, x, out, tag=0, chunks=1):
 class Bench:
     """One benchmark: `sample(calls)` times `calls` back-to-back calls after a barrier and
     returns ms per call for each of `kinds` (this rank's); `repeatable`: a sample of a short one
-    may hold several calls; `min_calls`: however long a call, at least that many per sample."""
+    may hold several calls; `min_calls`: however long a call, at least that many per sample;
+    `sizes`: {kind: nbytes} for the kinds whose size is not `nbytes`."""
     kinds: tuple[str, ...]
     nbytes: int
     sample: Callable[[int], tuple[float, ...]]
     extra: dict = field(default_factory=dict)
     repeatable: bool = True
     min_calls: int = 1
+    sizes: dict = field(default_factory=dict)
 
 
 def plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
@@ -259,12 +262,23 @@ def timed(fn: Callable[[], object]) -> float:
 def overlap(spec, runner, step) -> list[Bench]:
     """A kernel of K elements alone, an exchange of E bytes alone, and both started at once (the
     kernel runs while the exchange is in flight): the kernel's time inside, and the time until
-    both are done (each its own bench, interleaved with everything else)."""
+    both are done. One bench, so the four are compared call by call: a sample of `calls` calls
+    (at least `OVERLAP_CALLS`) runs the three side by side `calls` times, in an order that turns
+    with the call (the same on every rank), and gives each kind's median over them. A sample
+    of one call (a round's untimed one) runs them once. Their ratios give the model's overlap
+    slowdowns (`cost_model.calibration`); each one's spread over rounds is as wide as the gain
+    of overlapping, so more calls than a single sample of each."""
     E, K = spec["overlap_exchange"], spec["overlap_kernel"]
     x, y = torch.randn(E // 4), torch.randn(E // 4)
     extra = {"exchange_bytes": E, "kernel_bytes": K * KERNEL_BYTES_PER_ELEMENT}
 
-    def both(calls: int) -> tuple[float, ...]:
+    def kernel() -> tuple[float, ...]:
+        return (timed(lambda: runner.compute(step, 0, K)),)
+
+    def alone() -> tuple[float, ...]:
+        return (timed(lambda: [w.wait() for w in exchange(comm, x, y, tag=1)]),)
+
+    def both() -> tuple[float, ...]:
         dist.barrier()
         t0 = time.perf_counter()
         works = exchange(comm, x, y, tag=2)
@@ -275,10 +289,14 @@ def overlap(spec, runner, step) -> list[Bench]:
             w.wait()
         return inside * 1e3, (time.perf_counter() - t0) * 1e3
 
-    kb = K * KERNEL_BYTES_PER_ELEMENT
-    alone_k = plain("overlap_kernel", kb, lambda: runner.compute(step, 0, K), **extra)
-    alone_x = plain("overlap_exchange", E, lambda: [w.wait() for w in exchange(
-        comm, x, y, tag=1)], **extra)
-    return [dataclasses.replace(alone_k, repeatable=False),
-            dataclasses.replace(alone_x, repeatable=False),
-            Bench(("overlap_inside", "overlap_both"), kb, both, extra, repeatable=False)]
+    def sample(calls: int) -> tuple[float, ...]:
+        got: dict[str, list[float]] = {"k": [], "x": [], "b": []}
+        for c in range(calls):
+            for part in ("kxb", "xbk", "bkx")[c % 3]:
+                got[part].append({"k": kernel, "x": alone, "b": both}[part]())
+        med = lambda key, i=0: statistics.median(t[i] for t in got[key])  # noqa: E731
+        return med("k"), med("x"), med("b", 0), med("b", 1)
+
+    return [Bench(("overlap_kernel", "overlap_exchange", "overlap_inside", "overlap_both"),
+                  K * KERNEL_BYTES_PER_ELEMENT, sample, extra, min_calls=OVERLAP_CALLS,
+                  sizes={"overlap_exchange": E})]

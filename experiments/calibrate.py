@@ -54,7 +54,8 @@ benchmarks are built in `experiments._benches`):
   `topology_shm.yaml` (`cost_model.calibration.fit_shm`), the one comm=shm's runs predict with;
 - `overlap_kernel`, `overlap_exchange`: a kernel, an exchange, each alone; `overlap_inside`,
   `overlap_both`: both started at once, the kernel's time while the exchange is in flight
-  (compute slowdown) and the time until both are done (communication slowdown).
+  (compute slowdown) and the time until both are done (communication slowdown); one bench, the
+  three side by side at least 3 times a sample (`_benches.overlap`).
 
 The baselines' library computation (torch's fused Adam, ...) is not benchmarked here: every run
 times its own baseline and the cost model takes that time (`experiments.predict`).
@@ -156,7 +157,7 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
                + sequences(plan, step, fn, runner, spec) + overlap(spec, runner, step)
                + (shm_collectives(world, spec, shm) if shm is not None else []))
     times = in_streams_spell(benches, interleaved(benches, spec["rounds"], spec["warmup"], rank))
-    return [{"kind": kind, "nbytes": b.nbytes, "time_ms": statistics.median(ts),
+    return [{"kind": kind, "nbytes": b.sizes.get(kind, b.nbytes), "time_ms": statistics.median(ts),
              "time_ms_min": min(ts), "time_ms_max": max(ts), "time_ms_mean": statistics.fmean(ts),
              "world_size": world, "rounds": len(ts), **b.extra}
             for b, got in zip(benches, times) for kind, ts in zip(b.kinds, got)]
@@ -305,7 +306,16 @@ def describe(topo) -> str:
             f"{lone(topo.lone_library)}\n"
             f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
             f" v = {topo.comm_slowdown:.2f}\n"
-            f"  a step beyond its operations: {topo.step_overhead_us / 1e3:.2f} ms")
+            f"  a step beyond its operations: {_by_size(topo)}")
+
+
+def _by_size(topo) -> str:
+    """The step overhead by its largest transfer's size, or the one figure of an older fit."""
+    if not topo.step_overhead_by_bytes:
+        return f"{topo.step_overhead_us / 1e3:.2f} ms"
+    size = lambda b: f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"  # noqa: E731
+    return ", ".join(f"{us / 1e3:.2f} ms at {size(b)}"
+                     for b, us in sorted(topo.step_overhead_by_bytes.items()))
 
 
 EXPERIMENT = register(Experiment(

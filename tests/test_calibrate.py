@@ -129,6 +129,9 @@ def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
     assert "calibrated" in topo.source
     raw = json.loads((tmp_path / "calibration.json").read_text())
     assert all(m["time_ms_min"] <= m["time_ms_mean"] <= m["time_ms_max"] for m in raw)
+    overlap = {m["kind"]: m for m in raw if m["kind"].startswith("overlap_")}
+    assert overlap["overlap_exchange"]["nbytes"] == overlap["overlap_both"]["exchange_bytes"]
+    assert overlap["overlap_kernel"]["nbytes"] == overlap["overlap_both"]["kernel_bytes"]
     pred = exp.predict(PredictSettings(scale="smoke", backend="cpu", topology=topo,
                                        world_size=2, max_elements=1 << 16, measured=rows,
                                        out_dir=tmp_path))

@@ -206,3 +206,30 @@ def test_the_step_overhead_is_the_paired_extra_when_measured():
     assert got.step_overhead_us == pytest.approx(statistics.median((200.0, 900.0, 400.0)))
     faster = [dataclasses.replace(m, time_ms=-1.0) for m in extra]
     assert fit(synthetic(t) + parts + faster, load_topology("local"), 2).step_overhead_us == 0.0
+
+
+def test_the_step_overhead_is_fitted_by_size_and_charged_by_the_largest_transfer():
+    """`sequence_extra` grows with the all-reduce it follows: the fit keeps it by size (a running
+    median of three, never negative) and a step pays it at its largest transfer's size, not the
+    median over sizes."""
+    t = truth()
+    sizes = (1 << 21, 1 << 22, 1 << 23, 1 << 24, 1 << 25)
+    extra = [Measurement("sequence_extra", b, x, 2)
+             for b, x in zip(sizes, (0.3, -0.5, 1.9, 2.5, 3.8))]
+    got = fit(synthetic(t) + extra, load_topology("local"), 2)
+    assert got.step_overhead_by_bytes == {1 << 21: 300.0, 1 << 22: 300.0, 1 << 23: 1900.0,
+                                          1 << 24: 2500.0, 1 << 25: 3800.0}
+    assert got.step_overhead_us == pytest.approx(1900.0)  # the median, for older readers
+    assert got.step_overhead_at(1 << 20) == 300.0 and got.step_overhead_at(1 << 27) == 3800.0
+    assert got.step_overhead_at(3 << 22) == pytest.approx(1900.0 + (2500.0 - 1900.0) * 0.585,
+                                                          rel=1e-3)  # linear in log2(bytes)
+    for n in (1 << 18, 1 << 22):  # AR-C: its all-reduce of 4N bytes is the largest transfer
+        plan = _ar_c(n)
+        plain = simulate(plan, dataclasses.replace(got, step_overhead_by_bytes={},
+                                                   step_overhead_us=0.0))
+        assert simulate(plan, got).time_us == pytest.approx(
+            plain.time_us + got.step_overhead_at(4 * n), abs=1e-6)
+    bad = dataclasses.asdict(got)
+    bad["step_overhead_by_bytes"] = {1 << 20: -1.0}
+    with pytest.raises(TopologyError, match="step_overhead_by_bytes"):
+        Topology.from_dict(bad)
