@@ -5,10 +5,10 @@ their mutable mirrors for Hydra.
 nested dataclasses, Optional, Dict, List, bool, int, float or str) from a plain dict, checking
 unknown keys, missing required fields, types and the ranges its fields' metadata state (`min`,
 `strict`, `max`, `choices`, `items`, `fraction`: {size > 0: fraction in (0, 1]}, `curves`:
-{name: {size: time > 0}}, `positive_values`, `by_size`: {size > 0: value >= 0}), and raises `TopologyError` naming the field
-(`topology.intra.link.bandwidth_gbps=-1: must be > 0`). `hydra_schema(cls)` mirrors such a class
-as the mutable dataclass Hydra composes against (every field optional, so ranges and required
-fields are checked by `build` when the run loads it).
+{name: {size: time > 0}}, `positive_values`, `by_size`: {size > 0: value >= 0}), and raises
+`TopologyError` naming the field (`topology.intra.link.bandwidth_gbps=-1: must be > 0`).
+`hydra_schema(cls)` mirrors such a class as the mutable dataclass Hydra composes against (every
+field optional, so ranges and required fields are checked by `build` when the run loads it).
 """
 from __future__ import annotations
 
