@@ -68,7 +68,7 @@ message and kernel sizes in bytes.
   library's threads and the processes handing the two cores to each other; charged to plans
   whose stages hold more than one rank, `cost_model.workload`); 0 on GPUs.
   `step_overhead_by_bytes` {bytes: us}, where calibrated: the same by the size of the step's
-  largest transfer (it grows with it: 0.2-0.5 ms at 2 MiB, 2-4 ms at 32 MiB here), which
+  largest transfer (it grows with it: 0.1-0.5 ms at 2 MiB, 1.7-7 ms at 32 MiB here), which
   `step_overhead_at(bytes)` interpolates as `efficiency` maps are; empty: `step_overhead_us`.
 - `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
   `comm_slowdown` v: transfers run at (1 - v) of their speed while both ends compute, (1 - v/2)
