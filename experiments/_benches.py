@@ -289,11 +289,13 @@ def overlap(spec, runner, step) -> list[Bench]:
             w.wait()
         return inside * 1e3, (time.perf_counter() - t0) * 1e3
 
+    parts = {"k": kernel, "x": alone, "b": both}
+
     def sample(calls: int) -> tuple[float, ...]:
-        got: dict[str, list[float]] = {"k": [], "x": [], "b": []}
+        got: dict[str, list[float]] = {key: [] for key in parts}
         for c in range(calls):
-            for part in ("kxb", "xbk", "bkx")[c % 3]:
-                got[part].append({"k": kernel, "x": alone, "b": both}[part]())
+            for key in ("kxb", "xbk", "bkx")[c % 3]:
+                got[key].append(parts[key]())
         med = lambda key, i=0: statistics.median(t[i] for t in got[key])  # noqa: E731
         return med("k"), med("x"), med("b", 0), med("b", 1)
 
