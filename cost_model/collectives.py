@@ -66,6 +66,7 @@ class CollSpec:
     dtype: str = "f32"
     root: int = 0  # broadcast / reduce: the root's index in the group
     pieces: int = 1  # this collective is one of `pieces` equal pieces of one (a fused chunk)
+    sync: bool = False  # receives posted before the sends: the sender's thread writes each
 
     @property
     def P(self) -> int:
@@ -158,7 +159,7 @@ class _Build:
 
     def send(self, src, dst, nbytes, task, deps, channels=False, chunk=0):
         ev = self.sim.transfer(src, dst, nbytes, self.step, task, deps, self.link, channels,
-                               self.first + chunk, self.spec.whole(nbytes))
+                               self.first + chunk, self.spec.whole(nbytes), self.spec.sync)
         self.sent.setdefault(src, []).append(ev)
         return ev
 

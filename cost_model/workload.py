@@ -13,7 +13,10 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   topology each message holds its ports for `nccl.p2p_us`).
 - FusedCollective: as the runtime runs it, chunk by chunk: chunk c's piece of the head (reduce-
   scatter, or P2P), then the kernels on chunk c as soon as it is there, then chunk c's all-gathers;
-  a 0-d all_reduce inside is a barrier (every chunk's kernels before it finish first).
+  a 0-d all_reduce inside is a barrier (every chunk's kernels before it finish first). The
+  runtime posts the receives of its all-gathers (and of a P2P head) when the step begins, so
+  on CPU ranks their chunks' sends are `sync` (`network.Sim.transfer`: the posting thread
+  writes each, and computes the next chunk only then).
   On a `peer_reads` topology (comm=shm) a fused all-reduce with no barrier runs as the runtime's
   `peer_fused` does (`cost_model.peer_fused`: memory traffic on each rank's compute stream).
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
@@ -28,9 +31,9 @@ Compute step's roofline: a library routine that does its work, e.g. the baseline
 optimizer, split evenly over its chunks; a Collective's staging copy: 0 where a library reduces
 in place). Every rank ends with the topology's step overhead (`step_overhead_at` the plan's
 `largest_transfer`: a task `overhead` of the step `step`, on the comm stream), where it is not 0
-and a stage has more than one rank: what
-calibration's `sequence` measures (a collective among ranks, then a kernel) is no part of a plan
-whose stages are single ranks (a pipeline of one rank per stage: kernels and sends only).
+and the plan has more than one rank. What calibration's `sequence` measures is a rank woken by a
+collective, then running a kernel; a pipeline of one rank per stage (sends and kernels only)
+wakes its ranks by sends as well, and pays it at its largest send.
 `Result.trace` is the DataFrame of every task: rank, stream, step, task, start, end (us).
 `choices(plan, topo)` names the algorithm and protocol of each of the Plan's collectives, in
 step order (those inside fused and overlapped steps too, chosen per call as the DES runs them).
@@ -141,10 +144,13 @@ def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first:
     return _pass(run, ready, mine, done)
 
 
-def _send(run: Run, src: int, dst: int, nbytes: float, step: str, c: int, deps, whole: float):
-    """One P2P message (chunk c of a transfer of `whole` bytes)."""
+def _send(run: Run, src: int, dst: int, nbytes: float, step: str, c: int, deps, whole: float,
+          sync: bool = False):
+    """One P2P message (chunk c of a transfer of `whole` bytes; `sync`: its receive was posted
+    first, `network.Sim.transfer`)."""
     if run.topo.nccl is None:
-        return run.sim.transfer(src, dst, nbytes, step, f"p2p c{c}", deps, chunk=c, whole=whole)
+        return run.sim.transfer(src, dst, nbytes, step, f"p2p c{c}", deps, chunk=c, whole=whole,
+                                sync=sync)
     prio = c if run.topo.pipelined_chunks else 0
     return run.sim.hold(nccl.p2p_ports(run.topo, src, dst), (src, dst),
                         nccl.p2p_us(run.topo, src, dst, nbytes), step, f"p2p/Simple c{c}", deps,
@@ -181,7 +187,8 @@ def _piece(run: Run, part, c: int, C: int, ready_c: dict, algo: Optional[str]):
     one = {r: [e] for r, e in ready_c.items()}
     if isinstance(part, Collective):
         spec = spec_of(run.plan, part, run.topo, C)
-        piece = dataclasses.replace(spec, nbytes=spec.nbytes // C, chunks=1, pieces=C)
+        piece = dataclasses.replace(spec, nbytes=spec.nbytes // C, chunks=1, pieces=C,
+                                    sync=part.kind == "all_gather")
         done = _coll(run, piece, part, one, algo, c)
     elif isinstance(part, P2P):
         done = _p2p_piece(run, part, C, c, one)
@@ -197,7 +204,8 @@ def _p2p_piece(run: Run, s: P2P, C: int, c: int, ready):
     P, out = run.plan.P, dict(ready)
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
-        ev = _send(run, src, dst, s.nbytes / C, run.name(s), c, [ready[src][0]], s.nbytes)
+        ev = _send(run, src, dst, s.nbytes / C, run.name(s), c, [ready[src][0]], s.nbytes,
+                   sync=True)
         out[src] = [ev]
         out[dst] = [join(run.sim.env, (ev, ready[dst][0]))]
     return out
@@ -315,7 +323,7 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
         for r in run.sim.ranks:
             evs = [e for e in done[r] + run.pending.pop(r, []) if e is not None]
             cursor[r] = [join(run.sim.env, evs)]
-    extra = topo.step_overhead_at(largest_transfer(plan, topo)) if plan.P > 1 else 0.0
+    extra = topo.step_overhead_at(largest_transfer(plan, topo)) if plan.world_size > 1 else 0.0
     if extra > 0:
         cursor = {r: [run.sim.delay(r, extra, "step", "overhead", cursor[r])]
                   for r in run.sim.ranks}

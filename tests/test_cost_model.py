@@ -101,6 +101,34 @@ def test_a_fused_step_computes_each_chunk_as_soon_as_it_is_reduced():
     assert len(kernels) == 2 * 4 and kernels.start.iloc[0] < rs.end.max()  # overlapped
 
 
+def test_a_send_whose_receive_was_posted_first_holds_the_senders_thread():
+    # posted by the rank's thread (0.5 us), 4 us on the wire, arriving 1 us later: a sync send
+    # keeps the thread until it is off the wire, not until it arrives
+    t = tiny(overhead=0.5, ring_work_on_compute=True)
+    for sync, start in ((False, 0.5), (True, 4.5)):
+        sim = Sim(t, 2)
+        sim.transfer(0, 1, 4000, "s", "x", sync=sync)
+        sim.compute(0, 1.0, "s", "k")
+        sim.run()
+        assert [x for x in rows(sim) if x[2] != "post x"] == [
+            (0, "comm", "x", 0.5, 5.5), (0, "compute", "k", start, start + 1.0)]
+
+
+def test_a_fused_step_computes_the_next_chunk_once_its_all_gather_chunk_is_written():
+    """The runtime posts a fused step's all-gather receives first, so gloo writes each chunk in
+    the rank's thread: chunk c+1's kernel waits for chunk c's all-gather send."""
+    plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 8000}, 2)
+    t = simulate(plan, tiny(latency=0.0, ring_work_on_compute=True)).trace
+    t = t[t["rank"] == 0]
+    kernels = t[(t.stream == "compute") & t.task.str.fullmatch(r"c\d")].sort_values("start")
+    ag = t[(t.stream == "comm") & t.task.str.startswith("ag")].sort_values("start")
+    rs = t[(t.stream == "comm") & t.task.str.startswith("rs")]
+    adds = t[t.task.str.startswith("add")]
+    assert len(kernels) == len(ag) == 4
+    assert adds.start.min() < rs.end.max()  # the reduce-scatter's sends do not hold the thread
+    assert all(kernels.start.iloc[c + 1] >= ag.end.iloc[c] - 1e-9 for c in range(3))
+
+
 # -- rules, folding, the oracle -------------------------------------------------------------------
 def test_every_plan_step_kind_has_a_rule():
     kinds = {t.__forward_arg__ if isinstance(t, typing.ForwardRef) else t.__name__

@@ -12,7 +12,7 @@ from codegen.plan import Compute
 from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.closed_form import step_us
 from cost_model.topology import Topology, TopologyError, load_topology
-from cost_model.workload import simulate
+from cost_model.workload import largest_transfer, simulate
 import experiments
 from experiments import predict
 from tests.test_calibrate import synthetic, truth
@@ -38,15 +38,22 @@ def test_the_step_overhead_ends_every_rank_exactly():
     assert plain.trace[plain.trace.task == "overhead"].empty  # 0: no task at all
 
 
-def test_a_pipeline_of_single_rank_stages_pays_no_step_overhead():
-    """The overhead is what a collective among ranks then a kernel costs beyond both
-    (calibration's `sequence`); stages of one rank hold no collective: sends and kernels only."""
+def test_every_plan_of_more_than_one_rank_pays_the_step_overhead_at_its_largest_transfer():
+    """The overhead is what waking a rank by communication, then a kernel, costs beyond both
+    (calibration's `sequence`); a pipeline of one rank per stage wakes its ranks by sends."""
     from experiments import pipeline_parallel
     p = pipeline_parallel.schedules()["AR-P2P-C"]
     one, two = (lower(p, {"S": 16, "B": 1, "H": 8}, world) for world in (2, 4))
-    for plan, charged in ((one, 0.0), (two, 7.0)):
-        plain, more = (simulate(plan, tiny(per_node=4, step_overhead_us=us)) for us in (0.0, 7.0))
-        assert more.time_us == pytest.approx(plain.time_us + charged, abs=1e-9)
+    assert one.P == 1 and two.P == 2
+    by = {64: 3.0, 1 << 20: 9.0}  # its largest transfer: 16x8 f32 activations, 2^9 bytes
+    for plan in (one, two):
+        assert largest_transfer(plan, tiny()) == 16 * 8 * 4
+        plain, more = (simulate(plan, tiny(per_node=4, step_overhead_by_bytes=b))
+                       for b in ({}, by))
+        assert more.time_us == pytest.approx(plain.time_us + 3.0 + 6.0 * 3 / 14, abs=1e-9)
+    alone = lower(experiments.get("adam_fusion").schedules()["AR-C"], {"N": 64}, 1)
+    assert simulate(alone, tiny(step_overhead_us=7.0)).time_us == pytest.approx(
+        simulate(alone, tiny()).time_us)  # one rank alone: nothing wakes it
 
 
 def test_a_given_compute_time_replaces_the_roofline():
