@@ -14,8 +14,8 @@
   a task on the sender's compute stream before the transfer instead; with `sync` (the receive
   was posted before the send: gloo then writes the message in the posting thread; measured in
   fused Adam and LAMB steps at 2^24 elements, 3-11 ms to post one 8 MiB all-gather chunk against
-  0.3-0.6 ms for all four reduce-scatter chunks, whose receives are posted with the sends) the sender's next compute also
-  waits until the message is off the wire;
+  0.3-0.6 ms for all four reduce-scatter chunks, whose receives are posted with the sends) the
+  sender's next compute also waits until the message is off the wire;
 - `hold(keys, ends, us, ...)`: a process that takes the resources `keys` (folded as routes are)
   and holds them for `us` (a time the caller computed, e.g. one NCCL call by `cost_model.nccl`
   over every member's ports), its `ends` communicating meanwhile;
