@@ -68,7 +68,7 @@ from typing import Iterable
 from .collectives import CollSpec
 from .curves import bulk_rate, fit_curve, fixed_cost, monotone, smooth, solve
 from .closed_collectives import collective_us
-from .microbench import LIBRARY, SHM, Measurement, predict_ms  # noqa: F401 (re-exported)
+from .microbench import LIBRARY, SHM, Measurement, pool, predict_ms  # noqa: F401 (re-exported)
 from .topology import Device, LinkClass, Topology
 
 FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel",

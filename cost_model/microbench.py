@@ -1,17 +1,19 @@
 """The calibration's microbenchmarks as data: a `Measurement` (one benchmark at one size: `kind`,
 `nbytes`, the median `time_ms` over rounds, its min/max and mean (`time_ms_mean`), `world_size`
 P, `flops`, and for some kinds the bytes of their parts or their chunks), the kinds' prefixes
-(`library_<routine>`, `shm_<collective>`), and `predict_ms(topo, m)`: the cost model's time for
+(`library_<routine>`, `shm_<collective>`), `predict_ms(topo, m)`: the cost model's time for
 each, which the fit (`cost_model.calibration`) inverts and the calibration's own
-predicted-vs-measured table shows.
+predicted-vs-measured table shows, and `pool(calibrations)`: several calibrations of one machine
+as one set of measurements, which the fit reads as it reads one.
 What each kind measures: `experiments.calibrate`. Units: `time_ms` in ms, `nbytes` in bytes,
 topology fields as named (`_us`, `_gbps`).
 """
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from .closed_collectives import collective_us
 from .collectives import CollSpec
@@ -40,6 +42,35 @@ class Measurement:
     def of(cls, d: dict) -> "Measurement":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# what makes two calibrations' measurements the same benchmark (besides their values)
+IDENTITY = ("kind", "nbytes", "world_size", "flops", "exchange_bytes", "kernel_bytes", "chunks")
+
+
+def pool(calibrations: Sequence[Sequence[dict]]) -> list[dict]:
+    """Several calibrations (each a calibration.json's list of measurement dicts) as one: per
+    benchmark (`IDENTITY`), the median over the calibrations that measured it of `time_ms` and
+    of `time_ms_mean`, the least `time_ms_min`, the greatest `time_ms_max`, the `rounds` summed,
+    and `calibrations` = how many measured it. A benchmark's median over 20 rounds of a shared
+    machine moves by about 10% from one calibration to the next (the ring exchange at 32 MiB:
+    27-39 ms in twelve calibrations), which moves a predicted speedup by 4-8%; the median of
+    several calibrations moves less. In the order of the first calibration that has each."""
+    groups: dict[tuple, list[dict]] = {}
+    for cal in calibrations:
+        for m in cal:
+            groups.setdefault(tuple(m.get(k) for k in IDENTITY), []).append(m)
+    out = []
+    for ms in groups.values():
+        m = dict(ms[0])
+        for key, how in (("time_ms", statistics.median), ("time_ms_mean", statistics.median),
+                         ("time_ms_min", min), ("time_ms_max", max), ("rounds", sum)):
+            values = [x[key] for x in ms if x.get(key) is not None]
+            if values:
+                m[key] = how(values)
+        m["calibrations"] = len(ms)
+        out.append(m)
+    return out
 
 
 # -- the model's time for each microbenchmark -----------------------------------------------------

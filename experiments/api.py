@@ -130,6 +130,10 @@ class MeasureSettings:
     ci_pct: float = 2.5  # rounds stop when every speedup's 95% interval is within +-ci_pct%
     # points already measured (resume): (world size, sorted (symbol, value) pairs), skipped
     skip: frozenset = frozenset()
+    # experiment=calibrate: the folder of this machine's earlier calibrations, which the fit
+    # pools with this one and keeps it in (experiments.calibration_history; None: neither) ...
+    calibration_history: Optional[Path] = None
+    calibration_pool: int = 1  # ... and how many calibrations the fit pools, this one included
 
 
 @dataclass(frozen=True, kw_only=True)

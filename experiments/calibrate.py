@@ -65,7 +65,12 @@ when none is cached). The fit (`cost_model.calibration.fit`, which only sees the
 data) is written to
 `topology.yaml` in the run directory (use it with `topology=local topology.path=FILE`), the raw
 measurements to `calibration.json`, and measured and predicted rows of every benchmark to
-results.csv (`schedule` = the benchmark, `size` = bytes).
+results.csv (`schedule` = the benchmark, `size` = bytes). Given a history folder
+(`MeasureSettings.calibration_history`: the suite keeps one per machine and measurement code),
+the fit reads this calibration pooled with up to `calibration_pool - 1` earlier ones of the
+same scale and ranks kept there (per benchmark the median over them, `with_history`; what it
+read: calibration_pooled.json), and this one is kept there; the rows and the calibration's own
+predicted-vs-measured check stay this calibration's.
 """
 from __future__ import annotations
 
@@ -87,12 +92,13 @@ from codegen.runtime import comm
 from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import run_ranks
-from cost_model.calibration import LIBRARY, SHM, Measurement, fit, fit_shm, predict_ms
+from cost_model.calibration import LIBRARY, SHM, Measurement, fit, fit_shm, pool, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.table import append_row
 
 from .api import Experiment
+from .calibration_history import keep, pooled
 from .optimizers import adam_program
 from .registry import register
 from ._benches import (Bench, communication, kernels, library_steps, matmuls, overlap,
@@ -101,6 +107,7 @@ from .rounds import calls_for
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
+POOLED = "calibration_pooled.json"  # what the fit read, where it pooled several calibrations
 TOPOLOGY_SHM = "topology_shm.yaml"  # with comm=shm: the shared-memory transport's topology
 # scale "quick": the default sizes' range, every other size, one pass: what a run calibrates
 # with when none is cached for this machine (suite.calibration), in about 20 s
@@ -243,16 +250,17 @@ def measure(settings) -> list[dict]:
     took = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CALIBRATION).write_text(json.dumps(raw, indent=1))
+    measurements, pooled_with = with_history(raw, settings, out_dir)
     source = (f"calibrated by experiment=calibrate on {platform.node()} ({P} ranks, "
-              f"{settings.scale} scale, {time.strftime('%Y-%m-%d %H:%M')})")
-    topo = fit(raw, load_topology("local"), P, source=source)
+              f"{settings.scale} scale, {time.strftime('%Y-%m-%d %H:%M')}{pooled_with})")
+    topo = fit(measurements, load_topology("local"), P, source=source)
     path = dump_topology(topo, out_dir / TOPOLOGY, header=source + "\nUse it with: python -m "
                          f"suite experiment=... topology=local topology.path={out_dir / TOPOLOGY}")
     print(f"calibration: {len(raw)} measurements on {P} ranks in {took:.0f} s; fitted topology "
           f"written to {path}", flush=True)
     print(describe(topo), flush=True)
     if spec["shm"]:
-        shm = fit_shm(raw, topo, P, source=source + ", comm=shm")
+        shm = fit_shm(measurements, topo, P, source=source + ", comm=shm")
         path = dump_topology(shm, out_dir / TOPOLOGY_SHM, header=shm.source + "\nUse it with: "
                              f"python -m suite experiment=... comm=shm topology=local "
                              f"topology.path={out_dir / TOPOLOGY_SHM}")
@@ -261,6 +269,30 @@ def measure(settings) -> list[dict]:
     for r in rows:
         append_row(settings.csv_path, r)
     return rows
+
+
+def with_history(raw: list[dict], settings, out_dir: Path) -> tuple[list[dict], str]:
+    """The measurements the fit reads, and how the topology's source names them: this
+    calibration's own (`raw`), or, with `settings.calibration_history`, pooled with the
+    `calibration_pool - 1` latest calibrations kept there of the same scale and ranks
+    (`experiments.calibration_history`; per benchmark the median over them,
+    `cost_model.calibration.pool`, written to calibration_pooled.json). This calibration is
+    kept there too, for the next."""
+    history = settings.calibration_history
+    if history is None:
+        return raw, ""
+    used = pooled(Path(history), raw, settings.scale, settings.world_size,
+                  max(1, settings.calibration_pool))
+    kept_as = keep(Path(history), raw, settings.scale, settings.world_size)
+    print(f"calibration kept in {kept_as}; the fit pools {len(used)} calibration"
+          f"{'s' if len(used) > 1 else ''} of this machine (calibration_pool="
+          f"{settings.calibration_pool}): {', '.join(name for name, _ in used)}", flush=True)
+    if len(used) == 1:
+        return raw, ""
+    measurements = pool([m for _, m in used])
+    (out_dir / POOLED).write_text(json.dumps(measurements, indent=1))
+    return measurements, f"; per benchmark the median of {len(used)} calibrations: this one " \
+        f"and {len(used) - 1} earlier of this machine"
 
 
 def predict(settings) -> list[dict]:

@@ -19,7 +19,10 @@ with the topology fitted to them (topology_shm.yaml, beside topology.yaml; a cac
 without it is measured again); the library baseline on gloo, which such a run times too, is
 predicted with the same calibration's topology.yaml (`Calibration.gloo_path`).
 `topology.path=FILE` always wins (and predicts no gloo baseline). Every report names the
-calibration it used (`describe`).
+calibration it used (`describe`). Every calibration, the quick pass and experiment=calibrate's
+alike, is also kept in `.cache/calibration/history/<key>/` (`history_dir`: keyed by the machine
+and the measurement code alone), and the fit reads it pooled with the `calibration_pool - 1`
+latest kept ones of the same scale and ranks (`experiments.calibration_history`).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from typing import Optional
 import torch
 
 import experiments
+from cost_model.topology import load_topology
 from experiments import MeasureSettings
 
 from . import CACHE_DIR, PROJECT_ROOT
@@ -49,6 +53,7 @@ MODES = ("auto", "refresh", "off")
 CODE = ("experiments/calibrate.py", "experiments/_benches.py", "experiments/rounds.py",
         "experiments/optimizers.py", "cost_model/calibration.py", "cost_model/curves.py",
         "cost_model/microbench.py")
+MEASURING = CODE[:4]  # what the measurements alone depend on: the history's key (`history_dir`)
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
 
@@ -63,12 +68,12 @@ class Calibration:
     gloo_path: Optional[Path] = None  # comm=shm: the same calibration's gloo topology.yaml
 
 
-def fingerprint(keep_awake: bool = True) -> dict:
-    """What makes one machine's calibration another's: hardware, software, calibration code, and
-    whether the CPUs were kept awake (`codegen.runtime.awake`: it changes every communication's
-    time)."""
+def fingerprint(keep_awake: bool = True, files=CODE) -> dict:
+    """What makes one machine's calibration another's: hardware, software, calibration code (a
+    hash of `files`), and whether the CPUs were kept awake (`codegen.runtime.awake`: it changes
+    every communication's time)."""
     code = hashlib.sha256()
-    for rel in CODE:
+    for rel in files:
         code.update((PROJECT_ROOT / rel).read_bytes())
     return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
             "torch": torch.__version__, "compiler": _compiler(), "code": code.hexdigest()[:16],
@@ -98,7 +103,8 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     print(f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
           f"cached in {where} for later runs) ...", flush=True)
     started = time.monotonic()
-    _calibrate(where, fp, world_size, "shm" if shm else None)
+    _calibrate(where, fp, world_size, "shm" if shm else None,
+               history_dir(cfg.keep_awake, cache), cfg.calibration_pool)
     took = time.monotonic() - started
     print(f"calibrated in {took:.0f} s: {where / name}", flush=True)
     meta = json.loads((where / FINGERPRINT).read_text())
@@ -106,8 +112,18 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
                        gloo_path=where / TOPOLOGY if shm else None)
 
 
-def describe(found: Optional[Calibration], cfg) -> str:
-    """How a report names the calibration it used."""
+def history_dir(keep_awake: bool = True, cache: Path = CACHE_DIR / "calibration") -> Path:
+    """Where this machine's calibrations are kept, to be fitted together
+    (`experiments.calibration_history`): keyed as the cache is, but by the measurement code
+    alone (`MEASURING`), so a change to the fit keeps the measurements it can read."""
+    return cache / "history" / key_of(fingerprint(keep_awake, MEASURING))
+
+
+def describe(found: Optional[Calibration], cfg, fitted: Optional[Path] = None) -> str:
+    """How a report names the calibration it used; `fitted`: the topology.yaml the run fitted
+    itself (experiment=calibrate), named by its source (what it pooled)."""
+    if fitted is not None and fitted.exists():
+        return f"fitted by this run, {load_topology(path=fitted).source}: {fitted}"
     if cfg.topology.path:
         return f"topology.path={cfg.topology.path} (given)"
     if found is None:
@@ -117,14 +133,16 @@ def describe(found: Optional[Calibration], cfg) -> str:
     return f"{found.key} ({how}, {found.created}): {found.path}"
 
 
-def _calibrate(where: Path, fp: dict, world_size: int, comm: Optional[str] = None) -> None:
+def _calibrate(where: Path, fp: dict, world_size: int, comm: Optional[str] = None,
+               history: Optional[Path] = None, pool: int = 1) -> None:
     where.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".calibrating-", dir=where.parent))
     try:
         settings = MeasureSettings(scale="quick", max_elements=1 << 25,
                                    world_size=max(2, world_size), warmup=1, repeats=3,
                                    csv_path=tmp / "results.csv", kernels_dir=tmp / "kernels",
-                                   comm=comm)
+                                   comm=comm, calibration_history=history,
+                                   calibration_pool=pool)
         experiments.get("calibrate").measure(settings)
         created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         (tmp / FINGERPRINT).write_text(json.dumps({**fp, "created": created}, indent=2) + "\n")

@@ -147,6 +147,10 @@ class Config:
     # The local topology (suite.calibration): auto, the calibration cached for this machine
     # (calibrating first when none matches); refresh, calibrate again; off, the shipped figures.
     calibration: str = "auto"
+    # How many calibrations of this machine a calibration's fit pools, itself included: the
+    # latest kept in .cache/calibration/history/ of the same scale and ranks, per benchmark
+    # the median (experiments.calibration_history); 1: this calibration alone.
+    calibration_pool: int = 8
     # Idle-priority spinners keep the CPUs from halting while the run calibrates and measures
     # (codegen.runtime.awake: on a VM a halted vCPU wakes a blocked gloo thread milliseconds
     # late); the calibration cache is keyed by it.
@@ -201,6 +205,9 @@ def validate(cfg: Config) -> None:
         raise SuiteError(f"seed={cfg.seed} is out of range; seeds are integers in [0, 2^32)")
     if cfg.calibration not in ("auto", "refresh", "off"):
         raise SuiteError(f"calibration={cfg.calibration!r} is not one of auto, refresh, off")
+    if not 1 <= cfg.calibration_pool <= 100:
+        raise SuiteError(f"calibration_pool={cfg.calibration_pool} is out of range; it is how "
+                         "many calibrations a fit pools, 1 to 100")
     if cfg.comm is not None and transport(cfg.comm, "") != cfg.backend.comm:
         takes = cfg.backend.comm if cfg.backend.name != "cpu" else "gloo|shm|library"
         raise SuiteError(f"comm={cfg.comm} and backend.comm={cfg.backend.comm} disagree; give "

@@ -58,7 +58,7 @@ from reports.sections import measured_section
 from reports.summary import schedule_summary, text_table
 from reports.table import append_row, read_table
 
-from .calibration import describe, local_calibration
+from .calibration import describe, history_dir, local_calibration
 from .config import Config, extra_topologies, topology_of, validate
 from .errors import SuiteError, fail, fail_run
 from .generate import generate
@@ -131,7 +131,8 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         stopped = Interrupted(received()) if received() else e
     except (SuiteError, dsl.DSLError) as e:
         fail(e)
-    path = report(cfg, exp, schedules, checks, out_dir, describe(found, cfg))
+    path = report(cfg, exp, schedules, checks, out_dir, describe(
+        found, cfg, out_dir / "topology.yaml" if exp.fits_topology else None))
     if stopped is not None:
         end_early(stopped, exp, cfg, out_dir, path)
     print(final_summary(exp.name, out_dir, bool(calibrated.topology.path)
@@ -242,7 +243,10 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                min_rounds=cfg.scale.min_rounds,
                                max_rounds=cfg.scale.max_rounds, point_budget_s=cfg.scale.budget_s,
                                ci_pct=cfg.scale.ci_pct, long_rounds=cfg.scale.long_rounds,
-                               long_budget_s=cfg.scale.long_budget_s, skip=skip)
+                               long_budget_s=cfg.scale.long_budget_s, skip=skip,
+                               calibration_history=(history_dir(cfg.keep_awake)
+                                                    if exp.fits_topology else None),
+                               calibration_pool=cfg.calibration_pool)
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
           "scale)", flush=True)

@@ -54,7 +54,8 @@ STATIC = [
     "scale.warmup=-1", "scale.max_elements=0", "scale.min_rounds=0", "scale.max_rounds=1",
     "scale.budget_s=0", "scale.budget_s=-5", "scale.long_rounds=-1",
     "scale.long_budget_s=-3", "scale.ci_pct=0", "calibration=sometimes",
-    "calibration=", "resume=maybe",
+    "calibration=", "resume=maybe", "calibration_pool=0", "calibration_pool=101",
+    "calibration_pool=few",
     # names and types
     "experiment=nope", "scale=huge", "backend=tpu", "topology=dgx9", "seed=abc", "world_size=two",
     "nosuchkey=1", "+nosuchkey=1", "scale.nope=1", "experiment.sizes=7", "verify.trials=1.5",

@@ -17,7 +17,7 @@ ADAM = experiments.get("adam_fusion")
 def _cfg(mode="auto", path=None, topology="local", backend="cpu", keep_awake=True):
     return N(calibration=mode, topology=N(path=path, name=topology), backend=N(name=backend,
                                                                              comm="ring"),
-             keep_awake=keep_awake)
+             keep_awake=keep_awake, calibration_pool=8)
 
 
 def test_fingerprint_names_the_machine_and_the_code():
@@ -58,8 +58,11 @@ def test_refresh_calibrates_for_real_and_replaces_the_cache(tmp_path, capfd):
     assert "calibrating this machine first (calibration=refresh" in out and "calibrate [" in out
     assert found.fresh and found.took_s > 0 and found.path == where / "topology.yaml"
     assert not (where / "stale").exists() and (where / "calibration.json").exists()
+    # and kept in the history, where the next calibration's fit finds it
+    assert len(list(calibration.history_dir(True, tmp_path).glob("*-quick-p2.json"))) == 1
     assert json.loads((where / "fingerprint.json").read_text())["cores"] == fingerprint()["cores"]
-    assert [p.name for p in tmp_path.iterdir()] == [where.name]  # no temporary folder left
+    # no temporary folder left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([where.name, "history"])
     again = local_calibration(_cfg(), ADAM, 2, cache=tmp_path)
     assert not again.fresh and again.created == found.created
 

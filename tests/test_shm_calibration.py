@@ -78,7 +78,7 @@ def test_the_fused_step_streams_at_the_concurrent_rate_not_the_lone_sweeps():
 
 def _cfg(comm):
     return N(calibration="auto", topology=N(path=None, name="local"),
-             backend=N(name="cpu", comm=comm), keep_awake=True)
+             backend=N(name="cpu", comm=comm), keep_awake=True, calibration_pool=8)
 
 
 def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp_path,
@@ -90,8 +90,9 @@ def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp
     (where / "fingerprint.json").write_text(json.dumps({"created": "then"}))
     asked = []
 
-    def calibrate(folder, fp, world, comm=None):
+    def calibrate(folder, fp, world, comm=None, history=None, pool=1):
         asked.append(comm)
+        assert history.parent == tmp_path / "history" and pool == 8
         (folder / "topology_shm.yaml").write_text("name: local\n")
         (folder / "fingerprint.json").write_text(json.dumps({"created": "now"}))
 
