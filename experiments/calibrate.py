@@ -277,13 +277,16 @@ def with_history(raw: list[dict], settings, out_dir: Path) -> tuple[list[dict], 
     `calibration_pool - 1` latest calibrations kept there of the same scale and ranks
     (`experiments.calibration_history`; per benchmark the median over them,
     `cost_model.calibration.pool`, written to calibration_pooled.json). This calibration is
-    kept there too, for the next."""
+    kept there too, for the next (where it cannot be written, the run says so and goes on)."""
     history = settings.calibration_history
     if history is None:
         return raw, ""
     used = pooled(Path(history), raw, settings.scale, settings.world_size,
                   max(1, settings.calibration_pool))
-    kept_as = keep(Path(history), raw, settings.scale, settings.world_size)
+    try:
+        kept_as = str(keep(Path(history), raw, settings.scale, settings.world_size))
+    except OSError as e:  # the fit does not need it: say so, and go on
+        kept_as = f"no history (not kept: {e})"
     print(f"calibration kept in {kept_as}; the fit pools {len(used)} calibration"
           f"{'s' if len(used) > 1 else ''} of this machine (calibration_pool="
           f"{settings.calibration_pool}): {', '.join(name for name, _ in used)}", flush=True)

@@ -94,3 +94,13 @@ def test_the_history_is_keyed_by_the_machine_and_the_measurement_code_alone(tmp_
     where = history_dir(True, tmp_path)
     assert where == tmp_path / "history" / key_of(fingerprint(True, MEASURING))
     assert where.name != key_of(fingerprint(True)) and history_dir(False, tmp_path) != where
+
+
+def test_a_history_that_cannot_be_written_does_not_stop_the_calibration(tmp_path, capsys):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    ms = [dataclasses.asdict(m) for m in synthetic(truth())]
+    settings = N(calibration_history=blocked / "history", calibration_pool=8, scale="default",
+                 world_size=2)
+    got, source = with_history(ms, settings, tmp_path)
+    assert got == ms and source == "" and "not kept" in capsys.readouterr().out
