@@ -52,10 +52,9 @@ def pool(calibrations: Sequence[Sequence[dict]]) -> list[dict]:
     """Several calibrations (each a calibration.json's list of measurement dicts) as one: per
     benchmark (`IDENTITY`), the median over the calibrations that measured it of `time_ms` and
     of `time_ms_mean`, the least `time_ms_min`, the greatest `time_ms_max`, the `rounds` summed,
-    and `calibrations` = how many measured it. A benchmark's median over 20 rounds of a shared
-    machine moves by about 10% from one calibration to the next (the ring exchange at 32 MiB:
-    27-39 ms in twelve calibrations), which moves a predicted speedup by 4-8%; the median of
-    several calibrations moves less. In the order of the first calibration that has each."""
+    and `calibrations` = how many measured it; in the order of the first calibration that has
+    each. On a shared machine one calibration's medians move by about 10% from one calibration
+    to the next; the median of several moves less (experiments.calibration_history)."""
     groups: dict[tuple, list[dict]] = {}
     for cal in calibrations:
         for m in cal:

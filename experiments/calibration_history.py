@@ -9,10 +9,8 @@
 `<UTC time, to the microsecond>-<scale>-p<ranks>.json`, so names sort by time. `pooled` gives
 this calibration and the `n - 1` latest kept ones of the same scale and number of ranks;
 `cost_model.calibration.pool` makes them one set of measurements (per benchmark the median over
-the calibrations), which the fit reads as one. On a shared machine one calibration's medians
-move a predicted speedup by 4-8% from one calibration to the next; re-predicting nine stored
-runs of experiment=paper with each one's calibration pooled with up to seven before it took
-the median time error of adam_fusion from 3.9-11.0% to 3.6-5.1% (README, "Calibration").
+the calibrations), which the fit reads as one (why, with the figures: README, "Running",
+"Calibrations are fitted together").
 A kept file is written whole (a temporary file renamed), so a crash leaves none half written;
 no file is ever deleted or rewritten. A file that does not parse is skipped with a warning.
 """
