@@ -41,10 +41,9 @@ On every rank of the default process group, collectively:
   has used `budget.budget_s` seconds of wall time, and, where its rounds are long, either
   `budget.long_rounds` rounds or `budget.long_budget_s` seconds), or after `budget.max_rounds`
   ("rounds"). The extension spends time where steps are long: a 2^24-element optimizer step
-  (about 1.4 s a round) gets only `min_rounds` in 15 s, and its speedup's interval then reaches
-  7-16% either side (three `experiment=paper` runs); with 105 rounds three runs repeated within
-  +-1.9% (README). Points with short rounds reach `long_rounds` inside `budget_s` and stop as
-  before.
+  (1.2-2.8 s a round) gets only `min_rounds` in 15 s, and its speedup's interval then reaches
+  7-16% either side (three `experiment=paper` runs); the interval narrows as 1/sqrt(rounds).
+  Points with short rounds reach `long_rounds` inside `budget_s` and stop as before.
 
 Pure rules (`paired`, `bootstrap_median`, `calls_for`, `out_of_time`) are separate from the rank
 loop.
