@@ -5,8 +5,8 @@
 Every rank runs the same operations side by side with the runtime every experiment uses
 (`codegen.runtime.comm` over gloo, kernels from `codegen.build`), in interleaved rounds as the
 measurement harness times schedules (`interleaved`): each round runs every benchmark once, in a
-fresh random order (the same on every rank), each sample after an untimed call of its own and a
-barrier, the slowest rank's time
+fresh random order (the same on every rank), each sample after an untimed call of its own (a
+benchmark under `experiments.rounds.LONG_CALL_MS` a call) and a barrier, the slowest rank's time
 per call (a short benchmark's sample holds several calls, `experiments.rounds.calls_for`: a
 local operation's back to back, a communication's each after its own barrier, the sample their
 median, `experiments.rounds.sample_ms`, as every experiment's rounds and `collectives` time
@@ -103,7 +103,7 @@ from .optimizers import adam_program
 from .registry import register
 from ._benches import (Bench, communication, kernels, library_steps, matmuls, overlap,
                        sequences, shm_collectives)
-from .rounds import calls_for
+from .rounds import calls_for, needs_untimed
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
@@ -192,8 +192,9 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
     """Per bench, per kind of it, one sample per round: warm-up (each bench `warmup` times, the last
     one's slowest-rank time sets how many calls make a sample of a short bench, as
     `experiments.rounds` does, and never fewer than the bench's `min_calls`), then `rounds`
-    rounds, each running every bench once (one untimed `sample(1)` before each timed sample,
-    as `experiments.rounds` does) in a fresh random order
+    rounds, each running every bench once (one untimed `sample(1)` before each timed sample of a
+    bench whose warm-up took under LONG_CALL_MS, as `experiments.rounds` does: `needs_untimed`)
+    in a fresh random order
     (`numpy.random.default_rng([seed, round])`: the same on every rank), the round's times the
     slowest rank's (one all_reduce MAX), so drifts of a shared machine reach every benchmark
     alike and benchmarks compared with each other are compared round by round."""
@@ -204,6 +205,7 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
     calls = [max(b.min_calls, calls_for(float(w))) if b.repeatable else 1
              for b, w in zip(benches, warm)]
+    untimed = [needs_untimed(float(w)) for w in warm]
     slots, width = [], 0
     for b in benches:
         slots.append(width)
@@ -213,7 +215,8 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
     for r in range(rounds):
         vec = torch.zeros(width, dtype=torch.float64)
         for i in np.random.default_rng([seed, r]).permutation(len(benches)):
-            benches[i].sample(1)  # untimed: a sample never takes the first call (as the rounds')
+            if untimed[i]:  # a sample never takes the first call (as the rounds')
+                benches[i].sample(1)
             vec[slots[i]:slots[i] + len(benches[i].kinds)] = torch.tensor(
                 benches[i].sample(calls[i]), dtype=torch.float64)
         dist.all_reduce(vec, op=dist.ReduceOp.MAX)

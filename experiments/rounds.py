@@ -11,12 +11,19 @@ On every rank of the default process group, collectively:
 - warm-up: each function `budget.warmup` times (at least once), in the given order; each one's
   last warm-up (the slowest rank's time) sets its `calls[name]` (`calls_for`), how many calls
   make one of its samples (a call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at
-  most MAX_CALLS), so a function is called max(1, warmup) + rounds x (1 + calls[name]) times;
-- before each sample, one untimed call of the same function (after its own barrier), so that no
-  sample takes the first call after another function: that call ran slower (RS-C-AG at 2^20
-  elements: 8.6 against 7.7 ms, `python -m benchmarks.steps`), and a step of 5 ms and more,
-  sampled as one call, always took it where a shorter step's median of several calls did not;
-  calibration's benchmarks are sampled the same way (`experiments.calibrate.interleaved`);
+  most MAX_CALLS), so a function is called max(1, warmup) + rounds x (1 + calls[name]) times
+  (max(1, warmup) + rounds x calls[name] where its call is long: below);
+- before each sample of a function whose warm-up took under LONG_CALL_MS, one untimed call of
+  the same function (after its own barrier), so that no sample takes the first call after
+  another function: that call ran slower (RS-C-AG at 2^20 elements: 8.6 against 7.7 ms,
+  `python -m benchmarks.steps`), and a step of 5 ms and more, sampled as one call, always took
+  it where a shorter step's median of several calls did not. A longer call (`needs_untimed`)
+  has no such first call to leave out: its buffers are far beyond the caches, and at 2^22 and
+  2^24 elements the first call after another schedule was within -2.3..+3.5% of the later ones,
+  either way (`benchmarks.steps` on adam's and lamb's AR-C, RS-C-AG+as_slice and
+  fuse(RS-C-AG)+as_slice, 12-30 rounds), so it samples at once: its rounds take half the time
+  and get twice as many samples in their budget. Calibration's benchmarks are sampled the same
+  way (`experiments.calibrate.interleaved`);
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
   alone by the backend's clock; the sample is the median of those calls' times in ms (the
   experiments' schedules, `experiments.calibrate`'s microbenchmarks and
@@ -63,6 +70,9 @@ import torch.distributed as dist
 
 # a sample of a short call: calls adding up to MIN_SAMPLE_MS, at least MIN_CALLS, at most MAX_CALLS
 MIN_SAMPLE_MS, MIN_CALLS, MAX_CALLS = 5.0, 3, 64
+# a call at least this long (its warm-up, the slowest rank's) takes no untimed call before its
+# samples (`needs_untimed`)
+LONG_CALL_MS = 25.0
 RESAMPLES = 1000  # bootstrap resamples per interval
 
 
@@ -159,6 +169,12 @@ def calls_for(call_ms: float) -> int:
     return max(MIN_CALLS, min(MAX_CALLS, math.ceil(MIN_SAMPLE_MS / max(call_ms, 1e-6))))
 
 
+def needs_untimed(call_ms: float) -> bool:
+    """Whether a function whose call took `call_ms` gets an untimed call before each sample: a
+    call under LONG_CALL_MS, whose first call after another function runs slower."""
+    return call_ms < LONG_CALL_MS
+
+
 def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple,
                clock, baseline: Optional[str] = "baseline", aside: Sequence[str] = ()) -> Rounds:
     """Time `fns` in interleaved rounds on every rank (see the module)."""
@@ -172,12 +188,14 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
             warm[i] = sample_ms(fns[name], 1, clock)  # one call: any statistic
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
     calls = {name: calls_for(float(w)) for name, w in zip(names, warm)}
+    untimed = {name: needs_untimed(float(w)) for name, w in zip(names, warm)}
     times: dict[str, list[float]] = {n: [] for n in names}
     round_ = torch.zeros(len(names) + 1, dtype=torch.float64)
     stopped = "rounds"
     for r in range(budget.max_rounds):
         for i in np.random.default_rng([*_ints(key), r]).permutation(len(names)):
-            sample_ms(fns[names[i]], 1, clock)  # untimed: a sample never takes the first call
+            if untimed[names[i]]:  # a sample never takes the first call
+                sample_ms(fns[names[i]], 1, clock)
             round_[i] = sample_ms(fns[names[i]], calls[names[i]], clock)
         round_[-1] = float(out_of_time(time.monotonic() - started, r + 1, budget))
         dist.all_reduce(round_, op=dist.ReduceOp.MAX)

@@ -211,6 +211,27 @@ def _calls_per_sample(rank, world):
     return seen
 
 
+def _long_bench(rank, world):
+    from experiments._benches import Bench
+    from experiments.calibrate import interleaved
+    from experiments.rounds import LONG_CALL_MS
+    seen = []
+
+    def sample(calls):
+        seen.append(calls)
+        return (LONG_CALL_MS,)  # ms a call: long enough to need no untimed call
+    interleaved([Bench(("z",), 4, sample)], rounds=3, warmup=1, rank=1)
+    return seen
+
+
+def test_a_long_bench_is_sampled_without_an_untimed_call_before_it():
+    """As the rounds' (`experiments.rounds.needs_untimed`): a bench of LONG_CALL_MS a call and
+    more takes its samples at once, a round a call."""
+    from codegen.runtime.launch import run_ranks
+    for seen in run_ranks(_long_bench, 2, timeout_s=60):
+        assert seen == [1, 1, 1, 1]  # warm-up, then 3 rounds of one sample each
+
+
 def test_a_bench_with_min_calls_takes_that_many_calls_per_sample_however_long_they_are():
     """The library steps a run's memory scale divides by (`library_steps`) are sampled as the
     median of LIBRARY_CALLS calls at least, not one call a round."""

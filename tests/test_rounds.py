@@ -11,8 +11,8 @@ import pytest
 from codegen.runtime.backend import WallClock
 from codegen.runtime.launch import launch
 from experiments.harness import _per_call
-from experiments.rounds import (MIN_CALLS, Budget, bootstrap_median, converged, interleave,
-                               out_of_time, paired)
+from experiments.rounds import (LONG_CALL_MS, MIN_CALLS, Budget, bootstrap_median, converged,
+                               interleave, needs_untimed, out_of_time, paired)
 
 
 def test_bootstrap_interval_holds_the_median_and_narrows_with_samples():
@@ -159,13 +159,14 @@ def test_a_rows_compute_is_the_median_calls_not_the_mean():
 
 
 def _first_call_slow(rank, world):
-    """Two functions whose first call after the other one is slow (300 ms, else 6 ms: far apart,
-    so that a loaded machine's delays cannot make one look like the other)."""
+    """Two functions whose first call after the other one is slow (20 ms, else 2 ms: the slow one
+    under LONG_CALL_MS; far apart, so that a loaded machine's delays cannot make one look like
+    the other)."""
     last, calls = [None], {"baseline": 0, "other": 0}
 
     def make(name):
         def fn():
-            time.sleep(0.300 if last[0] != name else 0.006)
+            time.sleep(0.020 if last[0] != name else 0.002)
             last[0] = name
             calls[name] += 1
         return fn
@@ -178,6 +179,32 @@ def test_a_sample_never_takes_the_first_call_after_another_function():
     """Each sample follows an untimed call of its own function: a step's first call after another
     schedule ran slower, and a one-call sample (a step of 5 ms and more) always took it."""
     (times, per_sample, calls), _ = launch(_first_call_slow, 2, timeout_s=120)
-    assert per_sample == {"baseline": 1, "other": 1}  # 300 ms at the warm-up: one call a sample
+    assert per_sample == {"baseline": 1, "other": 1}  # 20 ms at the warm-up: one call a sample
     assert calls == {"baseline": 1 + 3 * 2, "other": 1 + 3 * 2}  # warm-up, (untimed + timed) x 3
-    assert all(5.0 < t < 150.0 for ts in times.values() for t in ts)  # never the 300 ms call
+    assert all(1.0 < t < 14.0 for ts in times.values() for t in ts)  # never the 20 ms call
+
+
+def _long_and_short(rank, world):
+    """A function of LONG_CALL_MS a call beside a short one, 3 rounds: how often each is called."""
+    calls = {"baseline": 0, "long": 0}
+
+    def make(name, s):
+        def fn():
+            time.sleep(s)
+            calls[name] += 1
+        return fn
+    r = interleave({"baseline": make("baseline", 0.002),
+                    "long": make("long", LONG_CALL_MS / 1e3 * 1.2)},
+                   Budget(warmup=1, min_rounds=3, max_rounds=3, budget_s=60), key=(2,),
+                   clock=WallClock())
+    return r.calls, calls
+
+
+def test_a_long_call_is_sampled_without_an_untimed_call_before_it():
+    """A call of LONG_CALL_MS and more has no slow first call to leave out: its samples follow no
+    untimed call (half the time a round), a short one's still do."""
+    per_sample, calls = launch(_long_and_short, 2, timeout_s=120)[0]
+    assert per_sample["long"] == 1
+    # warm-up, then 3 rounds of (untimed + a sample) for the short one, of a sample for the long
+    assert calls == {"baseline": 1 + 3 * (1 + per_sample["baseline"]), "long": 1 + 3}
+    assert needs_untimed(LONG_CALL_MS - 1) and not needs_untimed(LONG_CALL_MS)
