@@ -12,18 +12,19 @@ On every rank of the default process group, collectively:
   last warm-up (the slowest rank's time) sets its `calls[name]` (`calls_for`), how many calls
   make one of its samples (a call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at
   most MAX_CALLS), so a function is called max(1, warmup) + rounds x (1 + calls[name]) times
-  (max(1, warmup) + rounds x calls[name] where its call is long: below);
-- before each sample of a function whose warm-up took under LONG_CALL_MS, one untimed call of
-  the same function (after its own barrier), so that no sample takes the first call after
-  another function: that call ran slower (RS-C-AG at 2^20 elements: 8.6 against 7.7 ms,
-  `python -m benchmarks.steps`), and a step of 5 ms and more, sampled as one call, always took
-  it where a shorter step's median of several calls did not. A longer call (`needs_untimed`)
-  has no such first call to leave out: its buffers are far beyond the caches, and at 2^22 and
-  2^24 elements the first call after another schedule was within -2.3..+3.5% of the later ones,
-  either way (`benchmarks.steps` on adam's and lamb's AR-C, RS-C-AG+as_slice and
-  fuse(RS-C-AG)+as_slice, 12-30 rounds), so it samples at once: its rounds take half the time
-  and get twice as many samples in their budget. Calibration's benchmarks are sampled the same
-  way (`experiments.calibrate.interleaved`);
+  (max(1, warmup) + rounds x calls[name] where the point's calls are long: below);
+- before each sample, one untimed call of the same function (after its own barrier), so that no
+  sample takes the first call after another function: that call ran slower (RS-C-AG at 2^20
+  elements: 8.6 against 7.7 ms, `python -m benchmarks.steps`), and a step of 5 ms and more,
+  sampled as one call, always took it where a shorter step's median of several calls did not.
+  Not where every function's warm-up took LONG_CALL_MS or more (`needs_untimed` of the shortest):
+  such calls have no slow first call to leave out (their buffers are far beyond the caches; at
+  2^22 and 2^24 elements the first call after another schedule was within -2.3..+3.5% of the
+  later ones, either way: `benchmarks.steps` on adam's and lamb's AR-C, RS-C-AG+as_slice and
+  fuse(RS-C-AG)+as_slice, 12-30 rounds), so their samples are taken at once and their rounds
+  take half the time; one rule for all of a point's functions, so that paired samples are
+  taken alike. Calibration's benchmarks are sampled the same way, each bench by its own calls
+  (`experiments.calibrate.interleaved`);
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
   alone by the backend's clock; the sample is the median of those calls' times in ms (the
   experiments' schedules, `experiments.calibrate`'s microbenchmarks and
@@ -188,13 +189,13 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
             warm[i] = sample_ms(fns[name], 1, clock)  # one call: any statistic
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
     calls = {name: calls_for(float(w)) for name, w in zip(names, warm)}
-    untimed = {name: needs_untimed(float(w)) for name, w in zip(names, warm)}
+    untimed = needs_untimed(float(warm.min()))  # the point's functions alike
     times: dict[str, list[float]] = {n: [] for n in names}
     round_ = torch.zeros(len(names) + 1, dtype=torch.float64)
     stopped = "rounds"
     for r in range(budget.max_rounds):
         for i in np.random.default_rng([*_ints(key), r]).permutation(len(names)):
-            if untimed[names[i]]:  # a sample never takes the first call
+            if untimed:  # a sample never takes the first call
                 sample_ms(fns[names[i]], 1, clock)
             round_[i] = sample_ms(fns[names[i]], calls[names[i]], clock)
         round_[-1] = float(out_of_time(time.monotonic() - started, r + 1, budget))

@@ -184,27 +184,36 @@ def test_a_sample_never_takes_the_first_call_after_another_function():
     assert all(1.0 < t < 14.0 for ts in times.values() for t in ts)  # never the 20 ms call
 
 
-def _long_and_short(rank, world):
-    """A function of LONG_CALL_MS a call beside a short one, 3 rounds: how often each is called."""
-    calls = {"baseline": 0, "long": 0}
+def _long_calls(rank, world, short_s):
+    """A function of 1.2 LONG_CALL_MS a call beside one of `short_s` seconds, 3 rounds: how often
+    each is called."""
+    calls = {"baseline": 0, "other": 0}
 
     def make(name, s):
         def fn():
             time.sleep(s)
             calls[name] += 1
         return fn
-    r = interleave({"baseline": make("baseline", 0.002),
-                    "long": make("long", LONG_CALL_MS / 1e3 * 1.2)},
+    r = interleave({"baseline": make("baseline", short_s),
+                    "other": make("other", LONG_CALL_MS / 1e3 * 1.2)},
                    Budget(warmup=1, min_rounds=3, max_rounds=3, budget_s=60), key=(2,),
                    clock=WallClock())
     return r.calls, calls
 
 
-def test_a_long_call_is_sampled_without_an_untimed_call_before_it():
-    """A call of LONG_CALL_MS and more has no slow first call to leave out: its samples follow no
-    untimed call (half the time a round), a short one's still do."""
-    per_sample, calls = launch(_long_and_short, 2, timeout_s=120)[0]
-    assert per_sample["long"] == 1
-    # warm-up, then 3 rounds of (untimed + a sample) for the short one, of a sample for the long
-    assert calls == {"baseline": 1 + 3 * (1 + per_sample["baseline"]), "long": 1 + 3}
+def test_a_point_of_long_calls_is_sampled_without_untimed_calls():
+    """Calls of LONG_CALL_MS and more have no slow first call to leave out: where every function
+    of a point is that long, samples follow no untimed call (half the time a round)."""
+    per_sample, calls = launch(_long_calls, 2, args=(LONG_CALL_MS / 1e3 * 1.5,),
+                               timeout_s=120)[0]
+    assert per_sample == {"baseline": 1, "other": 1}
+    assert calls == {"baseline": 1 + 3, "other": 1 + 3}  # warm-up, then a sample a round
     assert needs_untimed(LONG_CALL_MS - 1) and not needs_untimed(LONG_CALL_MS)
+
+
+def test_a_point_with_a_short_call_keeps_the_untimed_calls_of_all_its_functions():
+    """One rule for a point: a short function beside a long one, and both take an untimed call
+    before each sample, so that their paired samples are taken alike."""
+    per_sample, calls = launch(_long_calls, 2, args=(0.002,), timeout_s=120)[0]
+    assert per_sample["other"] == 1
+    assert calls == {"baseline": 1 + 3 * (1 + per_sample["baseline"]), "other": 1 + 3 * 2}
