@@ -57,8 +57,10 @@ def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
     `library_<routine>`, e.g. torch's fused Adam) over the time the run took for it at that
     point (`measured_ms`: `measured_memory_reference`), clipped to MEMORY_SCALE. None where the
     baseline names no routine the device has a curve of, nothing was measured, or the point's
-    gradient (f32) is smaller than the curve's smallest size (in the caches there, not in
-    memory)."""
+    gradient (f32) is smaller than the curve's smallest size (calibration did not time the
+    routine there; it times it from the smallest gradient the optimizer experiments measure,
+    2^20 elements, where a step's data is partly served by the caches, whose share a shared
+    machine's neighbours move as they move the memory rate)."""
     routine = getattr(exp.baseline, "routine", "") or getattr(exp.baseline, "probe", "")
     curve = topo.device.library_steps_us.get(routine) if routine else None
     if not curve or not measured_ms or measured_ms <= 0:

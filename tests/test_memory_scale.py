@@ -111,3 +111,17 @@ def test_the_probe_is_the_routines_own_step_on_a_copy_of_the_inputs():
     assert np.allclose(probe.g.numpy(), g.numpy())  # the gradient scaled back after each step
     assert not np.allclose(probe.w.numpy(), inputs["w"])  # Adam stepped w
 
+
+
+def test_calibration_times_the_library_step_at_every_measured_gradient_size():
+    """Every default-scale point of the optimizer experiments lies on calibration's
+    `library_adam` curve (from its smallest size up), so each gets a memory scale."""
+    from experiments.calibrate import LIBRARY_SCALES, sizes
+    for scale in ("quick", "default"):
+        smallest = min(sizes(scale, LIBRARY_SCALES))
+        curve = {4 * n: 1000.0 * n / smallest for n in sizes(scale, LIBRARY_SCALES)}
+        for name in ("adam_fusion", "lamb_fusion"):
+            exp = experiments.get(name)
+            for b in exp.points("default", 1 << 40):
+                assert b["N"] >= smallest
+                assert memory_scale(exp, calibrated(curve), b, 1.0) is not None
