@@ -314,6 +314,25 @@ class Topology:
             d, memory_bandwidth_gbps=d.memory_bandwidth_gbps * scale,
             stream_memory_gbps=d.stream_memory_gbps * scale))
 
+    def with_comm_scale(self, scale: float) -> "Topology":
+        """This topology with every link class's rate times `scale` (bandwidth x scale, latency
+        and overhead / scale: the intra-node link and its fallback, the NICs, the library's and
+        the lone calls' links): the same machine in another spell of its communication rate
+        (`experiments.predict.comm_scale`). NCCL's own figures (`nccl`) are left as they are."""
+        if scale <= 0:
+            raise ValueError(f"communication scale {scale}: must be > 0")
+
+        def link(c: Optional[LinkClass]) -> Optional[LinkClass]:
+            return c and dataclasses.replace(c, bandwidth_gbps=c.bandwidth_gbps * scale,
+                                             latency_us=c.latency_us / scale,
+                                             overhead_us=c.overhead_us / scale)
+        intra = dataclasses.replace(self.intra, link=link(self.intra.link),
+                                    fallback=link(self.intra.fallback))
+        inter = self.inter and dataclasses.replace(self.inter, nic=link(self.inter.nic))
+        return dataclasses.replace(self, intra=intra, inter=inter, library=link(self.library),
+                                   lone_link=link(self.lone_link),
+                                   lone_library=link(self.lone_library))
+
     def with_nodes(self, nodes: int) -> "Topology":
         if nodes < 1:
             raise TopologyError(f"topology.nodes={nodes}: must be >= 1")

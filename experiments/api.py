@@ -41,6 +41,9 @@ import torch
 Bindings = Mapping[str, int]
 
 GLOO_BASELINE = "baseline(gloo)"  # comm=shm: the library baseline on gloo, in the same rounds
+# the communication rate's reference timed in each measured point's rounds (`comm_probe_ms`): an
+# all-reduce of this many bytes of float32 over every rank, on the run's transport
+COMM_PROBE_BYTES = 8 << 20
 
 
 class Baseline(Protocol):

@@ -30,9 +30,11 @@ when it differs. Then per point:
   the baseline's row also has `library_ms` where the baseline keeps it: the part of its
   computation the cost model takes from the measurement; and `probe_ms` where the baseline
   names a memory probe, `memory_probe`: that library routine's median time, timed in the same
-  rounds on a copy of the inputs, not held to the rounds' target), `comm_ms` = time_ms -
-  compute_ms, and
-  an `ol(...)` schedule's
+  rounds on a copy of the inputs, not held to the rounds' target; on 2 ranks and more,
+  `comm_probe_ms`: the mean time of an all-reduce of COMM_PROBE_BYTES on the run's transport,
+  `comm_probe`, timed in the same rounds and not held to their target either: the
+  communication rate's reference, `experiments.predict.comm_scale`), `comm_ms` = time_ms -
+  compute_ms, and an `ol(...)` schedule's
   `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
 
 With comm=shm the library baseline also runs on gloo (`GLOO_BASELINE`, its own row), timed in
@@ -57,6 +59,7 @@ import torch.distributed as dist
 import dsl
 from codegen.lower import lower
 from codegen.runtime import backend as backends
+from codegen.runtime.backend import NO_STREAMS
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import placement, run_ranks
 from codegen.runtime.measure import Timing, time_ranks
@@ -68,10 +71,12 @@ from reports.progress import Progress
 from reports.table import append_row
 
 from . import registry
-from .api import GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings, with_defaults
+from .api import (COMM_PROBE_BYTES, GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings,
+                  with_defaults)
 from .rounds import Budget, interleave
 
 PROBE = "probe"  # the baseline's memory probe among a point's timed functions (`probe_ms`)
+COMM_PROBE = "comm_probe"  # the all-reduce timed among them, on 2 ranks and more (`comm_probe_ms`)
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 FUSED_CHUNKS = 4  # chunks of a fused collective
@@ -218,12 +223,16 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     if probe is not None:  # the memory rate's reference, in the same rounds (`probe_ms`)
         counted[PROBE] = _per_call(probe, probe.alone_step, False)
     fns = {name: fn for name, (fn, _) in counted.items()}
+    if world > 1:  # the communication rate's reference, in the same rounds (`comm_probe_ms`)
+        fns[COMM_PROBE] = comm_probe(backend, groups)
     rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock,
-                        aside=(PROBE,))
-    compute = dict(zip(fns, _rank_average([statistics.median(s["compute_ms"])
-                                           for _, s in counted.values()])))
+                        aside=(PROBE, COMM_PROBE))
+    compute = dict(zip(counted, _rank_average([statistics.median(s["compute_ms"])
+                                               for _, s in counted.values()])))
     extra = {"library_ms": (_rank_average([statistics.median(counted["baseline"][1][
-        "library_ms"])])[0] if library else None), "probe_ms": compute.pop(PROBE, None)}
+        "library_ms"])])[0] if library else None), "probe_ms": compute.pop(PROBE, None),
+        "comm_probe_ms": (statistics.fmean(rounds.times_ms[COMM_PROBE]) if COMM_PROBE in fns
+                          else None)}
     del timed, fns, counted, probe
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None
@@ -237,6 +246,16 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         rows.append(row(name, verified[name], compute[name], hidden,
                         **(extra if name == "baseline" else {})))
     return rows
+
+
+def comm_probe(backend, groups) -> Callable[[], None]:
+    """An all-reduce (sum) of COMM_PROBE_BYTES of float32 zeros over every rank, on the run's
+    transport as the baselines use it: the reference `experiments.predict.comm_scale` reads the
+    machine's communication rate from (its mean over the rounds, as calibration's fit takes its
+    collectives' means)."""
+    comm = backend.communicator(groups.world, NO_STREAMS)
+    buf = torch.zeros(COMM_PROBE_BYTES // 4, dtype=torch.float32, device=backend.device)
+    return lambda: comm.all_reduce(buf, "sum")
 
 
 def _per_call(obj, fn: Callable[[], None], library: bool):

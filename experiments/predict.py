@@ -26,7 +26,11 @@ same way (its computation the measured `baseline(gloo)` row's), as a row of its 
 row gains `speedup_gloo` = predicted gloo baseline time / its predicted time.
 
 `predictions(exp, settings)`: backend=cpu, every measured point on the local topology (or the
-calibrated one the run was given), then the experiment's paper setting (`exp.paper`);
+calibrated one the run was given), each point in the spell the machine was in while it was
+measured: the calibrated memory rates scaled by `memory_scale` (the baseline's library step, or
+the one timed beside it, against calibration's) and the links by `comm_scale` (the all-reduce
+timed in the point's rounds against the calibrated model's time for it), as the row's `note`
+says ("memory x1.12 comm x0.95"); then the experiment's paper setting (`exp.paper`);
 backend=sim, the chosen topology alone: the local topology at the experiment's own sweep and the
 run's world size, a GPU topology in the paper's setting scaled to it (`PaperSetting.world_on`).
 """
@@ -38,15 +42,17 @@ from typing import Optional
 
 from codegen.lower import lower
 from codegen.plan import Collective, Compute
+from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import Topology, load_topology
 from cost_model.validation import paper_results
 from cost_model.workload import choices, simulate
 from dsl import f32
 
-from .api import GLOO_BASELINE, Experiment, PredictSettings
+from .api import COMM_PROBE_BYTES, GLOO_BASELINE, Experiment, PredictSettings
 
 
 MEMORY_SCALE = (0.5, 2.0)  # the range a point's memory scale is clipped to
+COMM_SCALE = (0.5, 2.0)  # and its communication scale
 
 
 def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
@@ -70,6 +76,20 @@ def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
         return None
     scale = topo.device.library_step_us(routine, nbytes) / (measured_ms * 1e3)
     return min(MEMORY_SCALE[1], max(MEMORY_SCALE[0], scale))
+
+
+def comm_scale(topo: Topology, world: int, measured_ms: Optional[float]) -> Optional[float]:
+    """How fast the machine's communication ran at a measured point against its calibration:
+    the cost model's time on `topo` for the all-reduce the harness timed in the point's rounds
+    (COMM_PROBE_BYTES over `world` ranks: `cost_model.microbench.predict_ms`, calibration's own
+    check of its all_reduce) over its measured mean (`measured_ms`: `comm_probe_ms`; the fit
+    takes the means of calibration's collectives), clipped to COMM_SCALE. None where nothing
+    was measured (one rank, or results from before the probe)."""
+    if not measured_ms or measured_ms <= 0 or world < 2:
+        return None
+    probe = Measurement("all_reduce", COMM_PROBE_BYTES, 0.0, world)
+    scale = predict_ms(topo, probe) / measured_ms
+    return min(COMM_SCALE[1], max(COMM_SCALE[0], scale))
 
 
 def local_points(exp: Experiment, rows) -> list[tuple[int, dict]]:
@@ -96,6 +116,12 @@ def measured_memory_reference(exp: Experiment, rows) -> dict[tuple[int, str], fl
     computation is not the probe's routine), else its compute_ms (its own routine)."""
     col = "probe_ms" if getattr(exp.baseline, "probe", "") else "compute_ms"
     return _measured(rows, "baseline", (col,))
+
+
+def measured_comm_reference(rows) -> dict[tuple[int, str], float]:
+    """(world size, shape) -> the measured baseline row's `comm_probe_ms`, which `comm_scale`
+    reads."""
+    return _measured(rows, "baseline", ("comm_probe_ms",))
 
 
 def _measured(rows, schedule: str, cols) -> dict[tuple[int, str], float]:
@@ -273,6 +299,7 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
     reference = measured_memory_reference(exp, settings.measured)
+    comm_reference = measured_comm_reference(settings.measured)
     on_gloo = measured_baseline_compute(settings.measured, GLOO_BASELINE)
     gloo = settings.gloo_topology if on_gloo else None  # comm=shm measured it: predict it too
     rows = []
@@ -281,13 +308,18 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     here = local_points(exp, settings.measured) if settings.backend == "cpu" else []
     for world, b in here:
         compute = {s: ms for (w, s), ms in measured.items() if w == world}
-        scale = memory_scale(exp, local, b, reference.get((world, exp.size_and_shape(b)[1])))
-        point = predict(exp, local.with_memory_scale(scale or 1.0), [b], world,
-                        schedules=chosen and dict(chosen), baseline_compute_ms=compute,
-                        show=show, gloo=gloo and gloo.with_memory_scale(scale or 1.0),
+        shape = exp.size_and_shape(b)[1]
+        scale = memory_scale(exp, local, b, reference.get((world, shape)))
+        talk = comm_scale(local, world, comm_reference.get((world, shape)))
+        point = predict(exp, local.with_memory_scale(scale or 1.0).with_comm_scale(talk or 1.0),
+                        [b], world, schedules=chosen and dict(chosen),
+                        baseline_compute_ms=compute, show=show,
+                        gloo=gloo and gloo.with_memory_scale(scale or 1.0),
                         gloo_compute_ms={s: ms for (w, s), ms in on_gloo.items() if w == world})
-        for r in point if scale else ():
-            r["note"] = f"memory x{scale:.3f}"
+        note = " ".join(f"{what} x{x:.3f}" for what, x in (("memory", scale), ("comm", talk))
+                        if x)
+        for r in point if note else ():
+            r["note"] = note
         rows += point
     return rows + paper_rows(exp, settings.scale, schedules=chosen, show=show) + \
         paper_result_rows(exp.name)

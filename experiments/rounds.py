@@ -22,9 +22,10 @@ On every rank of the default process group, collectively:
   2^22 and 2^24 elements the first call after another schedule was within -2.3..+3.5% of the
   later ones, either way: `benchmarks.steps` on adam's and lamb's AR-C, RS-C-AG+as_slice and
   fuse(RS-C-AG)+as_slice, 12-30 rounds), so their samples are taken at once and their rounds
-  take half the time; one rule for all of a point's functions, so that paired samples are
-  taken alike. Calibration's benchmarks are sampled the same way, each bench by its own calls
-  (`experiments.calibrate.interleaved`);
+  take half the time; one rule for all of a point's compared functions, so that paired
+  samples are taken alike (a function in `aside`, a probe compared with calibration's
+  benchmark, by its own warm-up: `untimed_calls`). Calibration's benchmarks are sampled the
+  same way, each bench by its own calls (`experiments.calibrate.interleaved`);
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
   alone by the backend's clock; the sample is the median of those calls' times in ms (the
   experiments' schedules, `experiments.calibrate`'s microbenchmarks and
@@ -176,6 +177,17 @@ def needs_untimed(call_ms: float) -> bool:
     return call_ms < LONG_CALL_MS
 
 
+def untimed_calls(names: Sequence[str], warm_ms: Sequence[float],
+                  aside: Sequence[str] = ()) -> dict[str, bool]:
+    """Per function, whether an untimed call goes before each of its samples: one rule for the
+    functions compared with each other (`needs_untimed` of their shortest warm-up), so that
+    paired samples are taken alike; a function in `aside`, compared with calibration's
+    benchmark instead, by its own warm-up, as calibration samples that benchmark."""
+    held = [w for n, w in zip(names, warm_ms) if n not in aside] or list(warm_ms)
+    point = needs_untimed(min(held))
+    return {n: needs_untimed(w) if n in aside else point for n, w in zip(names, warm_ms)}
+
+
 def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple,
                clock, baseline: Optional[str] = "baseline", aside: Sequence[str] = ()) -> Rounds:
     """Time `fns` in interleaved rounds on every rank (see the module)."""
@@ -189,13 +201,13 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
             warm[i] = sample_ms(fns[name], 1, clock)  # one call: any statistic
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
     calls = {name: calls_for(float(w)) for name, w in zip(names, warm)}
-    untimed = needs_untimed(float(warm.min()))  # the point's functions alike
+    untimed = untimed_calls(names, [float(w) for w in warm], aside)
     times: dict[str, list[float]] = {n: [] for n in names}
     round_ = torch.zeros(len(names) + 1, dtype=torch.float64)
     stopped = "rounds"
     for r in range(budget.max_rounds):
         for i in np.random.default_rng([*_ints(key), r]).permutation(len(names)):
-            if untimed:  # a sample never takes the first call
+            if untimed[names[i]]:  # a sample never takes the first call
                 sample_ms(fns[names[i]], 1, clock)
             round_[i] = sample_ms(fns[names[i]], calls[names[i]], clock)
         round_[-1] = float(out_of_time(time.monotonic() - started, r + 1, budget))

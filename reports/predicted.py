@@ -287,21 +287,29 @@ def paper_section(df, experiment: str) -> str:
 
 
 def memory_note(rows) -> str:
-    """What the local prediction did about the machine's memory rate (`note` "memory xS" of its
-    rows, `experiments.predict.memory_scale`), or nothing where no point was scaled."""
+    """What the local prediction did about the machine's spells (`note` "memory xS comm xC" of
+    its rows: `experiments.predict.memory_scale`, `comm_scale`), or nothing where no point was
+    scaled."""
     local = rows[rows.topology == "local"]
     if "note" not in local or local.empty:
         return ""
-    scaled = local[local.note.astype(str).str.startswith("memory x")]
-    if scaled.empty:
-        return ""
-    scales = scaled.note.astype(str).str[len("memory x"):].astype(float)
-    points = len(scaled[["world_size", "shape"]].drop_duplicates())
-    return (f"Memory rate: at {points} point(s) the local prediction scaled the calibrated "
-            f"memory rates by how fast the run's own baseline ran its optimizer step (or the "
-            f"library step timed beside it, `probe_ms`) against calibration's "
-            f"(`library_<routine>`): x{scales.min():.2f} .. x{scales.max():.2f} "
-            "(`experiments.predict.memory_scale`).\n")
+    text = ""
+    for word, what in (("memory", "Memory rate: at {n} point(s) the local prediction scaled the "
+                        "calibrated memory rates by how fast the run's own baseline ran its "
+                        "optimizer step (or the library step timed beside it, `probe_ms`) "
+                        "against calibration's (`library_<routine>`): {span} "
+                        "(`experiments.predict.memory_scale`).\n"),
+                       ("comm", "Communication rate: at {n} point(s) the local prediction scaled "
+                        "the calibrated links by how fast an all-reduce of 8 MiB timed in the "
+                        "point's rounds ran (`comm_probe_ms`) against the calibrated model's "
+                        "time for it: {span} (`experiments.predict.comm_scale`).\n")):
+        got = local.note.astype(str).str.extract(rf"\b{word} x([0-9.]+)")[0].dropna()
+        if got.empty:
+            continue
+        scales = got.astype(float)
+        n = len(local.loc[got.index, ["world_size", "shape"]].drop_duplicates())
+        text += what.format(n=n, span=f"x{scales.min():.2f} .. x{scales.max():.2f}")
+    return text
 
 
 def predicted_section(df, experiment: str, out_dir: Path) -> str:

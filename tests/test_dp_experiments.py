@@ -33,6 +33,10 @@ def test_adam_and_lamb_match_the_library(tmp_path):
         # lamb's baseline has torch's fused Adam timed beside it (its memory probe), adam's not
         assert all((r.get("probe_ms", 0) > 0) == (name == "lamb_fusion") for r in base)
         assert "probe" not in schedules
+        # every baseline row has the all-reduce timed in its rounds (the communication rate's
+        # reference), no other row has, and it is no schedule of its own
+        assert all(r["comm_probe_ms"] > 0 for r in base) and "comm_probe" not in schedules
+        assert not any("comm_probe_ms" in r for r in rows if r["schedule"] != "baseline")
     table = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert len(table) == 2 * 2 * 6  # two experiments x sizes 2^12, 2^13 x six schedules
     assert {r["source"] for r in table} == {"measured"}

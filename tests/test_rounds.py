@@ -12,7 +12,8 @@ from codegen.runtime.backend import WallClock
 from codegen.runtime.launch import launch
 from experiments.harness import _per_call
 from experiments.rounds import (LONG_CALL_MS, MIN_CALLS, Budget, bootstrap_median, converged,
-                               interleave, needs_untimed, out_of_time, paired)
+                               interleave, needs_untimed, out_of_time, paired,
+                               untimed_calls)
 
 
 def test_bootstrap_interval_holds_the_median_and_narrows_with_samples():
@@ -217,3 +218,17 @@ def test_a_point_with_a_short_call_keeps_the_untimed_calls_of_all_its_functions(
     per_sample, calls = launch(_long_calls, 2, args=(0.002,), timeout_s=120)[0]
     assert per_sample["other"] == 1
     assert calls == {"baseline": 1 + 3 * (1 + per_sample["baseline"]), "other": 1 + 3 * 2}
+
+
+def test_an_aside_probe_follows_its_own_untimed_rule_not_the_points():
+    """A probe timed aside (compared with calibration's benchmark, not paired) is sampled as
+    calibration samples that benchmark, by its own warm-up; it does not give the compared
+    functions of a long point untimed calls, nor take theirs."""
+    long_, short = LONG_CALL_MS * 2, LONG_CALL_MS / 5
+    names = ("baseline", "AR-C", "comm_probe")
+    assert untimed_calls(names, (long_, long_, short), aside=("comm_probe",)) == {
+        "baseline": False, "AR-C": False, "comm_probe": True}
+    assert untimed_calls(names, (long_, short, long_), aside=("comm_probe",)) == {
+        "baseline": True, "AR-C": True, "comm_probe": False}
+    # not aside: one rule for all three
+    assert set(untimed_calls(names, (long_, long_, short)).values()) == {True}
