@@ -45,6 +45,9 @@ formula for each, inverted size by size):
 - `library_<routine>` (a library routine on b bytes of gradient, e.g. `library_adam`: the
   baseline's torch fused Adam step): the device's `library_steps_us[routine]`, its median times.
 - `send`: not fitted; predicted and compared.
+- `all_reduce` is also kept as measured (its means by size, at the calibration's ranks): the
+  topology's `all_reduce_us`, the reference a run's own all-reduce is compared with
+  (`experiments.predict.comm_scale`).
 - `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (comm=shm's collectives over POSIX
   shared memory, measured when the calibration runs with comm=shm): `fit_shm` makes the topology
   of that transport: the fitted one with its library link fitted to `shm_all_reduce` and its
@@ -184,7 +187,15 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     fitted at the communication kinds' means (`at_means`), `lone_link` and `lone_library` at
     their medians (`Topology.lone`)."""
     ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
-    return dataclasses.replace(_means_and_lone(_fit, ms, base, world_size), source=source)
+    return dataclasses.replace(_means_and_lone(_fit, ms, base, world_size), source=source,
+                               all_reduce_us=all_reduce_us(ms, world_size))
+
+
+def all_reduce_us(ms: list[Measurement], world_size: int) -> dict:
+    """{ranks: {bytes: mean us}} of the `all_reduce` measurements (the topology's
+    `all_reduce_us`, a run's communication reference); {} without them."""
+    got = {int(b): round(t, 2) for b, t in _series(at_means(ms), "all_reduce")}
+    return {world_size: got} if got else {}
 
 
 def _means_and_lone(fit_links, ms: list[Measurement], *args) -> Topology:
@@ -248,7 +259,8 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     if not ms:
         raise ValueError("no shm_* measurements to fit comm=shm's links to")
     return dataclasses.replace(_means_and_lone(_fit_shm, ms, fitted, world_size),
-                               source=source or fitted.source)
+                               source=source or fitted.source,
+                               all_reduce_us=all_reduce_us(ms, world_size))
 
 
 def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topology:

@@ -146,19 +146,7 @@ class Device:
 
     def library_step_us(self, routine: str, nbytes: float) -> Optional[float]:
         """The library routine's time on nbytes (us), from `library_steps_us`; None without."""
-        curve = self.library_steps_us.get(routine)
-        if not curve:
-            return None
-        keys = sorted(curve)
-        if nbytes >= keys[-1]:
-            return curve[keys[-1]] * nbytes / keys[-1]
-        if nbytes <= keys[0]:
-            return curve[keys[0]]
-        lo, hi = max(k for k in keys if k <= nbytes), min(k for k in keys if k >= nbytes)
-        if lo == hi:
-            return curve[lo]
-        t = (math.log2(nbytes) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
-        return 2 ** (math.log2(curve[lo]) + t * (math.log2(curve[hi]) - math.log2(curve[lo])))
+        return curve_us(self.library_steps_us.get(routine), nbytes)
 
     def kernel_us(self, nbytes: float, flops: float, dtype: str) -> float:
         """Roofline time of a generated kernel: launch + max(flops / peak, bytes / memory bw)."""
@@ -249,6 +237,11 @@ class Topology:
     step_overhead_us: float = field(default=0.0, metadata=_positive(False))
     step_overhead_by_bytes: Dict[int, float] = field(default_factory=dict,
                                                      metadata={"by_size": True})
+    # calibration's measured library all-reduce, {ranks: {bytes: mean us}}: what a run's own
+    # all-reduce is compared with to read the machine's communication rate at a point
+    # (`experiments.predict.comm_scale`); {} where nothing was measured (shipped figures)
+    all_reduce_us: Dict[int, Dict[int, float]] = field(default_factory=dict,
+                                                       metadata={"curves": True})
     # a calibrated topology's links fitted at the medians of lone calls (`lone`)
     lone_link: Optional[LinkClass] = None
     lone_library: Optional[LinkClass] = None
@@ -315,17 +308,15 @@ class Topology:
             stream_memory_gbps=d.stream_memory_gbps * scale))
 
     def with_comm_scale(self, scale: float) -> "Topology":
-        """This topology with every link class's rate times `scale` (bandwidth x scale, latency
-        and overhead / scale: the intra-node link and its fallback, the NICs, the library's and
-        the lone calls' links): the same machine in another spell of its communication rate
+        """This topology with every link class's bandwidth times `scale` (the intra-node link
+        and its fallback, the NICs, the library's and the lone calls' links; latencies and
+        overheads as they are): the same machine in another spell of its communication rate
         (`experiments.predict.comm_scale`). NCCL's own figures (`nccl`) are left as they are."""
         if scale <= 0:
             raise ValueError(f"communication scale {scale}: must be > 0")
 
         def link(c: Optional[LinkClass]) -> Optional[LinkClass]:
-            return c and dataclasses.replace(c, bandwidth_gbps=c.bandwidth_gbps * scale,
-                                             latency_us=c.latency_us / scale,
-                                             overhead_us=c.overhead_us / scale)
+            return c and dataclasses.replace(c, bandwidth_gbps=c.bandwidth_gbps * scale)
         intra = dataclasses.replace(self.intra, link=link(self.intra.link),
                                     fallback=link(self.intra.fallback))
         inter = self.inter and dataclasses.replace(self.inter, nic=link(self.inter.nic))
@@ -337,6 +328,23 @@ class Topology:
         if nodes < 1:
             raise TopologyError(f"topology.nodes={nodes}: must be >= 1")
         return dataclasses.replace(self, nodes=nodes)
+
+
+def curve_us(curve: Optional[Dict[int, float]], nbytes: float) -> Optional[float]:
+    """A measured time curve {bytes: us} at nbytes: log-log between its sizes, its smallest
+    size's time below them, per byte beyond its largest; None without a curve."""
+    if not curve:
+        return None
+    keys = sorted(curve)
+    if nbytes >= keys[-1]:
+        return curve[keys[-1]] * nbytes / keys[-1]
+    if nbytes <= keys[0]:
+        return curve[keys[0]]
+    lo, hi = max(k for k in keys if k <= nbytes), min(k for k in keys if k >= nbytes)
+    if lo == hi:
+        return curve[lo]
+    t = (math.log2(nbytes) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+    return 2 ** (math.log2(curve[lo]) + t * (math.log2(curve[hi]) - math.log2(curve[lo])))
 
 
 def interpolate(points: Dict[int, float], x: float) -> float:

@@ -29,7 +29,7 @@ row gains `speedup_gloo` = predicted gloo baseline time / its predicted time.
 calibrated one the run was given), each point in the spell the machine was in while it was
 measured: the calibrated memory rates scaled by `memory_scale` (the baseline's library step, or
 the one timed beside it, against calibration's) and the links by `comm_scale` (the all-reduce
-timed in the point's rounds against the calibrated model's time for it), as the row's `note`
+timed in the point's rounds against calibration's measured time for it), as the row's `note`
 says ("memory x1.12 comm x0.95"); then the experiment's paper setting (`exp.paper`);
 backend=sim, the chosen topology alone: the local topology at the experiment's own sweep and the
 run's world size, a GPU topology in the paper's setting scaled to it (`PaperSetting.world_on`).
@@ -43,7 +43,7 @@ from typing import Optional
 from codegen.lower import lower
 from codegen.plan import Collective, Compute
 from cost_model.microbench import Measurement, predict_ms
-from cost_model.topology import Topology, load_topology
+from cost_model.topology import Topology, curve_us, load_topology
 from cost_model.validation import paper_results
 from cost_model.workload import choices, simulate
 from dsl import f32
@@ -63,10 +63,9 @@ def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
     `library_<routine>`, e.g. torch's fused Adam) over the time the run took for it at that
     point (`measured_ms`: `measured_memory_reference`), clipped to MEMORY_SCALE. None where the
     baseline names no routine the device has a curve of, nothing was measured, or the point's
-    gradient (f32) is smaller than the curve's smallest size (calibration did not time the
-    routine there; it times it from the smallest gradient the optimizer experiments measure,
-    2^20 elements, where a step's data is partly served by the caches, whose share a shared
-    machine's neighbours move as they move the memory rate)."""
+    gradient (f32) is smaller than the curve's smallest size (calibration times the routine
+    from 2^22 elements: below, its calls back to back run from the caches, where a run's step
+    after its all-reduce does not, `experiments.calibrate.LIBRARY_SCALES`)."""
     routine = getattr(exp.baseline, "routine", "") or getattr(exp.baseline, "probe", "")
     curve = topo.device.library_steps_us.get(routine) if routine else None
     if not curve or not measured_ms or measured_ms <= 0:
@@ -79,17 +78,28 @@ def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
 
 
 def comm_scale(topo: Topology, world: int, measured_ms: Optional[float]) -> Optional[float]:
-    """How fast the machine's communication ran at a measured point against its calibration:
-    the cost model's time on `topo` for the all-reduce the harness timed in the point's rounds
-    (COMM_PROBE_BYTES over `world` ranks: `cost_model.microbench.predict_ms`, calibration's own
-    check of its all_reduce) over its measured mean (`measured_ms`: `comm_probe_ms`; the fit
-    takes the means of calibration's collectives), clipped to COMM_SCALE. None where nothing
-    was measured (one rank, or results from before the probe)."""
-    if not measured_ms or measured_ms <= 0 or world < 2:
+    """How fast the machine's links ran at a measured point against its calibration, as the
+    factor on the calibrated links' bandwidth (`Topology.with_comm_scale`) that moves the
+    model's time for the all-reduce the harness timed in the point's rounds (COMM_PROBE_BYTES
+    over `world` ranks) by the ratio of its mean there (`measured_ms`: `comm_probe_ms`; the fit
+    takes the means of calibration's collectives) to calibration's measured mean for it
+    (`Topology.all_reduce_us` at those ranks, between its sizes as `curve_us` reads them); the
+    model's time is linear in 1 / bandwidth, so two evaluations give its fixed part and its wire
+    part. Latencies are left alone: an all-reduce of 8 MiB is mostly wire time and says little
+    about them. Clipped to COMM_SCALE. None where nothing was measured (one rank, results from
+    before the probe), or calibration did not measure the all-reduce at that many ranks (a
+    4-rank pipeline on a 2-rank calibration: the model's 4-rank all-reduce is itself a
+    prediction, and its error is no drift)."""
+    reference = curve_us(topo.all_reduce_us.get(world), COMM_PROBE_BYTES)
+    if not measured_ms or measured_ms <= 0 or reference is None:
         return None
     probe = Measurement("all_reduce", COMM_PROBE_BYTES, 0.0, world)
-    scale = predict_ms(topo, probe) / measured_ms
-    return min(COMM_SCALE[1], max(COMM_SCALE[0], scale))
+    now, twice = predict_ms(topo, probe), predict_ms(topo.with_comm_scale(2.0), probe)
+    wire = 2.0 * (now - twice)
+    target = now * measured_ms * 1e3 / reference  # the model's time moved as the probe moved
+    if wire <= 0 or target <= now - wire:
+        return COMM_SCALE[1]
+    return min(COMM_SCALE[1], max(COMM_SCALE[0], wire / (target - (now - wire))))
 
 
 def local_points(exp: Experiment, rows) -> list[tuple[int, dict]]:

@@ -301,8 +301,8 @@ def memory_note(rows) -> str:
                         "(`experiments.predict.memory_scale`).\n"),
                        ("comm", "Communication rate: at {n} point(s) the local prediction scaled "
                         "the calibrated links by how fast an all-reduce of 8 MiB timed in the "
-                        "point's rounds ran (`comm_probe_ms`) against the calibrated model's "
-                        "time for it: {span} (`experiments.predict.comm_scale`).\n")):
+                        "point's rounds ran (`comm_probe_ms`) against calibration's measured time "
+                        "for it: {span} (`experiments.predict.comm_scale`).\n")):
         got = local.note.astype(str).str.extract(rf"\b{word} x([0-9.]+)")[0].dropna()
         if got.empty:
             continue
