@@ -286,7 +286,7 @@ def paper_section(df, experiment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def memory_note(rows) -> str:
+def scales_note(rows) -> str:
     """What the local prediction did about the machine's spells (`note` "memory xS comm xC" of
     its rows: `experiments.predict.memory_scale`, `comm_scale`), or nothing where no point was
     scaled."""
@@ -355,5 +355,5 @@ def _accuracy_section(df, experiment: str, out_dir: Path, rows) -> list[str]:
     fig = accuracy_figure(acc, out_dir / "figures" / "predicted_vs_measured.png",
                           f"{experiment}: local topology")
     return ["## Predicted vs measured", "", summary_line(summary(acc)), "",
-            memory_note(rows), accuracy_table(acc),
+            scales_note(rows), accuracy_table(acc),
             f"![predicted vs measured](figures/{fig.name})", ""]

@@ -16,7 +16,7 @@ from cost_model.calibration import all_reduce_us
 from cost_model.topology import load_topology
 from experiments.api import COMM_PROBE_BYTES, PredictSettings
 from experiments.predict import COMM_SCALE, comm_scale, measured_comm_reference, predictions
-from reports.predicted import memory_note
+from reports.predicted import scales_note
 
 PROBE = Measurement("all_reduce", COMM_PROBE_BYTES, 0.0, 2)
 
@@ -114,7 +114,7 @@ def test_the_reference_is_the_baseline_rows_and_the_report_names_the_scales():
         {"topology": "local", "world_size": 2, "shape": "[8]", "note": "memory x1.500 comm x0.800"},
         {"topology": "local", "world_size": 2, "shape": "[16]", "note": "comm x1.200"},
         {"topology": "local", "world_size": 2, "shape": "[32]", "note": None}])
-    text = memory_note(notes)
+    text = scales_note(notes)
     assert "Memory rate: at 1 point(s)" in text and "x1.50 .. x1.50" in text
     assert "Communication rate: at 2 point(s)" in text and "x0.80 .. x1.20" in text
-    assert memory_note(notes[notes["shape"] == "[32]"]) == ""
+    assert scales_note(notes[notes["shape"] == "[32]"]) == ""

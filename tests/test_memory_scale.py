@@ -14,7 +14,7 @@ from codegen.lower import lower
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
 from experiments.predict import MEMORY_SCALE, measured_memory_reference, memory_scale
-from reports.predicted import memory_note
+from reports.predicted import scales_note
 
 N = 1 << 23  # 32 MiB of f32 gradient
 
@@ -62,9 +62,9 @@ def test_the_report_says_which_points_were_scaled_and_by_how_much():
         {"topology": "local", "world_size": 2, "shape": "[8]", "note": "memory x1.500"},
         {"topology": "local", "world_size": 2, "shape": "[16]", "note": "memory x0.900"},
         {"topology": "dgx2", "world_size": 256, "shape": "[8]", "note": None}])
-    text = memory_note(rows)
+    text = scales_note(rows)
     assert "at 2 point(s)" in text and "x0.90 .. x1.50" in text
-    assert memory_note(rows[rows.topology == "dgx2"]) == ""
+    assert scales_note(rows[rows.topology == "dgx2"]) == ""
 
 
 def test_lamb_reads_the_memory_rate_from_the_adam_probe_timed_beside_its_baseline():
