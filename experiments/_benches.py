@@ -139,26 +139,38 @@ def shm_collectives(world, spec, c) -> list[Bench]:
 
 
 def kernels(plan, step, fn, runner, spec) -> list[Bench]:
-    """The Adam kernel over n elements: its loop's buffers views of one set of the largest
-    size, from their start."""
-    loop, top = step.kernel.numel, max(spec["kernel_elements"])
-    big = kernel_args(plan, step, top, runner)
+    """The Adam kernel over n elements, on buffers of its own of n elements (`kernel_args`: one
+    allocation each, one after another, as a runner allocates a step's buffers); `kernel_stream`
+    on pieces of buffers of `stream_buffer` elements of their own.
+
+    Not views of one set of the largest size: where a kernel's streams lie relative to each
+    other changes its time on this machine (the CPU's caches and memory map addresses, not
+    sizes, to sets and banks). Measured (2 ranks, interleaved rounds, the slowest rank; per call
+    against torch's Adam at 2^22 elements in the same rounds): the kernel at 2^22 took 0.67x
+    that step on buffers of its own, 0.83x on the first 2^22 elements of 2^25-element buffers,
+    0.87x as pieces of those; the runs' AR-C kernel took 0.61-0.63x of their baseline's step at
+    2^22 and 0.72-0.75x at 2^24 (runs 34-36), where calibrations on the views put it at ~0.9x
+    and the model predicted every adam schedule slow."""
+    loop = step.kernel.numel
     sized = [plan.buffer(i).numel == loop for i in step.kernel.args()]
     out = []
     for n in spec["kernel_elements"]:
-        args = [t[:n] if s else t for t, s in zip(big, sized)]
+        args = kernel_args(plan, step, n, runner)
         out.append(plain("kernel", n * KERNEL_BYTES_PER_ELEMENT, lambda n=n, a=args: fn(
             0, n, 0, a), flops=step.flops * n / loop))
-    for n in spec.get("stream_elements", []):
-        out.append(streaming(fn, big, sized, n, top, step.flops * n / loop))
+    if spec.get("stream_elements"):
+        top = spec.get("stream_buffer", max(spec["kernel_elements"]))
+        big = kernel_args(plan, step, top, runner)
+        for n in spec["stream_elements"]:
+            out.append(streaming(fn, big, sized, n, top, step.flops * n / loop))
     return out
 
 
 def streaming(fn, big, sized, n: int, top: int, flops: float) -> Bench:
-    """`kernel_stream`: the kernel over n elements, each call on the next n-element piece of the
-    largest buffers (cycling; the sweep's largest size, beyond the caches), so each call's data
-    comes from memory as a fused step's chunks do; every rank at once after a barrier, the
-    slowest rank's time (`interleaved`): the memory rate the ranks share."""
+    """`kernel_stream`: the kernel over n elements, each call on the next n-element piece of
+    buffers of `top` elements (cycling; beyond the caches), so each call's data comes from
+    memory as a fused step's chunks come from its buffers; every rank at once after a barrier,
+    the slowest rank's time (`interleaved`): the memory rate the ranks share."""
     pieces, at = max(1, top // n), [0]
 
     def call():

@@ -17,8 +17,8 @@ results.csv rows are the medians, predicted with the links fitted at the medians
 `Topology.lone`); so benchmarks that the fit compares with each other
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
 matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
-two up to the scale's largest (every size's buffers views of one set of the largest; the
-benchmarks are built in `experiments._benches`):
+two up to the scale's largest (a communication's buffers views of one set of the largest, a
+kernel's buffers its own, as a runner's are; the benchmarks are built in `experiments._benches`):
 - `exchange`: a ring step: every rank sends b bytes to its right and receives b from its left
   (`comm.P2P`, what the runtime's ring reduce-scatter and all-gather are made of);
   `exchange_chunked`: the same in 16 chunks (the per-message cost, from b = 64 KiB);
@@ -29,7 +29,7 @@ benchmarks are built in `experiments._benches`):
 - `kernel`: the generated kernel of the lowered Adam program over 2^k elements (b = 28 bytes of
   traffic per element), on every rank;
   `kernel_stream`: the same kernel over n elements (a fused step's chunk), each call on the next
-  piece of the largest size's buffers (beyond the caches), on every rank at once: the memory
+  piece of buffers of STREAM_BUFFER elements (beyond the caches), on every rank at once: the memory
   rate ranks that share the memory bus get streaming a step's data (the device's
   `stream_memory_gbps`, comm=shm's peer reads too, read from its calls of 2^21 elements and up
   and the sweep's of 2^23 and up, `cost_model.calibration.stream_memory_gbps`: the sweep
@@ -130,6 +130,10 @@ MATMULS["paper"] = MATMULS["default"]
 DERIVED = ("sequence_extra",)
 STREAM_SCALES = {"smoke": (12, 14, 2), "quick": (18, 22, 2), "default": (18, 22, 1),
                  "paper": (18, 22, 1)}  # elements: a fused step's chunks (kernel_stream)
+# elements: the buffers kernel_stream's chunks are pieces of, as large as the largest optimizer
+# step of the default sweep (adam_fusion's and lamb_fusion's 2^24), the sweep's largest size
+# where that is smaller (`_benches.kernels`)
+STREAM_BUFFER = 1 << 24
 # elements: library_adam, from 2^22 (a point below the curve gets no memory scale,
 # `experiments.predict.memory_scale`): at 2^20 its calls, back to back on the same 16 MiB, run
 # from the caches (1.25 ms against 6.9 at 2^22, 5.5x faster for 4x less data) where a run's
@@ -248,6 +252,7 @@ def measure(settings) -> list[dict]:
             "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
             "library_elements": sizes(settings.scale, LIBRARY_SCALES),
             "stream_elements": [n for n in sizes(settings.scale, STREAM_SCALES) if n < max(ksz)],
+            "stream_buffer": min(max(ksz), STREAM_BUFFER),
             "warmup": max(1, settings.warmup),
             "plan": plan, "step": step, "shm": settings.comm == "shm",
             "matmuls": MATMULS["smoke" if small else settings.scale],
