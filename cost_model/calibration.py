@@ -44,6 +44,9 @@ formula for each, inverted size by size):
   (a running median of three, at least 0), which the model charges by a step's largest transfer.
 - `library_<routine>` (a library routine on b bytes of gradient, e.g. `library_adam`: the
   baseline's torch fused Adam step): the device's `library_steps_us[routine]`, its median times.
+- `exchange_first`, `exchange_last` (a ring exchange in 4 chunks posted at once: the wait for
+  the first chunk, the whole): `wake_us` (`wake_us`), what the first chunk's wait takes beyond
+  its landing in the model.
 - `send`: not fitted; predicted and compared.
 - `all_reduce` is also kept as measured (its means by size, at the calibration's ranks): the
   topology's `all_reduce_us`, the reference a run's own all-reduce is compared with
@@ -51,7 +54,8 @@ formula for each, inverted size by size):
 - `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (comm=shm's collectives over POSIX
   shared memory, measured when the calibration runs with comm=shm): `fit_shm` makes the topology
   of that transport: the fitted one with its library link fitted to `shm_all_reduce` and its
-  ring link to `shm_reduce_scatter` and `shm_all_gather`, as `fit` fits gloo's.
+  ring link to `shm_reduce_scatter` and `shm_all_gather`, as `fit` fits gloo's, and no
+  `wake_us` (its waits spin, then yield: they never block).
 Achieved bandwidths are smoothed by a running median over neighbouring sizes before the curve
 is taken, so one noisy size does not bend it; a link benchmark's times are first made
 non-decreasing in size (`curves.monotone`: a size more than 1.25x slower than the next larger one
@@ -71,16 +75,19 @@ from typing import Iterable
 from .collectives import CollSpec
 from .curves import bulk_rate, fit_curve, fixed_cost, monotone, smooth, solve
 from .closed_collectives import collective_us
-from .microbench import LIBRARY, SHM, Measurement, pool, predict_ms  # noqa: F401 (re-exported)
+from .microbench import LIBRARY, SHM, Measurement, pool, predict_ms, waited_us  # noqa: F401
 from .topology import Device, LinkClass, Topology
 
 FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel",
           "kernel_stream", "matmul", "overlap_kernel", "overlap_exchange",
-          "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute")
+          "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute",
+          "exchange_first")
 # the streaming rate's calls (`stream_memory_gbps`), in bytes of traffic per call: the Adam
 # kernel over 2^21 elements on fresh data, over 2^23 on the sweep's reused buffers
 STREAM_FROM, SWEEP_STREAM_FROM = 28 << 21, 28 << 23
 CHECKED = ("send",)
+# `exchange_first` within this share of `exchange_last`: its wait ended with the exchange (`wake_us`)
+CAPPED = 0.9
 # fitted at their mean over rounds (see the module); comm=shm's too, as shm_<kind>
 AT_MEAN = ("exchange", "exchange_chunked", "send", "all_reduce", "reduce_scatter", "all_gather")
 
@@ -238,11 +245,32 @@ def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
         CollSpec("all_reduce", b, group, library=True), "ring",
         dataclasses.replace(plain, library=link)))}, 2 * (P - 1) * per_step, 0.0,
         base.library.rate_by if base.library else "message")
-    return dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
-                                                                              link=link),
-                               library=library, compute_slowdown=u, comm_slowdown=v,
-                               step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
-                               step_overhead_by_bytes=step_overhead_by_bytes(ms))
+    fitted = dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
+                                                                                link=link),
+                                 library=library, compute_slowdown=u, comm_slowdown=v,
+                                 step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
+                                 step_overhead_by_bytes=step_overhead_by_bytes(ms))
+    return dataclasses.replace(fitted, wake_us=wake_us(ms, fitted, base.wake_us))
+
+
+def wake_us(ms: list[Measurement], topo: Topology, default: float = 0.0) -> float:
+    """How long after its chunk lands a blocked thread runs (`Topology.wake_us`), from
+    `exchange_first` (the wait for the first of C chunks posted at once): per size, the measured
+    wait minus the model's landing of that chunk on `topo` with no wake (`waited_us`), the
+    median over the sizes whose wait ended well before the exchange did (under CAPPED of
+    `exchange_last`; a later one only says the wake is at least that long), at least 0; where
+    every size is capped, the largest of those lower bounds; `default` without the kind."""
+    first, last = (dict(_series(ms, k)) for k in ("exchange_first", "exchange_last"))
+    chunks = {m.nbytes: m.chunks for m in ms if m.kind == "exchange_first"}
+    sizes = [b for b in sorted(first) if b in last]
+    if not sizes:
+        return default
+    P = ms[0].world_size
+    quiet = dataclasses.replace(topo, wake_us=0.0)
+    late = {b: first[b] - waited_us(quiet, P, b, chunks[b])[0] for b in sizes}
+    free = [late[b] for b in sizes if first[b] < CAPPED * last[b]]
+    got = statistics.median(free) if free else max(late.values())
+    return round(max(0.0, got), 1)
 
 
 def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
@@ -281,7 +309,7 @@ def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topolo
         dataclasses.replace(plain, library=lk)))}, 2 * (P - 1) * per_step, 0.0,
         fitted.library.rate_by if fitted.library else "message")
     return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
-                               library=library, peer_reads=True)
+                               library=library, peer_reads=True, wake_us=0.0)
 
 
 def stream_memory_gbps(ms: list[Measurement], launch_us: float) -> float:

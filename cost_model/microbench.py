@@ -80,6 +80,9 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
         C = m.chunks
         return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], []) / 1e3
+    if m.kind in ("exchange_first", "exchange_last"):
+        first, last = waited_us(topo, P, b, m.chunks)
+        return (first if m.kind == "exchange_first" else last) / 1e3
     if m.kind.startswith(SHM):  # topo: fit_shm's
         return predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(SHM):]))
     if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
@@ -130,3 +133,21 @@ def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False):
     df = sim.frame()
     k = df[df.stream == "compute"]
     return float((k.end - k.start).max()) if len(k) else 0.0, end
+
+
+def waited_us(topo: Topology, P: int, nbytes: float, chunks: int) -> tuple[float, float]:
+    """A ring exchange of nbytes in `chunks` chunks, every chunk posted at once, each rank's
+    thread then waiting for its first incoming chunk: (when the slowest rank's thread has it,
+    when everything is done), us (`exchange_first`, `exchange_last`)."""
+    sim = Sim(topo, P)
+    first = {}
+    for r in range(P):
+        first[(r + 1) % P] = [sim.transfer(r, (r + 1) % P, nbytes / chunks, "calibration",
+                                           "exchange", whole=nbytes)
+                              for _ in range(chunks)][0]
+    for r in range(P):
+        sim.compute(r, 0.0, "calibration", "wait", [first[r]])
+    end = sim.run()
+    df = sim.frame()
+    waits = df[(df.stream == "compute") & (df.task == "wait")]
+    return float(waits.start.max()), end

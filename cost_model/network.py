@@ -20,7 +20,10 @@
   and holds them for `us` (a time the caller computed, e.g. one NCCL call by `cost_model.nccl`
   over every member's ports), its `ends` communicating meanwhile;
 - `compute(rank, us, ...)`: a process that runs `us` microseconds of work on the rank's compute
-  stream. While the rank communicates (a transfer it sends or receives is in flight) compute runs
+  stream. Where its inputs come later than the rank's previous compute ended (the rank's thread
+  blocked on them) and the rank still has transfers in flight, it starts the topology's
+  `wake_us` later, or when the last of those transfers ends if that is sooner (the thread waits
+  for a core the library's threads hold; 0: at once). While the rank communicates (a transfer it sends or receives is in flight) compute runs
   at (1 - compute_slowdown) of its speed; a transfer runs at (1 - comm_slowdown x the fraction of
   its ends that compute): both ends computing is what calibration measures. Rates change as
   activity starts and stops (work-conserving);
@@ -206,6 +209,7 @@ class Sim:
         self._res: dict[tuple, tuple[int, Port]] = {}
         self._comm = [0] * world_size  # transfers in flight per rank (sent or received)
         self._busy = [False] * world_size  # compute running per rank
+        self._idle_from = [0.0] * world_size  # when each rank's last compute ended
         self._changed: dict[int, simpy.Event] = {}
         self.tail = {}  # rank -> last compute event issued (the compute stream's order)
 
@@ -282,6 +286,8 @@ class Sim:
         ready = join(self.env, deps)
         if ready is not None:
             yield ready
+        if self.topo.wake_us > 0 and self._comm[rank] > 0 and self.env.now > self._idle_from[rank]:
+            yield from self._woken(rank)
         start = self.env.now
         self._busy[rank] = True
         self._signal(rank)
@@ -289,7 +295,14 @@ class Sim:
                               lambda: 1.0 if self._comm[rank] > 0 else 0.0)
         self._busy[rank] = False
         self._signal(rank)
+        self._idle_from[rank] = self.env.now
         self.trace.append((rank, "compute", step, task, start, self.env.now))
+
+    def _woken(self, rank: int):
+        """A blocked thread's wait for a core: `wake_us`, or until the rank's transfers end."""
+        woken = self.env.timeout(self.topo.wake_us)
+        while self._comm[rank] > 0 and not woken.processed:
+            yield woken | self._wake((rank,))
 
     def delay(self, rank: int, us: float, step: str, task: str, deps=(), stream: str = "comm"):
         """A process that only takes time (a closed-form estimate inside a folded simulation)."""

@@ -73,6 +73,12 @@ message and kernel sizes in bytes.
 - `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
   `comm_slowdown` v: transfers run at (1 - v) of their speed while both ends compute, (1 - v/2)
   while one does (CPU ranks sharing cores with the library's threads).
+- `wake_us`: a rank's thread that blocks on a chunk still to arrive while transfers of that rank
+  are in flight runs again `wake_us` after the chunk has landed, or once the rank's transfers
+  are over if that is sooner (CPU ranks: gloo's loop threads moving the other chunks hold the
+  cores, and the woken thread waits for one; measured by calibration's `exchange_first`:
+  the first of four chunks posted at once reached its waiter 3-6 ms after it landed, at 8-32 MiB,
+  `cost_model.network`); 0: at once (GPU streams, and where not calibrated).
 
 `efficiency` maps are {size in bytes: fraction}, interpolated linearly in log2(size) and clamped
 at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
@@ -235,6 +241,7 @@ class Topology:
     compute_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     step_overhead_us: float = field(default=0.0, metadata=_positive(False))
+    wake_us: float = field(default=0.0, metadata=_positive(False))
     step_overhead_by_bytes: Dict[int, float] = field(default_factory=dict,
                                                      metadata={"by_size": True})
     # calibration's measured library all-reduce, {ranks: {bytes: mean us}}: what a run's own

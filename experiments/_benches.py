@@ -1,10 +1,11 @@
 """Calibration's microbenchmarks (`experiments.calibrate`), built on a rank: one `Bench` per
 benchmark and size, its `sample(calls)` the ms per call of each of its kinds on this rank.
 
-`communication` (exchange, exchange_chunked, send, all_reduce, reduce_scatter, all_gather, add,
-copy), `shm_collectives`, `kernels` (the kernel sweep and `kernel_stream`), `matmuls`,
-`sequences` (a step's all-reduce then kernel, each alone, and their paired difference),
-`library_steps` (the data-parallel baselines' optimizer steps) and `overlap` build them;
+`communication` (exchange, exchange_chunked, exchange_first and exchange_last (`waited`), send,
+all_reduce, reduce_scatter, all_gather, add, copy), `shm_collectives`, `kernels` (the kernel
+sweep and `kernel_stream`), `matmuls`, `sequences` (a step's all-reduce then kernel, each alone,
+and their paired difference), `library_steps` (the data-parallel baselines' optimizer steps)
+and `overlap` build them;
 `plain` samples a local operation's calls back to back after one barrier, `apart` a
 communication's calls each after its own barrier (`experiments.rounds.sample_ms`).
 What each kind measures and what the fit takes from it: `experiments.calibrate` and
@@ -29,6 +30,9 @@ from .rounds import sample_ms
 
 KERNEL_BYTES_PER_ELEMENT = 28  # Adam: reads g, w, m, v; writes w, m, v (f32)
 EXCHANGE_CHUNKS, CHUNKED_FROM = 16, 1 << 16
+# `exchange_first` / `exchange_last` (`waited`): chunks, and the sizes in bytes measured (from a
+# size where the first chunk's wait can end before the whole exchange does)
+WAIT_CHUNKS, WAIT_SIZES = 4, (1 << 23, 1 << 26)
 OVERLAP_CALLS = 3  # side-by-side calls of the overlap benchmark per sample, at least (`overlap`)
 LIBRARY_CALLS = 5  # calls of a library step per sample, at least (`library_steps`)
 
@@ -105,6 +109,8 @@ def communication(rank, world, spec) -> list[Bench]:
         if b >= CHUNKED_FROM:
             out.append(apart("exchange_chunked", b, lambda x=x, y=y: [w.wait() for w in exchange(
                 comm, x, y, chunks=EXCHANGE_CHUNKS)], chunks=EXCHANGE_CHUNKS))
+        if world > 1 and WAIT_SIZES[0] <= b <= WAIT_SIZES[1]:
+            out.append(waited(b, x, y))
         if world > 1:
             def one_way(x=x, y=y):
                 if rank == 0:
@@ -121,6 +127,33 @@ def communication(rank, world, spec) -> list[Bench]:
         out.append(plain("add", b, lambda x=x, y=y: torch.add(x, y, out=x)))
         out.append(plain("copy", b, lambda x=x, y=y: y.copy_(x)))
     return out
+
+
+def waited(nbytes: int, x, y) -> Bench:
+    """`exchange_first`, `exchange_last`: a ring exchange of nbytes in WAIT_CHUNKS chunks, every
+    chunk's receive, then every chunk's send, posted at once (as a fused step posts its
+    reduce-scatter's), then the time until this rank's wait for the first chunk returns, and
+    until every chunk is done; each call after a barrier, a sample each kind's median over its
+    calls. What the first chunk's wait takes beyond its landing is the topology's `wake_us`."""
+    me, world = dist.get_rank(), dist.get_world_size()
+    right, left = (me + 1) % world, (me - 1) % world
+
+    def call() -> tuple[float, float]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        recv = comm.P2P(None, y, left, me, chunks=WAIT_CHUNKS, tag=3).start()
+        send = comm.P2P(x, None, me, right, chunks=WAIT_CHUNKS, tag=3).start()
+        recv.wait_chunk(0)
+        first = time.perf_counter()
+        recv.wait()
+        send.wait()
+        return (first - t0) * 1e3, (time.perf_counter() - t0) * 1e3
+
+    def sample(calls: int) -> tuple[float, ...]:
+        got = [call() for _ in range(calls)]
+        return statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
+
+    return Bench(("exchange_first", "exchange_last"), nbytes, sample, {"chunks": WAIT_CHUNKS})
 
 
 def shm_collectives(world, spec, c) -> list[Bench]:

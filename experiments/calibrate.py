@@ -22,6 +22,9 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
 - `exchange`: a ring step: every rank sends b bytes to its right and receives b from its left
   (`comm.P2P`, what the runtime's ring reduce-scatter and all-gather are made of);
   `exchange_chunked`: the same in 16 chunks (the per-message cost, from b = 64 KiB);
+  `exchange_first`, `exchange_last`: the same in 4 chunks, every chunk's receive and send posted
+  at once as a fused step posts its reduce-scatter's, each rank then waiting for its first
+  chunk (first) and for all (last), at 8-64 MiB (`_benches.waited`: the topology's `wake_us`);
 - `send`: rank 0 sends b bytes to rank 1, the others idle (a pipeline's P2P);
 - `all_reduce`: gloo's all-reduce of b bytes (`comm.all_reduce`, the AR-C schedules' and the
   baselines'); `reduce_scatter`, `all_gather`: the runtime's rings (`comm.reduce_scatter`,
@@ -354,7 +357,8 @@ def describe(topo) -> str:
             f"{lone(topo.lone_library)}\n"
             f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
             f" v = {topo.comm_slowdown:.2f}\n"
-            f"  a step beyond its operations: {_by_size(topo)}")
+            f"  a step beyond its operations: {_by_size(topo)}\n"
+            f"  a thread blocked on a chunk in flight runs {topo.wake_us / 1e3:.2f} ms after it lands")
 
 
 def _by_size(topo) -> str:

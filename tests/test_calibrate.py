@@ -23,7 +23,7 @@ def truth():
                                  memory_efficiency={}, matmul_efficiency=1.0,
                                  peak_tflops={**base.device.peak_tflops, "f32": 0.05})
     return dataclasses.replace(base, device=device, library=lib, compute_slowdown=0.3,
-                               comm_slowdown=0.2,
+                               comm_slowdown=0.2, wake_us=3000.0,
                                intra=dataclasses.replace(base.intra, link=link))
 
 
@@ -35,6 +35,9 @@ def synthetic(topo, P=2) -> list[Measurement]:
             ms.append(Measurement(kind, b, 0.0, P))
         if b >= 1 << 16:
             ms.append(Measurement("exchange_chunked", b, 0.0, P, chunks=16))
+        if 1 << 23 <= b <= 1 << 26:
+            ms += [Measurement(k, b, 0.0, P, chunks=4) for k in ("exchange_first",
+                                                                 "exchange_last")]
     ms.append(Measurement("matmul", 3 * 512 * 512 * 4, 0.0, P, flops=2 * 512 ** 3))
     E, K = 1 << 26, 28 << 22
     ms += [Measurement("overlap_kernel", K, 0.0, P), Measurement("overlap_exchange", E, 0.0, P),
@@ -61,6 +64,7 @@ def test_the_fit_recovers_the_topology_that_made_the_measurements():
     assert got.device.peak("f32") == pytest.approx(0.05, rel=0.02)
     assert got.compute_slowdown == pytest.approx(0.3, abs=0.02)
     assert got.comm_slowdown == pytest.approx(0.2, abs=0.03)
+    assert got.wake_us == pytest.approx(3000.0, rel=0.1)
     for m in synthetic(t):  # and predicts them back, the chunked exchange too
         assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=0.1), m
 
@@ -86,6 +90,20 @@ def test_communication_is_fitted_at_its_means_and_the_rest_at_its_medians():
     assert lone.device == got.device and lone.lone() == lone
     old = fit([dataclasses.replace(m, time_ms_mean=None) for m in ms], load_topology("local"), 2)
     assert old.intra.link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
+
+
+def test_a_wake_longer_than_every_exchange_is_fitted_as_its_lower_bound():
+    """`wake_us`: where the first chunk's wait ends with the whole exchange at every size, the
+    fit keeps the largest lower bound it has (above 0, below the truth); without the kinds, the
+    base topology's (0: a thread runs at once)."""
+    t = dataclasses.replace(truth(), wake_us=1e6)
+    got = fit(synthetic(t), load_topology("local"), 2)
+    assert 0.0 < got.wake_us < 1e6
+    waits = [m for m in synthetic(t) if m.kind == "exchange_first"]
+    assert max(m.time_ms for m in waits) * 1e3 > got.wake_us
+    plain = [m for m in synthetic(truth()) if not m.kind.startswith("exchange_")
+             or m.kind in ("exchange", "exchange_chunked")]
+    assert fit(plain, load_topology("local"), 2).wake_us == 0.0
 
 
 def test_chunks_of_one_transfer_go_at_the_transfers_rate():
@@ -241,3 +259,20 @@ def test_a_bench_with_min_calls_takes_that_many_calls_per_sample_however_long_th
         # warm-up, then 3 rounds: each sample after an untimed call of its own
         assert seen["x"] == [1, 1, 5, 1, 5, 1, 5] and seen["y"] == [1] * 7
     assert LIBRARY_CALLS >= 3
+
+
+def _waited(rank, world):
+    import torch
+
+    from experiments._benches import waited
+    bench = waited(1 << 16, torch.randn(1 << 14), torch.empty(1 << 14))
+    return bench.kinds, bench.extra, bench.sample(3)
+
+
+def test_the_first_chunks_wait_is_timed_with_the_whole_exchange_on_real_ranks():
+    """`exchange_first` / `exchange_last` (`_benches.waited`): 4 chunks posted at once over
+    gloo; the wait for the first ends no later than the whole exchange."""
+    from codegen.runtime.launch import run_ranks
+    for kinds, extra, (first, last) in run_ranks(_waited, 2, timeout_s=60):
+        assert kinds == ("exchange_first", "exchange_last") and extra == {"chunks": 4}
+        assert 0.0 < first <= last

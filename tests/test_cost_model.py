@@ -93,6 +93,28 @@ def test_the_compute_stream_runs_in_issue_order():
     assert rows(sim)[1:] == [(1, "compute", "a", 3.0, 4.0), (1, "compute", "b", 4.0, 5.0)]
 
 
+def test_a_thread_blocked_on_a_chunk_runs_wake_us_after_it_lands_or_when_transfers_end():
+    """`wake_us`: rank 1's kernel waits for the first of two chunks (lands at 2 us, the second
+    is on the wire until 4 us): it starts 1 us after the landing with wake_us = 1, at the end of
+    the transfers (4 us) with wake_us = 5, at once with 0; a kernel whose input had landed
+    before the thread got to it (it was busy) starts at once."""
+    for wake, start in ((0.0, 2.0), (1.0, 3.0), (5.0, 4.0)):
+        sim = Sim(tiny("bus", latency=0.0, wake_us=wake), 2)
+        first = sim.transfer(0, 1, 2000, "s", "c0")
+        sim.transfer(0, 1, 2000, "s", "c1")
+        sim.compute(1, 1.0, "s", "k", [first])
+        sim.run()
+        assert [x for x in rows(sim) if x[1] == "compute"] == [(1, "compute", "k", start,
+                                                                 start + 1.0)], wake
+    sim = Sim(tiny("bus", latency=0.0, wake_us=1.0), 2)
+    first = sim.transfer(0, 1, 2000, "s", "c0")
+    sim.transfer(0, 1, 2000, "s", "c1")
+    sim.compute(1, 2.5, "s", "busy")  # the thread works until 2.5 us: c0 is there by then
+    sim.compute(1, 1.0, "s", "k", [first])
+    sim.run()
+    assert [x[3] for x in rows(sim) if x[2] == "k"] == [2.5]
+
+
 def test_a_fused_step_computes_each_chunk_as_soon_as_it_is_reduced():
     plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 8000}, 2)
     r = simulate(plan, tiny())
