@@ -86,7 +86,8 @@ FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_r
 # kernel over 2^21 elements on fresh data, over 2^23 on the sweep's reused buffers
 STREAM_FROM, SWEEP_STREAM_FROM = 28 << 21, 28 << 23
 CHECKED = ("send",)
-# `exchange_first` within this share of `exchange_last`: its wait ended with the exchange (`wake_us`)
+# `exchange_first` within this share of `exchange_last`: its wait ended with the exchange
+# (`wake_us`)
 CAPPED = 0.9
 # fitted at their mean over rounds (see the module); comm=shm's too, as shm_<kind>
 AT_MEAN = ("exchange", "exchange_chunked", "send", "all_reduce", "reduce_scatter", "all_gather")

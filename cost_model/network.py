@@ -23,10 +23,11 @@
   stream. Where its inputs come later than the rank's previous compute ended (the rank's thread
   blocked on them) and the rank still has transfers in flight, it starts the topology's
   `wake_us` later, or when the last of those transfers ends if that is sooner (the thread waits
-  for a core the library's threads hold; 0: at once). While the rank communicates (a transfer it sends or receives is in flight) compute runs
-  at (1 - compute_slowdown) of its speed; a transfer runs at (1 - comm_slowdown x the fraction of
-  its ends that compute): both ends computing is what calibration measures. Rates change as
-  activity starts and stops (work-conserving);
+  for a core the library's threads hold; 0: at once). While the rank communicates (a transfer
+  it sends or receives is in flight) compute runs at (1 - compute_slowdown) of its speed; a
+  transfer runs at (1 - comm_slowdown x the fraction of its ends that compute): both ends
+  computing is what calibration measures. Rates change as activity starts and stops
+  (work-conserving);
 - `trace`: every task appends (rank, stream, step, task, start, end) (microseconds); `frame()`
   returns it as a pandas DataFrame.
 

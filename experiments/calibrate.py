@@ -358,7 +358,8 @@ def describe(topo) -> str:
             f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
             f" v = {topo.comm_slowdown:.2f}\n"
             f"  a step beyond its operations: {_by_size(topo)}\n"
-            f"  a thread blocked on a chunk in flight runs {topo.wake_us / 1e3:.2f} ms after it lands")
+            f"  a thread blocked on a chunk in flight runs {topo.wake_us / 1e3:.2f} ms after it "
+            "lands")
 
 
 def _by_size(topo) -> str:
