@@ -140,11 +140,11 @@ def waited_us(topo: Topology, P: int, nbytes: float, chunks: int) -> tuple[float
     thread then waiting for its first incoming chunk: (when the slowest rank's thread has it,
     when everything is done), us (`exchange_first`, `exchange_last`)."""
     sim = Sim(topo, P)
-    first = {}
+    first = {}  # rank -> its first incoming chunk
     for r in range(P):
-        first[(r + 1) % P] = [sim.transfer(r, (r + 1) % P, nbytes / chunks, "calibration",
-                                           "exchange", whole=nbytes)
-                              for _ in range(chunks)][0]
+        sends = [sim.transfer(r, (r + 1) % P, nbytes / chunks, "calibration", "exchange",
+                              whole=nbytes) for _ in range(chunks)]
+        first[(r + 1) % P] = sends[0]
     for r in range(P):
         sim.compute(r, 0.0, "calibration", "wait", [first[r]])
     end = sim.run()
