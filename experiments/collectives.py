@@ -216,11 +216,15 @@ def predict(settings) -> list[dict]:
     backend=cpu: the local topology at the measured world size and sizes, beside the measurements;
     a shared-memory topology's rows name it in `comm` ("shm"); with comm=shm and a
     `gloo_topology` (the same calibration's gloo one) gloo's rows too ("gloo"), as the two were
-    measured side by side."""
+    measured side by side; backend=cuda, none: the local topology models CPU ranks, and no
+    calibrated topology of the GPU at hand exists to set NCCL's times beside (as
+    `experiments.predict` leaves GPU measurements unpredicted)."""
     topo = settings.topology
     if settings.backend == "sim":
         world = settings.world_size if topo.name == "local" else topo.devices
         return predict_rows(topo, world, settings.scale)
+    if settings.backend != "cpu":
+        return []
     local = topo if topo.name == "local" else load_topology("local")
     rows = predict_rows(local, settings.world_size, settings.scale, settings.max_elements * 4)
     if local.peer_reads:  # a shared-memory topology: its rows are shm's (topology.path=FILE too)

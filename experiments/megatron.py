@@ -62,7 +62,8 @@ def value_of(p: Program, op: str):
 def torch_dropout_(t, seed: int, p: float):
     """In place: the DSL's deterministic dropout (`dsl.interpret.dropout_keep`) on a full tensor
     whose global element index is its flat index, in torch integer ops, as a baseline computes
-    its mask (the hash replaces the random number generator Megatron-LM would call)."""
+    its mask (the hash replaces the random number generator Megatron-LM would call), on the
+    tensor's own device (a CUDA baseline's mask is computed on its GPU)."""
     mask32 = 0xFFFFFFFF
 
     def mix32(x):
@@ -73,7 +74,7 @@ def torch_dropout_(t, seed: int, p: float):
         return x ^ (x >> 16)
 
     inner = int(mix32(torch.tensor(0 ^ int(mix32(torch.tensor(seed ^ 0x9E3779B9))))))
-    idx = torch.arange(t.numel(), dtype=torch.int64)
+    idx = torch.arange(t.numel(), dtype=torch.int64, device=t.device)
     keep = (mix32((idx & mask32) ^ inner) >> 8) >= math.ceil(p * (1 << 24))
     return t.view(-1).mul_(keep.to(t.dtype) * (1.0 / (1.0 - p))).view(t.shape)
 

@@ -255,3 +255,14 @@ def test_a_dropped_residual_is_caught_at_default_scale():
     assert not runs_agree({"out": dropped}, {"out": base}, bounds)
     _, bad = within(dropped, base, 2 * bounds["out"].error)
     assert bad > 0.5 * base.size  # most elements, not a borderline few
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU (CUDA) on this machine")
+def test_the_baselines_dropout_on_a_gpu_is_the_cpus():
+    # a CUDA baseline's mask is made on its GPU (made on the CPU it failed there: "Expected all
+    # tensors to be on the same device", model_parallel with backend=cuda on an H200)
+    x = torch.randn(1 << 16)
+    want = torch_dropout_(x.clone(), DROPOUT_SEED, DROPOUT_P)
+    got = torch_dropout_(x.cuda(), DROPOUT_SEED, DROPOUT_P)
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), want)
