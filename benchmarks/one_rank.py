@@ -1,0 +1,91 @@
+"""A generated step's own cost at one rank, where nothing is communicated: launch and host
+overhead against the kernels, on a GPU or the CPU.
+
+    python -m benchmarks.one_rank [--backend cuda|cpu] [--sizes 16,24] [--reps 50] [--profile]
+
+Starts a one-rank process group (NCCL with `--backend cuda`, gloo with `cpu`), and for each size
+2^k (elements) times `dist.all_reduce` + `torch.optim.Adam(fused=True)` (the baseline) and every
+Adam schedule (`coconet.programs.optimizer_schedules`, each built with `coconet.compile` on its
+own buffers), each call with the device synchronised before and after it: 20 warm-up calls, then
+the median of `--reps` calls, in ms, and the baseline's time over the schedule's (x). With
+`--profile`, a cProfile of `--reps` calls of fuse(RS-C-AG)+as_slice at the smallest size, by own
+time: where the host spends a call (per-chunk library calls, stream switches, events). Nothing is
+asserted; one rank cannot show what overlap gains, only what a step costs before it.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+FUSED = "fuse(RS-C-AG)+as_slice"
+
+
+def timed(fn, sync, warm: int = 20, reps: int = 50) -> float:
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(reps):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--sizes", default="16,24", help="log2 of the element counts, comma-separated")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    import coconet
+    from coconet.programs import adam_program, optimizer_schedules
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    gpu = args.backend == "cuda"
+    dist.init_process_group("nccl" if gpu else "gloo", rank=0, world_size=1)
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    steps = {}
+    try:
+        for k in sorted(int(x) for x in args.sizes.split(",")):
+            n = 1 << k
+            p = torch.zeros(n, device=device, requires_grad=True)
+            p.grad = torch.randn(n, device=device)
+            opt = torch.optim.Adam([p], lr=1e-3, fused=True)
+            base = timed(lambda: (dist.all_reduce(p.grad), opt.step()), sync, reps=args.reps)
+            print(f"N=2^{k}: baseline (all_reduce + fused Adam) {base:.3f} ms", flush=True)
+            for name, program in optimizer_schedules(adam_program()).items():
+                step = steps[(k, name)] = coconet.compile(program, None, {"N": n},
+                                                          backend=args.backend)
+                t = timed(step, sync, reps=args.reps)
+                print(f"  {name:24s} {t:8.3f} ms  x{base / t:.2f}", flush=True)
+        if args.profile and steps:
+            step = steps[(min(k for k, _ in steps), FUSED)]
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.reps):
+                step()
+            sync()
+            prof.disable()
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+            print(f"cProfile, {args.reps} calls of {FUSED}, by own time:")
+            print(out.getvalue())
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
