@@ -25,6 +25,7 @@ from experiments.optimizers import DataParallelBaseline
 
 from .config import Config
 from .errors import SuiteError, one_line
+from .paper import run_config, runs_of
 
 MEMORY_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -179,8 +180,12 @@ def _bytes(program: dsl.Program, b: dict) -> int:
 def check_experiment(cfg: Config) -> Experiment | None:
     """Everything about the run's experiment checkable before any work: its name (and module),
     schedules, world sizes and sizes (one line each: SuiteError). experiment=paper (a list of
-    runs) is checked run by run when it runs."""
+    runs): every run it will run, each as `suite.paper.run_config` makes it, before the first
+    starts (a world size one of them cannot take ends the paper run here, not after the runs
+    before it)."""
     if cfg.experiment.runs:
+        for name in runs_of(cfg):
+            check_experiment(run_config(cfg, name))
         return None
     exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
     if exp.derive is not None:  # made from a target at run time (autotune): the target's

@@ -48,6 +48,9 @@ STATIC = [
     "experiment.sizes=[{N:1024}] world_size=3", "world_size=3",
     "experiment=pipeline_parallel world_size=3", "scale.max_elements=4",
     "experiment=lamb_fusion scale.max_elements=1",
+    # experiment=paper: every run it lists, before the first starts
+    "experiment=paper world_size=1", "experiment=paper world_size=3",
+    "experiment=paper backend=sim world_size=3", "experiment=paper verify.world_sizes=[3]",
     # seed, world sizes, scale
     "seed=-1", "seed=4294967296", "seed=-99999", "world_size=0", "world_size=-2",
     "verify.world_sizes=[]", "verify.world_sizes=[0]", "verify.trials=0", "scale.repeats=0",
@@ -97,6 +100,9 @@ def test_the_messages_name_the_problem(files):
     assert "is a file" in _refused(f"hydra.run.dir={files}/a_file")
     assert "cannot be written" in _refused("hydra.run.dir=/proc/x")
     assert "no point of adam_fusion to measure" in _refused("scale.max_elements=4")
+    # the paper run's pipeline needs two stages: refused before calibrate and the rest run (it
+    # was refused only when its turn came, after three runs, on a one-GPU machine)
+    assert "2 pipeline stages" in _refused("experiment=paper world_size=1")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -107,7 +113,8 @@ def test_drawn_bad_sizes_are_refused(value, symbol):
 
 
 @pytest.mark.parametrize("line", ["experiment.schedules=[]", "experiment.sizes=[{N:-4}]",
-                                  "seed=-1", "hydra.run.dir=/proc/x", "world_size=3"])
+                                  "seed=-1", "hydra.run.dir=/proc/x", "world_size=3",
+                                  "experiment=paper world_size=1"])
 def test_through_the_entry_point(line):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "suite", *line.split()], cwd=ROOT, env=env,
