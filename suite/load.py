@@ -184,8 +184,8 @@ def check_experiment(cfg: Config) -> Experiment | None:
     starts (a world size one of them cannot take ends the paper run here, not after the runs
     before it)."""
     if cfg.experiment.runs:
-        for name in runs_of(cfg):
-            check_experiment(run_config(cfg, name))
+        for exp in runs_of(cfg):
+            check_experiment(run_config(cfg, exp.name))
         return None
     exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
     if exp.derive is not None:  # made from a target at run time (autotune): the target's

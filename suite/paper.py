@@ -61,7 +61,7 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
     """Every run of `cfg.experiment.runs` (run_one(cfg, dir) -> suite.run.Outcome), merged."""
     out_dir.mkdir(parents=True, exist_ok=True)
     share = {r.name: r.share_s for r in cfg.experiment.runs}
-    runs = [(experiments.get(name), share[name]) for name in runs_of(cfg)]
+    runs = [(e, share[e.name]) for e in runs_of(cfg)]
     names = [e.name for e, _ in runs]
     env = environment(cfg, [e for e, _ in runs])
     (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
@@ -97,15 +97,15 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
     sys.exit(status)
 
 
-def runs_of(cfg: Config) -> list[str]:
-    """The names of the runs `cfg.experiment.runs` lists that this backend runs, in order: one
-    that measures this machine only (`needs_measurement`) only with backend=cpu; an unknown name
-    is bad input (SuiteError)."""
+def runs_of(cfg: Config) -> list:
+    """The experiments `cfg.experiment.runs` lists that this backend runs, in order: one that
+    measures this machine only (`needs_measurement`) only with backend=cpu; an unknown name is
+    bad input (SuiteError)."""
     try:
         runs = [experiments.get(r.name) for r in cfg.experiment.runs]
     except KeyError as e:
         raise SuiteError(e.args[0]) from None
-    return [e.name for e in runs if not e.needs_measurement or cfg.backend.name == "cpu"]
+    return [e for e in runs if not e.needs_measurement or cfg.backend.name == "cpu"]
 
 
 def run_config(cfg: Config, name: str) -> Config:

@@ -44,7 +44,6 @@ def test_a_calibrated_topology_predicts_lone_collectives_with_its_median_links()
     assert big and all(a > 2 * b for a, b in big)
 
 
-
 def test_gpu_measurements_are_not_predicted_on_the_cpu_topology(tmp_path):
     """backend=cuda measured NCCL on a GPU: the local topology (CPU ranks) does not predict
     it (on an H200 it did: 68.5% 'time error' against a model of this machine's gloo)."""
@@ -53,6 +52,7 @@ def test_gpu_measurements_are_not_predicted_on_the_cpu_topology(tmp_path):
         max_elements=1 << 12, measured=[], out_dir=tmp_path)
     assert collectives.predict(settings("cuda")) == []
     assert {r["topology"] for r in collectives.predict(settings("cpu"))} == {"local"}
+
 
 def test_measured_on_local_ranks(tmp_path):
     settings = MeasureSettings(scale="smoke", max_elements=1 << 12, world_size=2, warmup=1,
