@@ -16,7 +16,8 @@ interleaved rounds (`experiments.rounds`). One transport: every (collective, siz
 of one set of rounds, each sample the median of its calls, each after a barrier (the
 slowest rank's), as `experiments.calibrate` samples the same calls to fit the model and the
 experiments sample their steps, until every
-time's 95% interval is within +-scale.ci_pct% or scale.budget_s runs out (rows: `time_ms` the
+time's 95% interval is within +-scale.ci_pct% or scale.budget_s runs out, and
+scale.long_budget_s where it has fewer than scale.long_rounds rounds by then (rows: `time_ms` the
 median over rounds, `time_ms_lo/hi` its interval, `rounds`, `stopped`); with comm=shm, gloo and shared memory in the
 same run, each (size, collective) timed in its own rounds (at most min(scale.budget_s,
 POINT_BUDGET_S) s per point), rows naming the transport in `comm`, a shm row's `speedup`
@@ -188,18 +189,30 @@ def _check(kind: str, op, full, part, rank: int, world: int) -> bool:
     return bool((got == world * (world + 1) / 2).all())
 
 
+def sweep_budget(settings, transports: int) -> Budget:
+    """The rounds' budget of a measured sweep. One transport: the whole sweep in one set of
+    rounds, the scale's budget for a point and its long-step extension (scale.long_rounds,
+    long_budget_s): a round of every size up to 128 MiB takes 1.5-2 s, so budget_s alone stopped
+    the default sweep at 10-13 rounds, where a small collective's median flips between gloo's
+    two modes from run to run (the time error's median over the sweep 5.9-20.1% in five paper
+    runs on the Intel VM; 6.5-10.1% against the median of the five runs' times). Several
+    transports (comm=shm): each (size, collective) its own rounds, at most POINT_BUDGET_S, no
+    extension."""
+    one = transports == 1
+    return Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
+                  max_rounds=max(settings.min_rounds, settings.max_rounds),
+                  budget_s=(settings.point_budget_s if one
+                            else min(settings.point_budget_s, POINT_BUDGET_S)),
+                  ci_pct=settings.ci_pct, long_rounds=settings.long_rounds if one else 0,
+                  long_budget_s=settings.long_budget_s if one else 0.0)
+
+
 def measure(settings) -> list[dict]:
     szs = sizes(settings.scale, settings.max_elements * 4)
     start = time.perf_counter()
     # comm=shm: gloo and shared memory side by side, in one run, in interleaved rounds
     comms = ("ring", settings.comm) if settings.comm == "shm" else (settings.comm,)
-    # one transport: the whole sweep in one set of rounds, the scale's budget for a point;
-    # several: each (size, collective) its own, at most POINT_BUDGET_S; no long-step extension
-    # (scale.long_rounds): the rows are times, with no paired speedup whose interval it is for
-    budget = Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
-                    max_rounds=max(settings.min_rounds, settings.max_rounds),
-                    budget_s=(min(settings.point_budget_s, POINT_BUDGET_S) if len(comms) > 1
-                              else settings.point_budget_s), ci_pct=settings.ci_pct)
+    budget = sweep_budget(settings, len(comms))
     rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
                                                            settings.repeats, settings.backend,
                                                            comms, budget, settings.seed),

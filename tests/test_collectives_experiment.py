@@ -113,3 +113,22 @@ def test_comm_shm_predicts_both_transports(tmp_path):
         scale="smoke", backend="cpu", topology=shm, world_size=2, max_elements=1 << 12,
         measured=[], out_dir=tmp_path))
     assert len(alone) == 3 * 2 and all(r["comm"] == "shm" for r in alone)
+
+
+def test_a_measured_sweep_in_one_set_of_rounds_gets_the_long_step_extension(tmp_path):
+    """One transport times the whole sweep in one set of rounds, whose rounds are long (every
+    size up to 128 MiB): past budget_s it goes on to long_rounds, as a long step's point does.
+    Several transports (comm=shm) time each point in its own short rounds: no extension."""
+    from experiments.rounds import out_of_time
+    s = MeasureSettings(scale="default", max_elements=1 << 25, world_size=2, warmup=1,
+                        repeats=5, csv_path=tmp_path / "r.csv", kernels_dir=tmp_path,
+                        min_rounds=10, max_rounds=400, point_budget_s=25.0, long_rounds=80,
+                        long_budget_s=90.0)
+    one = collectives.sweep_budget(s, 1)
+    assert (one.budget_s, one.long_rounds, one.long_budget_s) == (25.0, 80, 90.0)
+    assert not out_of_time(30.0, 15, one) and out_of_time(91.0, 60, one)
+    assert out_of_time(30.0, 80, one)  # enough rounds: the budget holds
+    shm = collectives.sweep_budget(s, 2)
+    assert (shm.budget_s, shm.long_rounds, shm.long_budget_s) == (
+        collectives.POINT_BUDGET_S, 0, 0.0)
+    assert out_of_time(collectives.POINT_BUDGET_S + 1, 3, shm)
