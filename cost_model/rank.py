@@ -7,10 +7,11 @@
 
 The closed form (`closed_form.plan_us`, microseconds per schedule, no contention) is cheap and
 orders the whole space; the discrete-event simulation (`workload.simulate`, contention and overlap
-as they happen) re-times the `top_k` best of that order, and the final order is by DES time for
-those and by closed-form time after them (a candidate the DES did not time never outranks one it
-did). Ties keep the candidates' given order. `compute_us` (candidate key -> {step id: us}) replaces
-the generated kernels' modelled time where a candidate runs library code (a baseline).
+as they happen; on a calibrated topology the step's median, `median.step_median`) re-times the
+`top_k` best of that order, and the final order is by DES time for those and by closed-form
+time after them (a candidate the DES did not time never outranks one it did). Ties keep the
+candidates' given order. `compute_us` (candidate key -> {step id: us}) replaces the generated
+kernels' modelled time where a candidate runs library code (a baseline).
 
 Pure: Plans in, numbers out; no lowering, no ranks.
 """
@@ -24,7 +25,7 @@ from codegen.plan import Plan
 
 from .closed_form import plan_us
 from .topology import Topology
-from .workload import simulate
+from .median import step_median
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ def rank(plans: Mapping[str, Plan], topo: Topology, top_k: int = 8,
     order = sorted(closed, key=lambda k: closed[k])  # stable: ties keep the given order
     closed_rank = {k: i for i, k in enumerate(order)}
     t1 = time.perf_counter()
-    des = {k: simulate(plans[k], topologies.get(k, topo), compute_us=compute_us.get(k)).time_us
+    des = {k: step_median(plans[k], topologies.get(k, topo),
+                          compute_us=compute_us.get(k)).time_us
            for k in order[:top_k]}
     t2 = time.perf_counter()
     des_order = sorted(des, key=lambda k: des[k])

@@ -4,7 +4,9 @@
     rows = predict(exp, topo, points, world_size, dtype, baseline_compute_ms=None)
 
 `predict` lowers each schedule (and the baseline) at each point (size bindings) and simulates the
-Plan (`cost_model.workload.simulate`), returning rows of the results table with
+Plan (`cost_model.median.step_median`: `cost_model.workload.simulate`, and on a calibrated
+topology the median over rounds that a run reports, between its links fitted at the means and
+at the medians by the step's number of calls), returning rows of the results table with
 `source=predicted`, `backend=sim`, `topology=<its name>`, `speedup` over the predicted baseline
 at the same point, the time split of the slowest rank (`compute_ms`, `comm_ms`: communication
 exposed, `overlapped_ms`: communication hidden behind compute) and the algorithm and protocol of
@@ -45,7 +47,8 @@ from codegen.plan import Collective, Compute
 from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import Topology, curve_us, load_topology
 from cost_model.validation import paper_results
-from cost_model.workload import choices, simulate
+from cost_model.median import step_median
+from cost_model.workload import choices
 from dsl import f32
 
 from .api import COMM_PROBE_BYTES, GLOO_BASELINE, Experiment, PredictSettings
@@ -230,16 +233,16 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
         t0 = time.perf_counter()
         base_plan = lower(base, b, world_size)
         measured = (baseline_compute_ms or {}).get(shape)
-        results = {"baseline": (base_plan, simulate(
+        results = {"baseline": (base_plan, step_median(
             base_plan, topo, compute_us=library_compute_us(base_plan, measured)))}
         on = {}  # schedule -> its topology, where not forced/topo
         if gloo is not None:
             on[GLOO_BASELINE] = gloo
-            results[GLOO_BASELINE] = (base_plan, simulate(base_plan, gloo, compute_us=(
+            results[GLOO_BASELINE] = (base_plan, step_median(base_plan, gloo, compute_us=(
                 library_compute_us(base_plan, (gloo_compute_ms or {}).get(shape)))))
         for name, p in progs.items():
             plan = lower(p, b, world_size)
-            results[name] = (plan, simulate(plan, forced.get(name, topo)))
+            results[name] = (plan, step_median(plan, forced.get(name, topo)))
         base_ms = results["baseline"][1].time_ms
         gloo_ms = results[GLOO_BASELINE][1].time_ms if gloo is not None else None
         for name, (plan, r) in results.items():
