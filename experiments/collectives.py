@@ -194,10 +194,9 @@ def sweep_budget(settings, transports: int) -> Budget:
     rounds, the scale's budget for a point and its long-step extension (scale.long_rounds,
     long_budget_s): a round of every size up to 128 MiB takes 1.5-2 s, so budget_s alone stopped
     the default sweep at 10-13 rounds, where a small collective's median flips between gloo's
-    two modes from run to run (the time error's median over the sweep 5.9-20.1% in five paper
-    runs on the Intel VM; 6.5-10.1% against the median of the five runs' times). Several
-    transports (comm=shm): each (size, collective) its own rounds, at most POINT_BUDGET_S, no
-    extension."""
+    two modes from run to run (the time error's largest 55-66% in three paper runs on the Intel
+    VM); with the extension it takes 55 (41.9-49.6% in three runs). Several transports
+    (comm=shm): each (size, collective) its own rounds, at most POINT_BUDGET_S, no extension."""
     one = transports == 1
     return Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
                   max_rounds=max(settings.min_rounds, settings.max_rounds),

@@ -44,10 +44,10 @@ from typing import Optional
 
 from codegen.lower import lower
 from codegen.plan import Collective, Compute
+from cost_model.median import step_median
 from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import Topology, curve_us, load_topology
 from cost_model.validation import paper_results
-from cost_model.median import step_median
 from cost_model.workload import choices
 from dsl import f32
 
