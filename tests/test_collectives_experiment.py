@@ -7,6 +7,7 @@ import pytest
 
 from cost_model.topology import load_topology
 from experiments import MeasureSettings, PredictSettings, collectives
+from experiments.rounds import out_of_time
 
 
 def test_predicted_rows_follow_nccl_tests_conventions():
@@ -119,7 +120,6 @@ def test_a_measured_sweep_in_one_set_of_rounds_gets_the_long_step_extension(tmp_
     """One transport times the whole sweep in one set of rounds, whose rounds are long (every
     size up to 128 MiB): past budget_s it goes on to long_rounds, as a long step's point does.
     Several transports (comm=shm) time each point in its own short rounds: no extension."""
-    from experiments.rounds import out_of_time
     s = MeasureSettings(scale="default", max_elements=1 << 25, world_size=2, warmup=1,
                         repeats=5, csv_path=tmp_path / "r.csv", kernels_dir=tmp_path,
                         min_rounds=10, max_rounds=400, point_budget_s=25.0, long_rounds=80,
