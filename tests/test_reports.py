@@ -1,5 +1,6 @@
 """Reports are pure functions of the results table: Markdown table, figures, HTML with embedded
-figures, LaTeX (booktabs) and CSV tables, and `python -m suite.compare` of two runs."""
+figures, LaTeX (booktabs) and CSV tables, and `python -m suite.compare` of two runs (times, and
+measured speedups with their spread)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,32 @@ def test_compare_two_runs(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "suite.compare", str(tmp_path / "nope")],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_compare_speedups_across_runs(tmp_path):
+    """--speedup: each run's measured speedups (no baseline rows), their mean, and the largest
+    deviation from it in %; the one-line summary names the point that spreads most."""
+    from suite.compare import compare_speedups, spread_line
+    a = _run(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    for r in _rows():
+        if r["schedule"] == "fuse(RS-C-AG)" and r["size"] == 1 << 21:
+            r = {**r, "speedup": r["speedup"] * 1.1}
+        append_row(tmp_path / "b" / "results.csv", r)
+    table = compare_speedups([str(a), str(tmp_path / "b")])
+    assert len(table) == 4 and "baseline" not in set(table.schedule)
+    worst = table.loc[table.spread.idxmax()]
+    assert worst.schedule == "fuse(RS-C-AG)" and worst["size"] == 1 << 21
+    assert worst["mean"] == pytest.approx(10 / 6 * 1.05)
+    assert worst.spread == pytest.approx(100 * (1.1 / 1.05 - 1))  # 4.76%
+    assert table.spread.drop(worst.name).max() == pytest.approx(0.0)
+    assert "largest 4.8% (adam_fusion fuse(RS-C-AG) at [2097152])" in spread_line(table)
+    out = subprocess.run([sys.executable, "-m", "suite.compare", "--speedup", str(a),
+                          str(tmp_path / "b"), "--out", str(tmp_path / "s.md")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "speedup[1]" in out.stdout and "speedup spread across runs: median 0.0%" in out.stdout
+    assert (tmp_path / "s.md").read_text().count("| adam_fusion |") == 4
 
 
 def test_compare_gathers_the_jobs_of_a_sweep(tmp_path):
