@@ -36,7 +36,11 @@ formula for each, inverted size by size):
   compute_slowdown u = 1 - kernel / inside; comm_slowdown v = (both - exchange) / inside.
 - `reduce_scatter`, `all_gather` (the runtime's rings): the ring link too, each size's achieved
   bandwidth the median of what the exchange and the two rings need.
-- `add`, `copy` (torch's, in place): the device's `library_efficiency` by traffic bytes.
+- `add`, `copy` (torch's, in place): the device's `library_efficiency` by traffic bytes; and at
+  the sizes that stream from memory the device's `inplace_write_weight` (`inplace_write_weight`:
+  the add writes its input in place, the copy a buffer it does not read, which a
+  `write_allocate` device reads first): what a generated kernel's in-place writes cost
+  (`cost_model.closed_form.kernel_bytes`).
 - `sequence`, `sequence_comm`, `sequence_compute`, `sequence_extra` (gloo's all-reduce of b bytes
   followed at once by the generated Adam kernel on b / 4 elements, each alone, and the first
   minus the other two paired call by call): the topology's `step_overhead_us`, the median over
@@ -313,6 +317,21 @@ def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topolo
                                library=library, peer_reads=True, wake_us=0.0)
 
 
+def inplace_write_weight(ms: list[Measurement], write_allocate: bool) -> float:
+    """What a byte written in place costs against a byte read (`Device.inplace_write_weight`),
+    from torch's in-place add (x += y: reads 2b, writes b in place) and copy (y = x: reads b,
+    writes b that a `write_allocate` device reads first: 3b) of b bytes at the sizes whose
+    traffic streams from memory (the add's 3b from STREAM_FROM): copy / add = 3 / (2 + w) at
+    each, the median, within [0, 1]. 1 (as a read) on a device that does not allocate on write,
+    or without such sizes."""
+    add, copy = dict(_series(ms, "add")), dict(_series(ms, "copy"))
+    got = [3.0 * add[b] / copy[b] - 2.0 for b in sorted(add)
+           if b in copy and 3 * b >= STREAM_FROM and copy[b] > 0]
+    if not write_allocate or not got:
+        return 1.0
+    return round(min(1.0, max(0.0, statistics.median(got))), 3)
+
+
 def stream_memory_gbps(ms: list[Measurement], launch_us: float) -> float:
     """GB/s per rank with every rank streaming memory at once: the median of bytes / (time -
     launch) (the slowest rank's) over the kernel's calls whose data comes from memory whatever
@@ -378,6 +397,7 @@ def fit_device(ms: list[Measurement], base: Device) -> Device:
         library_steps_us=library_steps_us(ms) or base.library_steps_us,
         memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()}, matmul_efficiency=1.0,
         stream_memory_gbps=stream_memory_gbps(ms, launch) or base.stream_memory_gbps,
+        inplace_write_weight=inplace_write_weight(ms, base.write_allocate),
         matmul_efficiency_by_flops=mm_eff,
         library_efficiency=lib,
         peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)})

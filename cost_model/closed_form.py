@@ -17,6 +17,7 @@ from codegen.plan import (ITEMSIZE, Collective, Compute, Copy, FusedCollective, 
                           Plan)
 
 from . import nccl
+from .microbench import CALIBRATION_KERNEL
 from .closed_collectives import choose, collective_us
 from .collectives import CollSpec
 from .network import hop_us
@@ -49,13 +50,24 @@ def _compute(plan, s, topo, chunks):
 
 
 def kernel_bytes(plan: Plan, s: Compute, topo: Topology) -> float:
-    """The bytes a kernel moves: its reads and writes, and on a `write_allocate` device once
-    more each buffer it writes without reading it (the line is read before it is written)."""
-    if not topo.device.write_allocate:
-        return s.nbytes
+    """The bytes a kernel moves, as the device's memory rates count them: what it reads, what it
+    writes into buffers it reads weighed by `Device.inplace_write_weight` (the line is in the
+    cache already), what it writes elsewhere (on a `write_allocate` device twice: the line is
+    read before it is written); in units of the calibration kernel's bytes (x 28 / (16 + 12 w):
+    its reads and in-place writes per element, `cost_model.microbench.CALIBRATION_KERNEL`), whose
+    rate the device's memory figures are, so that kernel counts its own nbytes. With w = 1:
+    reads and writes once each, the fresh writes once more where the device allocates on write."""
+    d, n = topo.device, s.kernel.numel
     read = {a.buffer for a in s.kernel.reads}
-    fresh = {b for _, b in s.kernel.writes if b not in read}
-    return s.nbytes + s.kernel.numel * sum(ITEMSIZE[plan.buffer(b).dtype] for b in fresh)
+    written = {b for _, b in s.kernel.writes}
+
+    def per_element(ids) -> int:
+        return sum(ITEMSIZE[plan.buffer(b).dtype] for b in ids)
+    w = d.inplace_write_weight
+    fresh = per_element(written - read) * (2 if d.write_allocate else 1)
+    counted = n * (per_element(read) + w * per_element(written & read) + fresh)
+    r, inplace = CALIBRATION_KERNEL
+    return counted * (r + inplace) / (r + w * inplace)
 
 
 def _matmul(plan, s, topo, chunks):

@@ -21,6 +21,9 @@ from .network import Sim
 from .topology import Topology
 
 LIBRARY = "library_"  # kinds library_<routine>: a library routine's time by bytes
+# the calibration's generated kernel (`kernel`, `kernel_stream`: the Adam program's AR-C kernel),
+# bytes per element: read (g, w, m, v) and written in place (w, m, v); its nbytes are their sum
+CALIBRATION_KERNEL = (16, 12)
 SHM = "shm_"  # kinds shm_<collective>: comm=shm's collectives (`calibration.fit_shm`)
 
 

@@ -17,7 +17,10 @@ message and kernel sizes in bytes.
   interpolates in log-log between sizes, the smallest size's time below it, per byte beyond the
   largest; None where the device has no figure for the routine). `write_allocate`: a store
   reads its cache line first (CPUs without streaming stores), so a kernel's writes to a buffer
-  it does not read cost their bytes twice. `stream_memory_gbps`: the memory rate of a generated
+  it does not read cost their bytes twice. `inplace_write_weight`: what a byte a kernel writes
+  into a buffer it also reads costs against a byte it reads (its line is in the cache already:
+  only the write-back; 1: as a read, where not calibrated; `cost_model.closed_form.kernel_bytes`).
+  `stream_memory_gbps`: the memory rate of a generated
   kernel inside a program's step, every rank at once on data beyond the caches (calibration's
   `kernel_stream`; a step's buffers were last touched by communication or by the step before, not
   by the kernel itself as in the `memory_efficiency` sweep, which reuses its buffers); 0: the
@@ -149,6 +152,7 @@ class Device:
                                                           metadata={"curves": True})
     write_allocate: bool = False
     stream_memory_gbps: float = field(default=0.0, metadata=_positive(False))
+    inplace_write_weight: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
 
     def library_step_us(self, routine: str, nbytes: float) -> Optional[float]:
         """The library routine's time on nbytes (us), from `library_steps_us`; None without."""

@@ -46,6 +46,32 @@ def synthetic(topo, P=2) -> list[Measurement]:
     return [dataclasses.replace(m, time_ms=predict_ms(topo, m)) for m in ms]
 
 
+def _adds_and_copies(w: float, sizes, launch_us: float = 5.0) -> list[Measurement]:
+    """torch's in-place add (2b read, b written in place) and copy (b read, b written fresh: 3b
+    on a write-allocate device) of b bytes at 10 GB/s a counted byte, an in-place byte weighing w."""
+    at = lambda kind, b, units: Measurement(kind, b, (launch_us + units * b / 1e4) / 1e3, 2)  # noqa
+    return [m for b in sizes for m in (at("add", b, 2 + w), at("copy", b, 3))]
+
+
+def test_the_fit_reads_the_in_place_write_weight_from_adds_and_copies():
+    """copy / add = 3 / (2 + w) at the sizes whose traffic streams from memory; cache-resident
+    sizes (here with w = 1: their writes cost nothing extra) do not count; 1 without such sizes,
+    or on a device that does not allocate on write; within [0, 1]."""
+    from cost_model.calibration import STREAM_FROM, inplace_write_weight
+    big = [1 << k for k in range(25, 28)]
+    assert all(3 * b >= STREAM_FROM for b in big)
+    small = [1 << k for k in range(12, 20)]
+    ms = _adds_and_copies(0.45, big) + _adds_and_copies(1.0, small)
+    assert inplace_write_weight(ms, True) == pytest.approx(0.45, abs=0.01)
+    assert inplace_write_weight(ms, False) == 1.0
+    assert inplace_write_weight(_adds_and_copies(0.45, small), True) == 1.0
+    assert inplace_write_weight(_adds_and_copies(-0.5, big), True) == 0.0
+    assert inplace_write_weight(_adds_and_copies(1.6, big), True) == 1.0
+    got = fit(synthetic(truth()) + ms, load_topology("local"), 2)
+    assert got.device.inplace_write_weight == pytest.approx(0.45, abs=0.01)
+    assert fit(synthetic(truth()), load_topology("local"), 2).device.inplace_write_weight == 1.0
+
+
 def test_the_fit_recovers_the_topology_that_made_the_measurements():
     t = truth()
     got = fit(synthetic(t), load_topology("local"), 2)

@@ -173,6 +173,44 @@ def test_write_allocate_counts_the_writes_to_buffers_a_kernel_does_not_read():
     assert kernel_bytes(plan, adam, cpu) == adam.nbytes  # w, m, v read and written in place
 
 
+def test_an_in_place_write_weighs_what_the_calibration_measured():
+    """With `inplace_write_weight` w a kernel's bytes are its reads, w x its writes into buffers
+    it reads and twice its other writes (write-allocate), in units of the calibration kernel's
+    bytes (x 28 / (16 + 12 w)): Adam's AR-C kernel (the calibration's own, 16 B read and 12 B
+    written in place per element) still counts its nbytes; LAMB's first kernel, whose writes are
+    all fresh, counts 40 of 22 units a byte of Adam's, where w = 1 gave it 40 of 28."""
+    from codegen.plan import ITEMSIZE
+    from cost_model.closed_form import kernel_bytes
+    from cost_model.microbench import CALIBRATION_KERNEL
+
+    n = 1 << 16
+    cpu = load_topology("local")
+    half = dataclasses.replace(cpu, device=dataclasses.replace(cpu.device,
+                                                               inplace_write_weight=0.5))
+    unit = 28 / (16 + 12 * 0.5)
+    got = {}
+    for exp in (adam_fusion, lamb_fusion):
+        plan = lower(exp.program(), {"N": n}, 2)
+        for s in (s for s in plan.steps if isinstance(s, Compute)):
+            read = {a.buffer for a in s.kernel.reads}
+            written = {b for _, b in s.kernel.writes}
+            size = lambda ids: sum(ITEMSIZE[plan.buffer(b).dtype] for b in ids)  # noqa: E731
+            r, inplace, fresh = size(read), size(written & read), size(written - read)
+            assert n * (r + inplace + fresh) == s.nbytes  # every byte counted once at w = 1
+            got[s.kernel.name.split("_")[0] + s.kernel.name.split("_")[1]] = (r, inplace, fresh)
+            assert kernel_bytes(plan, s, half) == pytest.approx(
+                n * (r + 0.5 * inplace + 2 * fresh) * unit)
+    assert got["adamk1"][:2] == CALIBRATION_KERNEL and got["adamk1"][2] == 0
+    assert got["lambk1"] == (16, 0, 12) and got["lambk2"] == (24, 12, 0)
+    (a_plan, adam), (l_plan, lamb) = (
+        (p, next(s for s in p.steps if isinstance(s, Compute)))
+        for p in (lower(e.program(), {"N": n}, 2) for e in (adam_fusion, lamb_fusion)))
+    assert kernel_bytes(a_plan, adam, half) == pytest.approx(adam.nbytes)
+    for topo, ratio in ((half, 40 / 22), (cpu, 40 / 28)):
+        assert kernel_bytes(l_plan, lamb, topo) / kernel_bytes(a_plan, adam, topo) == \
+            pytest.approx(ratio)
+
+
 def test_a_megatron_baseline_times_its_matmul_as_the_schedules_do():
     """model_parallel's baseline is MM-AR-C in library calls: its measured `library_ms` (the
     tail beside its matmul) goes on the tail, and its matmul takes the cost model's time, as the

@@ -70,6 +70,8 @@ BAD = [
     ("algorithm", "butterfly", "topology.algorithm='butterfly'"),
     ("library_kinds", ["all_reduce"], "no library link class"),
     ("ring_work_on_compute", "yes", "must be true or false"),
+    ("device.inplace_write_weight", 1.5, "topology.device.inplace_write_weight=1.5: must be <= 1"),
+    ("device.inplace_write_weight", -0.1, "inplace_write_weight=-0.1: must be >= 0"),
 ]
 
 
