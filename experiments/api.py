@@ -153,6 +153,9 @@ class PredictSettings:
     # comm=shm: the gloo-calibrated Topology the library baseline on gloo (GLOO_BASELINE) is
     # predicted on (collectives: gloo's rows, measured beside shm's); None: not predicted
     gloo_topology: object = None
+    # scale each measured point's memory rates by its baseline's optimizer step against
+    # calibration's (experiments.predict.memory_scale); False: the calibrated rates as they are
+    memory_scale: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

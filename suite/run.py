@@ -262,7 +262,7 @@ def predict(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path,
                                max_elements=cfg.scale.max_elements, measured=measured,
                                out_dir=out_dir, sizes=cfg.experiment.sizes,
                                schedules=None if cfg.experiment.schedules is None else schedules,
-                               gloo_topology=gloo)
+                               gloo_topology=gloo, memory_scale=cfg.memory_scale)
     print(f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
           f"{' and the paper setting' if exp.paper and cfg.backend.name != 'sim' else ''})", flush=True)
     show = lambda line: print(line, flush=True)  # noqa: E731

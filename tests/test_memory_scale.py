@@ -56,6 +56,33 @@ def test_a_faster_memory_spell_makes_a_kernel_bound_step_faster_in_proportion():
         topo.with_memory_scale(0.0)
 
 
+def test_a_run_predicts_at_the_baselines_memory_rate_only_when_asked(tmp_path):
+    """memory_scale=true scales a measured point's memory rates by its baseline's step (here
+    calibration's 8 ms against the run's 10: x0.8, every kernel slower and the row says so);
+    the default (false) predicts at the calibrated rates, no note."""
+    from experiments.api import PredictSettings
+    from experiments.predict import predictions
+    adam = experiments.get("adam_fusion")
+    rows = [{"experiment": "adam_fusion", "source": "measured", "backend": "cpu",
+             "world_size": 2, "size": N, "shape": f"[{N}]", "schedule": s, "time_ms": 50.0,
+             "compute_ms": 10.0, "verified": True} for s in dict(adam.schedules())]
+    rows.insert(0, {**rows[0], "schedule": "baseline"})
+
+    def predicted(scaled: bool) -> dict:
+        settings = PredictSettings(scale="smoke", backend="cpu", topology=calibrated(),
+                                   world_size=2, max_elements=N, measured=rows,
+                                   out_dir=tmp_path, memory_scale=scaled)
+        return {r["schedule"]: r for r in predictions(adam, settings)
+                if r["source"] == "predicted" and r["topology"] == "local"}
+    plain, scaled = predicted(False), predicted(True)
+    assert all(pd.isna(r.get("note")) or "memory" not in str(r.get("note"))
+               for r in plain.values())
+    for name, r in scaled.items():
+        assert r["note"].startswith("memory x0.800"), name
+        if name != "baseline":  # the baseline's computation is its measured time either way
+            assert r["time_ms"] > plain[name]["time_ms"], name
+
+
 def test_the_report_says_which_points_were_scaled_and_by_how_much():
     rows = pd.DataFrame([
         {"topology": "local", "world_size": 2, "shape": "[8]", "note": "memory x1.500"},
