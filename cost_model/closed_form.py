@@ -57,17 +57,14 @@ def kernel_bytes(plan: Plan, s: Compute, topo: Topology) -> float:
     its reads and in-place writes per element, `cost_model.microbench.CALIBRATION_KERNEL`), whose
     rate the device's memory figures are, so that kernel counts its own nbytes. With w = 1:
     reads and writes once each, the fresh writes once more where the device allocates on write."""
-    d, n = topo.device, s.kernel.numel
     read = {a.buffer for a in s.kernel.reads}
     written = {b for _, b in s.kernel.writes}
-
-    def per_element(ids) -> int:
-        return sum(ITEMSIZE[plan.buffer(b).dtype] for b in ids)
-    w = d.inplace_write_weight
-    fresh = per_element(written - read) * (2 if d.write_allocate else 1)
-    counted = n * (per_element(read) + w * per_element(written & read) + fresh)
+    per_element = lambda ids: sum(ITEMSIZE[plan.buffer(b).dtype] for b in ids)  # noqa: E731
+    w, allocate = topo.device.inplace_write_weight, topo.device.write_allocate
+    counted = (per_element(read) + w * per_element(written & read)
+               + per_element(written - read) * (2 if allocate else 1))
     r, inplace = CALIBRATION_KERNEL
-    return counted * (r + inplace) / (r + w * inplace)
+    return s.kernel.numel * counted * (r + inplace) / (r + w * inplace)
 
 
 def _matmul(plan, s, topo, chunks):
