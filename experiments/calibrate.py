@@ -106,7 +106,7 @@ from .optimizers import adam_program
 from .registry import register
 from ._benches import (Bench, communication, kernels, library_steps, matmuls, overlap,
                        sequences, shm_collectives)
-from .rounds import calls_for, needs_untimed, warm_ms
+from .rounds import calls_for, needs_untimed
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
@@ -201,20 +201,23 @@ def in_streams_spell(benches: list[Bench], times: list) -> list:
 
 def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
                 seed: int = 0) -> list[list[list[float]]]:
-    """Per bench, per kind of it, one sample per round: warm-up (`experiments.rounds.warm_ms`:
-    each bench `warmup` times, and a short one WARM_CALLS times more; its slowest-rank time sets
-    how many calls make a sample of a short bench, as `experiments.rounds` does, and never fewer
-    than the bench's `min_calls`), then `rounds`
+    """Per bench, per kind of it, one sample per round: warm-up (each bench `warmup` times, the last
+    one's slowest-rank time sets how many calls make a sample of a short bench, as
+    `experiments.rounds` does, and never fewer than the bench's `min_calls`), then `rounds`
     rounds, each running every bench once (one untimed `sample(1)` before each timed sample of a
     bench whose warm-up took under LONG_CALL_MS, as `experiments.rounds` does: `needs_untimed`)
     in a fresh random order
     (`numpy.random.default_rng([seed, round])`: the same on every rank), the round's times the
     slowest rank's (one all_reduce MAX), so drifts of a shared machine reach every benchmark
     alike and benchmarks compared with each other are compared round by round."""
-    warm = warm_ms([lambda b=b: b.sample(1)[0] for b in benches], warmup)
-    calls = [max(b.min_calls, calls_for(w)) if b.repeatable else 1
+    warm = torch.zeros(len(benches), dtype=torch.float64)
+    for _ in range(max(1, warmup)):
+        for i, b in enumerate(benches):
+            warm[i] = b.sample(1)[0]
+    dist.all_reduce(warm, op=dist.ReduceOp.MAX)
+    calls = [max(b.min_calls, calls_for(float(w))) if b.repeatable else 1
              for b, w in zip(benches, warm)]
-    untimed = [needs_untimed(w) for w in warm]
+    untimed = [needs_untimed(float(w)) for w in warm]
     slots, width = [], 0
     for b in benches:
         slots.append(width)

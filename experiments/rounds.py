@@ -8,20 +8,11 @@
     interleave(fns, budget, key, clock, aside=("probe",))  # "probe" timed, not held to the target
 
 On every rank of the default process group, collectively:
-- warm-up (`warm_ms`): each function `budget.warmup` times (at least once), in the given order;
-  a function whose last warm-up call (the slowest rank's time) took under LONG_CALL_MS is then
-  called WARM_CALLS times more, and the median of those calls (the slowest rank's each) is its
-  warm-up time; it sets `calls[name]` (`calls_for`), how many calls make one of its samples (a
-  call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at most MAX_CALLS), so a
-  function is called max(1, warmup) + WARM_CALLS + rounds x (1 + calls[name]) times (without
-  the WARM_CALLS, and max(1, warmup) + rounds x calls[name], where the point's calls are long:
-  below). The first call of a function runs cold, 2-8x its later calls (a 1 MiB all-reduce:
-  9.2 against 1.15 ms here), and its samples' statistic moves with their number of calls on
-  gloo's stalls (the median over rounds of a 4 MiB all-reduce: 3.75 ms sampled as one call,
-  3.05 ms as the median of 3, in the same 40 rounds on the 2-core VM), so set from that
-  call the number was a draw: the same collective, one call a sample in
-  calibration and the median of 3 in `experiment=collectives` (whose checks warm it first),
-  measured 5-20% slower in calibration at 256 KiB-4 MiB over fifteen paper runs;
+- warm-up: each function `budget.warmup` times (at least once), in the given order; each one's
+  last warm-up (the slowest rank's time) sets its `calls[name]` (`calls_for`), how many calls
+  make one of its samples (a call shorter than MIN_SAMPLE_MS: several, at least MIN_CALLS, at
+  most MAX_CALLS), so a function is called max(1, warmup) + rounds x (1 + calls[name]) times
+  (max(1, warmup) + rounds x calls[name] where the point's calls are long: below);
 - before each sample, one untimed call of the same function (after its own barrier), so that no
   sample takes the first call after another function: that call ran slower (RS-C-AG at 2^20
   elements: 8.6 against 7.7 ms, `python -m benchmarks.steps`), and a step of 5 ms and more,
@@ -84,7 +75,6 @@ MIN_SAMPLE_MS, MIN_CALLS, MAX_CALLS = 5.0, 3, 64
 # a call at least this long (its warm-up, the slowest rank's) takes no untimed call before its
 # samples (`needs_untimed`)
 LONG_CALL_MS = 25.0
-WARM_CALLS = 3  # calls after the warm-up whose median sets a short function's calls (`warm_ms`)
 RESAMPLES = 1000  # bootstrap resamples per interval
 
 
@@ -198,26 +188,6 @@ def untimed_calls(names: Sequence[str], warm_ms: Sequence[float],
     return {n: needs_untimed(w) if n in aside else point for n, w in zip(names, warm_ms)}
 
 
-def warm_ms(timers: Sequence[Callable[[], float]], warmup: int) -> list[float]:
-    """Per function (`timers`: each times one call of it on this rank, in ms), the warm-up time
-    that sets its calls per sample and its untimed calls, the slowest rank's: its last of
-    max(1, warmup) calls, and where that was under LONG_CALL_MS, the median of WARM_CALLS
-    calls more (see the module). Collective: every rank calls it with the same functions."""
-    last = torch.zeros(len(timers), dtype=torch.float64)
-    for _ in range(max(1, warmup)):
-        for i, timer in enumerate(timers):
-            last[i] = timer()
-    dist.all_reduce(last, op=dist.ReduceOp.MAX)
-    short = [float(w) < LONG_CALL_MS for w in last]
-    again = torch.zeros(len(timers), WARM_CALLS, dtype=torch.float64)
-    for i, timer in enumerate(timers):
-        for j in range(WARM_CALLS if short[i] else 0):
-            again[i, j] = timer()
-    dist.all_reduce(again, op=dist.ReduceOp.MAX)
-    return [statistics.median(again[i].tolist()) if short[i] else float(last[i])
-            for i in range(len(timers))]
-
-
 def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple,
                clock, baseline: Optional[str] = "baseline", aside: Sequence[str] = ()) -> Rounds:
     """Time `fns` in interleaved rounds on every rank (see the module)."""
@@ -225,10 +195,13 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
         raise ValueError(f"interleave needs the {baseline!r} function to pair speedups with")
     started = time.monotonic()
     names = list(fns)
-    warm = warm_ms([lambda f=fns[name]: sample_ms(f, 1, clock) for name in names],
-                   budget.warmup)
-    calls = {name: calls_for(w) for name, w in zip(names, warm)}
-    untimed = untimed_calls(names, warm, aside)
+    warm = torch.zeros(len(names), dtype=torch.float64)
+    for _ in range(max(1, budget.warmup)):
+        for i, name in enumerate(names):
+            warm[i] = sample_ms(fns[name], 1, clock)  # one call: any statistic
+    dist.all_reduce(warm, op=dist.ReduceOp.MAX)
+    calls = {name: calls_for(float(w)) for name, w in zip(names, warm)}
+    untimed = untimed_calls(names, [float(w) for w in warm], aside)
     times: dict[str, list[float]] = {n: [] for n in names}
     round_ = torch.zeros(len(names) + 1, dtype=torch.float64)
     stopped = "rounds"

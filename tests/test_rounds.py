@@ -11,8 +11,8 @@ import pytest
 from codegen.runtime.backend import WallClock
 from codegen.runtime.launch import launch
 from experiments.harness import _per_call
-from experiments.rounds import (LONG_CALL_MS, MIN_CALLS, WARM_CALLS, Budget, bootstrap_median,
-                               converged, interleave, needs_untimed, out_of_time, paired,
+from experiments.rounds import (LONG_CALL_MS, MIN_CALLS, Budget, bootstrap_median, converged,
+                               interleave, needs_untimed, out_of_time, paired,
                                untimed_calls)
 
 
@@ -180,11 +180,8 @@ def test_a_sample_never_takes_the_first_call_after_another_function():
     """Each sample follows an untimed call of its own function: a step's first call after another
     schedule ran slower, and a one-call sample (a step of 5 ms and more) always took it."""
     (times, per_sample, calls), _ = launch(_first_call_slow, 2, timeout_s=120)
-    # the warm-up's 20 ms first call does not set the calls per sample: the median of the
-    # WARM_CALLS after it (20, 2, 2 ms) does, a 2 ms call's MIN_CALLS
-    assert per_sample == {"baseline": MIN_CALLS, "other": MIN_CALLS}
-    # warm-up, WARM_CALLS, then (untimed + MIN_CALLS timed) x 3 rounds
-    assert calls == {n: 1 + WARM_CALLS + 3 * (1 + MIN_CALLS) for n in calls}
+    assert per_sample == {"baseline": 1, "other": 1}  # 20 ms at the warm-up: one call a sample
+    assert calls == {"baseline": 1 + 3 * 2, "other": 1 + 3 * 2}  # warm-up, (untimed + timed) x 3
     assert all(1.0 < t < 14.0 for ts in times.values() for t in ts)  # never the 20 ms call
 
 
@@ -220,8 +217,7 @@ def test_a_point_with_a_short_call_keeps_the_untimed_calls_of_all_its_functions(
     before each sample, so that their paired samples are taken alike."""
     per_sample, calls = launch(_long_calls, 2, args=(0.002,), timeout_s=120)[0]
     assert per_sample["other"] == 1
-    assert calls == {"baseline": 1 + WARM_CALLS + 3 * (1 + per_sample["baseline"]),
-                     "other": 1 + 3 * 2}  # the long one: no WARM_CALLS
+    assert calls == {"baseline": 1 + 3 * (1 + per_sample["baseline"]), "other": 1 + 3 * 2}
 
 
 def test_an_aside_probe_follows_its_own_untimed_rule_not_the_points():
