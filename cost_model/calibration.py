@@ -10,7 +10,10 @@ transfers, which is what the model adds them up into, pays nearer the sum of the
 of their medians (RS-C-AG at 2^20 elements: 13.6 ms a step against 12.5 ms of its parts'
 medians, `python -m benchmarks.steps`). The links fitted at the medians are kept beside them
 (`lone_link`, `lone_library`), for what is a lone call's median (`Topology.lone`:
-`experiment=collectives`, the calibration's own table). Kinds and what they fit (the model's
+`experiment=collectives`, the calibration's own table); `experiment=collectives` takes the
+lone call's time times `alone_scale`, from the `alone_<kind>` collectives (timed in rounds of
+collectives only, as that experiment times them) over the same kinds among every other benchmark
+(`alone_scale`). Kinds and what they fit (the model's
 formula for each, inverted size by size):
 - `exchange` (every rank sends b to its right, receives b from its left): the ring's link. On a
   bus the P messages of a step go one after the other: time = P * (overhead + b / (bandwidth *
@@ -73,13 +76,14 @@ predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes, topology
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import Iterable
 
 from .collectives import CollSpec
 from .curves import bulk_rate, fit_curve, fixed_cost, monotone, smooth, solve
 from .closed_collectives import collective_us
-from .microbench import LIBRARY, SHM, Measurement, pool, predict_ms, waited_us  # noqa: F401
+from .microbench import ALONE, LIBRARY, SHM, Measurement, pool, predict_ms, waited_us  # noqa: F401
 from .topology import Device, LinkClass, Topology
 
 FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel",
@@ -93,6 +97,7 @@ CHECKED = ("send",)
 # `exchange_first` within this share of `exchange_last`: its wait ended with the exchange
 # (`wake_us`)
 CAPPED = 0.9
+ALONE_RANGE = (0.5, 2.0)  # what `alone_scale` is clipped to
 # fitted at their mean over rounds (see the module); comm=shm's too, as shm_<kind>
 AT_MEAN = ("exchange", "exchange_chunked", "send", "all_reduce", "reduce_scatter", "all_gather")
 
@@ -200,7 +205,22 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     their medians (`Topology.lone`)."""
     ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
     return dataclasses.replace(_means_and_lone(_fit, ms, base, world_size), source=source,
-                               all_reduce_us=all_reduce_us(ms, world_size))
+                               all_reduce_us=all_reduce_us(ms, world_size),
+                               alone_scale=alone_scale(ms))
+
+
+def alone_scale(ms: list[Measurement]) -> float:
+    """The topology's `alone_scale`: the geometric mean, over every `alone_<kind>` measurement
+    with a `<kind>` one at its size and ranks, of its median over that one's (a collective
+    timed in rounds of collectives only against the same among every other benchmark), clipped
+    to ALONE_RANGE; 1 without them."""
+    among = {(m.kind, m.nbytes, m.world_size): m.time_ms for m in ms}
+    logs = [math.log(m.time_ms / among[key]) for m in ms if m.kind.startswith(ALONE)
+            and (key := (m.kind[len(ALONE):], m.nbytes, m.world_size)) in among
+            and m.time_ms > 0 and among[key] > 0]
+    if not logs:
+        return 1.0
+    return round(min(ALONE_RANGE[1], max(ALONE_RANGE[0], math.exp(statistics.fmean(logs)))), 4)
 
 
 def all_reduce_us(ms: list[Measurement], world_size: int) -> dict:
@@ -293,7 +313,7 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
         raise ValueError("no shm_* measurements to fit comm=shm's links to")
     return dataclasses.replace(_means_and_lone(_fit_shm, ms, fitted, world_size),
                                source=source or fitted.source,
-                               all_reduce_us=all_reduce_us(ms, world_size))
+                               all_reduce_us=all_reduce_us(ms, world_size), alone_scale=1.0)
 
 
 def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topology:

@@ -25,6 +25,8 @@ LIBRARY = "library_"  # kinds library_<routine>: a library routine's time by byt
 # bytes per element: read (g, w, m, v) and written in place (w, m, v); its nbytes are their sum
 CALIBRATION_KERNEL = (16, 12)
 SHM = "shm_"  # kinds shm_<collective>: comm=shm's collectives (`calibration.fit_shm`)
+# kinds alone_<collective>: in rounds of collectives only (`calibration.alone_scale`)
+ALONE = "alone_"
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         return (first if m.kind == "exchange_first" else last) / 1e3
     if m.kind.startswith(SHM):  # topo: fit_shm's
         return predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(SHM):]))
+    if m.kind.startswith(ALONE):
+        return topo.alone_scale * predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(ALONE):]))
     if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
         spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
         return collective_us(spec, "ring", topo) / 1e3

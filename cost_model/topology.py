@@ -82,6 +82,13 @@ message and kernel sizes in bytes.
   cores, and the woken thread waits for one; measured by calibration's `exchange_first`:
   the first of four chunks posted at once reached its waiter 3-6 ms after it landed, at 8-32 MiB,
   `cost_model.network`); 0: at once (GPU streams, and where not calibrated).
+- `alone_scale`: a collective timed alone, in rounds of collectives only
+  (`experiment=collectives`), takes `alone_scale` x the time the links predict, which are fitted
+  to calibration's rounds,
+  where every collective is timed among kernels, matmuls and steps (as inside a step); measured
+  by calibration's `alone_<kind>` benchmarks (`cost_model.calibration.alone_scale`; 0.81-1.02,
+  0.90 in the median, as the collectives' sweep over the same run's calibration in fifteen paper
+  runs on the Intel VM); 1 where not measured (shipped figures, comm=shm).
 
 `efficiency` maps are {size in bytes: fraction}, interpolated linearly in log2(size) and clamped
 at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
@@ -256,6 +263,9 @@ class Topology:
     # a calibrated topology's links fitted at the medians of lone calls (`lone`)
     lone_link: Optional[LinkClass] = None
     lone_library: Optional[LinkClass] = None
+    # a lone collective's time timed among collectives only over its time among calibration's
+    # other benchmarks, which the links are fitted to (see the module); 1 where not measured
+    alone_scale: float = field(default=1.0, metadata={"min": 0.25, "max": 4.0})
     nccl: Optional[Nccl] = None
     algo: Optional[str] = field(default=None, metadata={"choices": NCCL_ALGOS})
     proto: Optional[str] = field(default=None, metadata={"choices": PROTOCOLS})

@@ -2,7 +2,8 @@
 benchmark and size, its `sample(calls)` the ms per call of each of its kinds on this rank.
 
 `communication` (exchange, exchange_chunked, exchange_first and exchange_last (`waited`), send,
-all_reduce, reduce_scatter, all_gather, add, copy), `shm_collectives`, `kernels` (the kernel
+all_reduce, reduce_scatter, all_gather, add, copy), `alone` (the collectives again, for rounds of
+their own), `shm_collectives`, `kernels` (the kernel
 sweep and `kernel_stream`), `matmuls`, `sequences` (a step's all-reduce then kernel, each alone,
 and their paired difference), `library_steps` (the data-parallel baselines' optimizer steps)
 and `overlap` build them;
@@ -126,6 +127,23 @@ def communication(rank, world, spec) -> list[Bench]:
             out.append(apart("all_gather", b, lambda w=whole, p=part: comm.all_gather(p, w)))
         out.append(plain("add", b, lambda x=x, y=y: torch.add(x, y, out=x)))
         out.append(plain("copy", b, lambda x=x, y=y: y.copy_(x)))
+    return out
+
+
+def alone(world, spec) -> list[Bench]:
+    """`alone_all_reduce`, `alone_reduce_scatter`, `alone_all_gather` of b bytes (the whole
+    array) at `spec["alone_sizes"]`, as `experiment=collectives` times them: views of one pair of
+    zeroed buffers of the largest size, every call after its own barrier; calibration times them
+    in rounds of their own (`experiments.calibrate.rank_main`)."""
+    sizes = [b for b in spec["alone_sizes"] if (b // 4) % world == 0]
+    top = max(sizes, default=0) // 4
+    full_, part_ = torch.zeros(top), torch.zeros(top // world)
+    out = []
+    for b in sizes:
+        full, part = full_[:b // 4], part_[:b // 4 // world]
+        out += [apart("alone_all_reduce", b, lambda x=full: comm.all_reduce(x)),
+                apart("alone_reduce_scatter", b, lambda w=full, p=part: comm.reduce_scatter(w, p)),
+                apart("alone_all_gather", b, lambda w=full, p=part: comm.all_gather(p, w))]
     return out
 
 

@@ -52,6 +52,13 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
   bytes, then the generated Adam kernel on b / 4 elements), beside `sequence_comm` and
   `sequence_compute` (each alone), all three in every call of one bench, and `sequence_extra`,
   the first minus the other two call by call: what a step costs beyond its parts;
+- `alone_all_reduce`, `alone_reduce_scatter`, `alone_all_gather`: the same collectives at every
+  other size (`ALONE_SCALES`), timed as `experiment=collectives` times them (zeroed buffers, each
+  call after its own barrier), in rounds of their own after the others (`_benches.alone`): a
+  collective among collectives only ran faster than the same one among kernels, matmuls and
+  steps, in the median 0.90x (2 ranks on the Intel VM, fifteen paper runs: the collectives'
+  sweep against the same run's calibration), so the sweep, not a step, is predicted with the
+  fit's `alone_scale` (`cost_model.calibration.alone_scale`);
 - `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (with comm=shm): the same collectives
   over shared memory (`codegen.runtime.shm_comm`), fitted into a second topology,
   `topology_shm.yaml` (`cost_model.calibration.fit_shm`), the one comm=shm's runs predict with;
@@ -104,7 +111,7 @@ from .api import Experiment
 from .calibration_history import keep, pooled
 from .optimizers import adam_program
 from .registry import register
-from ._benches import (Bench, communication, kernels, library_steps, matmuls, overlap,
+from ._benches import (Bench, alone, communication, kernels, library_steps, matmuls, overlap,
                        sequences, shm_collectives)
 from .rounds import calls_for, needs_untimed
 
@@ -144,6 +151,8 @@ STREAM_BUFFER = 1 << 24
 # memory scales of 0.66-0.68 there and predicted its 2^20 kernels 1.5x slow
 LIBRARY_SCALES = {"smoke": (12, 12, 1), "quick": (22, 23, 1), "default": (22, 23, 1),
                   "paper": (22, 23, 1)}
+ALONE_SCALES = {"smoke": (12, 20, 4), "quick": (12, 26, 2), "default": (12, 26, 2),
+                "paper": (12, 26, 2)}  # bytes: the `alone_<kind>` collectives
 SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
                    "paper": (19, 23, 1)}  # elements
 
@@ -176,10 +185,13 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
                + sequences(plan, step, fn, runner, spec) + overlap(spec, runner, step)
                + (shm_collectives(world, spec, shm) if shm is not None else []))
     times = in_streams_spell(benches, interleaved(benches, spec["rounds"], spec["warmup"], rank))
+    by_themselves = alone(world, spec) if world > 1 and spec.get("alone_sizes") else []
+    if by_themselves:  # in rounds of their own
+        times += interleaved(by_themselves, spec["rounds"], spec["warmup"], rank, seed=1)
     return [{"kind": kind, "nbytes": b.sizes.get(kind, b.nbytes), "time_ms": statistics.median(ts),
              "time_ms_min": min(ts), "time_ms_max": max(ts), "time_ms_mean": statistics.fmean(ts),
              "world_size": world, "rounds": len(ts), **b.extra}
-            for b, got in zip(benches, times) for kind, ts in zip(b.kinds, got)]
+            for b, got in zip(benches + by_themselves, times) for kind, ts in zip(b.kinds, got)]
 
 
 def in_streams_spell(benches: list[Bench], times: list) -> list:
@@ -253,6 +265,7 @@ def measure(settings) -> list[dict]:
     spec = {"sizes": szs, "kernel_elements": ksz,
             "rounds": ROUNDS[settings.scale] * max(3, settings.repeats),
             "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
+            "alone_sizes": sizes(settings.scale, ALONE_SCALES),
             "library_elements": sizes(settings.scale, LIBRARY_SCALES),
             "stream_elements": [n for n in sizes(settings.scale, STREAM_SCALES) if n < max(ksz)],
             "stream_buffer": min(max(ksz), STREAM_BUFFER),
@@ -359,7 +372,9 @@ def describe(topo) -> str:
             f" v = {topo.comm_slowdown:.2f}\n"
             f"  a step beyond its operations: {_by_size(topo)}\n"
             f"  a thread blocked on a chunk in flight runs {topo.wake_us / 1e3:.2f} ms after it "
-            "lands")
+            f"lands\n"
+            f"  a collective among collectives only takes x{topo.alone_scale:.2f} its time among "
+            "the other benchmarks")
 
 
 def _by_size(topo) -> str:

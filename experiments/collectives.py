@@ -25,7 +25,8 @@ POINT_BUDGET_S) s per point), rows naming the transport in `comm`, a shm row's `
 checked (every rank gives its rank + 1, so every reduced element is P(P+1)/2). Predicted: the
 collective alone in the DES (`cost_model.workload.simulate_collective`, the tuner's algorithm;
 the library's for the kinds the runtime leaves to it), on all the topology's devices (local:
-world_size ranks), with the algorithm and protocol in `algo` and `proto` (protocol: NCCL's, on
+world_size ranks; a calibrated topology's time times its `alone_scale`), with the algorithm
+and protocol in `algo` and `proto` (protocol: NCCL's, on
 GPU topologies).
 """
 from __future__ import annotations
@@ -70,7 +71,9 @@ def row(kind: str, nbytes: int, time_ms: float, P: int, source: str, backend: st
 
 def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) -> list[dict]:
     """Every collective at every size, simulated alone on `world_size` ranks of `topo` (its
-    links for a lone call's median, `Topology.lone`, as the rows measure)."""
+    links for a lone call's median, `Topology.lone`, as the rows measure), times the topology's
+    `alone_scale` (a calibrated one's: these collectives are timed among collectives only, the
+    links were fitted among calibration's other benchmarks; 1 elsewhere)."""
     rows, topo = [], topo.lone()
     group = tuple(range(world_size))
     for kind in KINDS:
@@ -79,8 +82,8 @@ def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) ->
             algo = choose(spec, topo)
             r = simulate_collective(spec, topo, algo)
             proto = nccl_call(spec, topo, algo).proto if uses_nccl(spec, topo) else ""
-            rows.append(row(kind, b, r.time_ms, world_size, "predicted", "sim", topo.name,
-                            algo=algo, proto=proto))
+            rows.append(row(kind, b, r.time_ms * topo.alone_scale, world_size, "predicted",
+                            "sim", topo.name, algo=algo, proto=proto))
     return rows
 
 

@@ -72,6 +72,36 @@ def test_the_fit_reads_the_in_place_write_weight_from_adds_and_copies():
     assert fit(synthetic(truth()), load_topology("local"), 2).device.inplace_write_weight == 1.0
 
 
+def test_the_fit_reads_how_much_faster_collectives_run_among_collectives_only():
+    """alone_scale: the geometric mean of alone_<kind> over <kind> at the same size and ranks;
+    an alone_<kind> without its pair does not count; 1 without any; within ALONE_RANGE; the
+    full fit carries it, and the model's time for an alone_<kind> is its kind's times the
+    scale (comm=shm's topology keeps 1: tests/test_shm_calibration.py)."""
+    from cost_model.calibration import ALONE_RANGE, alone_scale
+    among = [Measurement(k, b, t, 2) for k, t in (("all_reduce", 4.0), ("reduce_scatter", 2.0))
+             for b in (1 << 20, 1 << 22)]
+    ratios = {("all_reduce", 1 << 20): 0.8, ("all_reduce", 1 << 22): 0.9,
+              ("reduce_scatter", 1 << 20): 1.0, ("reduce_scatter", 1 << 22): 0.95}
+    alone = [Measurement("alone_" + m.kind, m.nbytes, m.time_ms * ratios[(m.kind, m.nbytes)], 2)
+             for m in among]
+    unpaired = [Measurement("alone_all_gather", 1 << 20, 0.1, 2),  # no all_gather measured
+                Measurement("alone_all_reduce", 1 << 20, 0.1, 4)]  # nor at 4 ranks
+    want = (0.8 * 0.9 * 1.0 * 0.95) ** 0.25
+    assert alone_scale(among + alone + unpaired) == pytest.approx(want, abs=1e-4)
+    assert alone_scale(among) == 1.0
+    slow = [dataclasses.replace(m, time_ms=m.time_ms * 5) for m in alone]
+    assert alone_scale(among + slow) == ALONE_RANGE[1]
+    base = synthetic(truth())
+    paired = [dataclasses.replace(m, kind="alone_" + m.kind, time_ms=0.9 * m.time_ms)
+              for m in base if m.kind in ("all_reduce", "reduce_scatter", "all_gather")]
+    got = fit(base + paired, load_topology("local"), 2)
+    assert got.alone_scale == pytest.approx(0.9, abs=1e-3)
+    assert fit(base, load_topology("local"), 2).alone_scale == 1.0
+    m = paired[0]
+    plain = dataclasses.replace(m, kind=m.kind.removeprefix("alone_"))
+    assert predict_ms(got, m) == pytest.approx(0.9 * predict_ms(got, plain), rel=1e-3)
+
+
 def test_the_fit_recovers_the_topology_that_made_the_measurements():
     t = truth()
     got = fit(synthetic(t), load_topology("local"), 2)
@@ -165,6 +195,10 @@ def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
     rows = exp.measure(settings)
     kinds = {r["schedule"] for r in rows}
     assert {"exchange", "all_reduce", "kernel", "matmul", "overlap_both", "library_adam"} <= kinds
+    # the collectives again, in rounds of their own, at the same sizes as among the others
+    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        alone = {r["size"] for r in rows if r["schedule"] == "alone_" + kind}
+        assert alone and alone <= {r["size"] for r in rows if r["schedule"] == kind}
     topo = load_topology(path=tmp_path / "topology.yaml")
     # the baselines' optimizer steps, timed alone: the curves a run's memory scale reads
     assert set(topo.device.library_steps_us) == {"adam"}

@@ -45,6 +45,17 @@ def test_a_calibrated_topology_predicts_lone_collectives_with_its_median_links()
     assert big and all(a > 2 * b for a, b in big)
 
 
+def test_a_calibrated_topology_predicts_the_sweep_times_its_alone_scale():
+    """The sweep times collectives among collectives only, the links are fitted among
+    calibration's other benchmarks: its rows are the lone call's time x `alone_scale` (1 on the
+    shipped topologies, which leaves them as they were)."""
+    local = load_topology("local")
+    assert local.alone_scale == 1.0 and load_topology("dgx_a100").alone_scale == 1.0
+    times = lambda t: [r["time_ms"] for r in collectives.predict_rows(t, 2, "smoke")]  # noqa: E731
+    scaled = times(dataclasses.replace(local, alone_scale=0.9))
+    assert scaled == pytest.approx([0.9 * t for t in times(local)], rel=1e-4, abs=1e-6)
+
+
 def test_gpu_measurements_are_not_predicted_on_the_cpu_topology(tmp_path):
     """backend=cuda measured NCCL on a GPU: the local topology (CPU ranks) does not predict
     it (on an H200 it did: 68.5% 'time error' against a model of this machine's gloo)."""

@@ -72,6 +72,8 @@ BAD = [
     ("ring_work_on_compute", "yes", "must be true or false"),
     ("device.inplace_write_weight", 1.5, "topology.device.inplace_write_weight=1.5: must be <= 1"),
     ("device.inplace_write_weight", -0.1, "inplace_write_weight=-0.1: must be >= 0"),
+    ("alone_scale", 0.0, "topology.alone_scale=0.0: must be >= 0.25"),
+    ("alone_scale", 5.0, "topology.alone_scale=5.0: must be <= 4"),
 ]
 
 
