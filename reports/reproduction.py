@@ -72,16 +72,19 @@ def kernels_list(run_dir: Path) -> str:
 
 def repeatability(df) -> str:
     """The machine's own repeatability: the same collective, same runtime call, measured twice in
-    this run the same way (by `calibrate` first, among its kernels, by `collectives` minutes
-    later, among collectives only; each the median over interleaved rounds of a sample's median
-    call, each call after a barrier), as |second / first - 1| per size: the floor under any
-    prediction's error here."""
+    this run the same way (by `calibrate` first, in its rounds of collectives only,
+    `alone_<kind>`, by `collectives` minutes later; each the median over interleaved rounds of a
+    sample's median call, each call after a barrier), as |second / first - 1| per size: the
+    floor under any prediction's error here. A calibration from before those rounds: its
+    `<kind>`, timed among its kernels (which ran them slower)."""
     if df.empty:
         return ""
     meas = df[df.source == "measured"]
     lines = []
     for kind in ("all_reduce", "reduce_scatter", "all_gather"):
-        a = meas[(meas.experiment == "calibrate") & (meas.schedule == kind)]
+        a = meas[(meas.experiment == "calibrate") & (meas.schedule == "alone_" + kind)]
+        if a.empty:
+            a = meas[(meas.experiment == "calibrate") & (meas.schedule == kind)]
         b = meas[(meas.experiment == "collectives") & (meas.schedule == kind)]
         if "comm" in b:  # comm=shm: calibrate measured gloo's; shared memory is not the same call
             b = b[b["comm"] != "shm"]
@@ -95,8 +98,8 @@ def repeatability(df) -> str:
         return ""
     return "\n".join(["## Repeatability of this machine", "",
                       "The same collective through the same runtime call, measured twice in this "
-                      "run the same way (by `calibrate`, among its kernels, then by "
-                      "`collectives` minutes later, among collectives only: the median over "
+                      "run the same way (by `calibrate`, in its rounds of collectives only, "
+                      "then by `collectives` minutes later: the median over "
                       "interleaved rounds of a sample's median call, each call after a "
                       "barrier), differs by |second/first - 1| (the sizes both "
                       "measured, 4 KiB and up): no prediction of this machine can be trusted "

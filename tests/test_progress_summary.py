@@ -119,6 +119,9 @@ def test_repeatability_compares_the_same_collective_measured_twice():
     shm = [{**r, "time_ms": 0.1, "comm": "shm"} for r in rows[2:]]
     both = pd.DataFrame(rows[:2] + [{**r, "comm": "gloo"} for r in rows[2:]] + shm)
     assert "| all_reduce | 2 | 25.0% | 50.0% |" in repeatability(both)
+    # a calibration that also timed them among collectives only: those are the first time
+    alone = [{**r, "schedule": "alone_all_reduce", "time_ms": t} for r, t in zip(rows, (1.5, 1.6))]
+    assert "| all_reduce | 2 | 12.5% | 25.0% |" in repeatability(pd.DataFrame(rows + alone))
 
 
 def test_collectives_of_two_transports_get_a_summary_row_each():
