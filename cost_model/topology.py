@@ -84,11 +84,12 @@ message and kernel sizes in bytes.
   `cost_model.network`); 0: at once (GPU streams, and where not calibrated).
 - `alone_scale`: a collective timed alone, in rounds of collectives only
   (`experiment=collectives`), takes `alone_scale` x the time the links predict, which are fitted
-  to calibration's rounds,
-  where every collective is timed among kernels, matmuls and steps (as inside a step); measured
-  by calibration's `alone_<kind>` benchmarks (`cost_model.calibration.alone_scale`; 0.81-1.02,
-  0.90 in the median, as the collectives' sweep over the same run's calibration in fifteen paper
-  runs on the Intel VM); 1 where not measured (shipped figures, comm=shm).
+  to calibration's rounds, where every collective is timed among kernels, matmuls and steps (as
+  inside a step); measured by calibration's `alone_<kind>` benchmarks
+  (`cost_model.calibration.alone_scale`: 0.89-0.94 in its first five calibrations on the Intel
+  VM, where the collectives' sweep ran at 0.81-1.02x, 0.90x in the median run, of the same run's
+  calibration in fifteen paper runs before them); 1 where not measured (shipped figures,
+  comm=shm).
 
 `efficiency` maps are {size in bytes: fraction}, interpolated linearly in log2(size) and clamped
 at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
