@@ -48,13 +48,21 @@ formula for each, inverted size by size):
   followed at once by the generated Adam kernel on b / 4 elements, each alone, and the first
   minus the other two paired call by call): the topology's `step_overhead_us`, the median over
   sizes of `sequence_extra` (at least 0), and `step_overhead_by_bytes`, `sequence_extra` by size
-  (a running median of three, at least 0), which the model charges by a step's largest transfer.
+  (a running median of three, at least 0), which the model charges by a step's largest transfer;
+  given the machine's `cores` (`fit`), both are divided by ranks / cores where the calibration
+  ran more ranks than cores (`Topology.cores`: stated for one rank per core at most).
 - `library_<routine>` (a library routine on b bytes of gradient, e.g. `library_adam`: the
   baseline's torch fused Adam step): the device's `library_steps_us[routine]`, its median times.
 - `exchange_first`, `exchange_last` (a ring exchange in 4 chunks posted at once: the wait for
   the first chunk, the whole): `wake_us` (`wake_us`), what the first chunk's wait takes beyond
   its landing in the model.
-- `send`: not fitted; predicted and compared.
+- `send` (rank 0 sends b bytes to rank 1, the others idle): the link of one-way messages (a
+  pipeline's P2P between stages, `Topology.p2p_link`): time = overhead + b / (bandwidth *
+  efficiency(b)) + latency, the ring link's per-message overhead, the rest fitted as the ring's
+  link is. The ring's link put a 4 MiB send at 1.88-1.90 ms where it took 1.55-1.63 ms (three
+  calibrations on the Intel VM), and pipeline_parallel's 2-rank steps at H=1024 (a 4 MiB send
+  and about 1 ms of kernels) 16-34% slow (each schedule's mean over eighteen stored runs; 5-21%
+  with this link).
 - `all_reduce` is also kept as measured (its means by size, at the calibration's ranks): the
   topology's `all_reduce_us`, the reference a run's own all-reduce is compared with
   (`experiments.predict.comm_scale`).
@@ -78,22 +86,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Iterable
+from typing import Iterable, Optional
 
 from .collectives import CollSpec
 from .curves import bulk_rate, fit_curve, fixed_cost, monotone, smooth, solve
 from .closed_collectives import collective_us
+from .network import hop_us
 from .microbench import ALONE, LIBRARY, SHM, Measurement, pool, predict_ms, waited_us  # noqa: F401
 from .topology import Device, LinkClass, Topology
 
 FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel",
           "kernel_stream", "matmul", "overlap_kernel", "overlap_exchange",
           "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute",
-          "exchange_first")
+          "exchange_first", "send")
 # the streaming rate's calls (`stream_memory_gbps`), in bytes of traffic per call: the Adam
 # kernel over 2^21 elements on fresh data, over 2^23 on the sweep's reused buffers
 STREAM_FROM, SWEEP_STREAM_FROM = 28 << 21, 28 << 23
-CHECKED = ("send",)
 # `exchange_first` within this share of `exchange_last`: its wait ended with the exchange
 # (`wake_us`)
 CAPPED = 0.9
@@ -199,14 +207,21 @@ def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
     return max(1.0, statistics.median(got)) if got else first
 
 
-def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "") -> Topology:
+def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "",
+        cores: Optional[int] = None) -> Topology:
     """The base topology (conf/topology/local.yaml) with every fitted figure replaced: its links
-    fitted at the communication kinds' means (`at_means`), `lone_link` and `lone_library` at
-    their medians (`Topology.lone`)."""
+    fitted at the communication kinds' means (`at_means`), `lone_link`, `lone_library` and
+    `lone_p2p_link` at their medians (`Topology.lone`); `cores`: the cores the calibration's
+    `world_size` ranks shared (`Topology.cores`; None: unknown, the step overhead as measured)."""
     ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
-    return dataclasses.replace(_means_and_lone(_fit, ms, base, world_size), source=source,
-                               all_reduce_us=all_reduce_us(ms, world_size),
-                               alone_scale=alone_scale(ms))
+    topo = _means_and_lone(_fit, ms, base, world_size)
+    per_core = max(1.0, world_size / cores) if cores else 1.0  # the overhead at one rank a core
+    return dataclasses.replace(
+        topo, source=source, all_reduce_us=all_reduce_us(ms, world_size),
+        alone_scale=alone_scale(ms), cores=cores,
+        step_overhead_us=round(topo.step_overhead_us / per_core, 2),
+        step_overhead_by_bytes={b: round(us / per_core, 2)
+                                for b, us in topo.step_overhead_by_bytes.items()})
 
 
 def alone_scale(ms: list[Measurement]) -> float:
@@ -232,10 +247,10 @@ def all_reduce_us(ms: list[Measurement], world_size: int) -> dict:
 
 def _means_and_lone(fit_links, ms: list[Measurement], *args) -> Topology:
     """`fit_links(ms, *args)` at the communication kinds' means, with the links of the same fit
-    at the medians as `lone_link` and `lone_library`."""
+    at the medians as `lone_link`, `lone_library` and `lone_p2p_link`."""
     lone = fit_links(ms, *args)
     return dataclasses.replace(fit_links(at_means(ms), *args), lone_link=lone.intra.link,
-                               lone_library=lone.library)
+                               lone_library=lone.library, lone_p2p_link=lone.p2p_link)
 
 
 def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
@@ -273,9 +288,20 @@ def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
     fitted = dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
                                                                                 link=link),
                                  library=library, compute_slowdown=u, comm_slowdown=v,
+                                 p2p_link=p2p_link(ms, link, with_link),
                                  step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
                                  step_overhead_by_bytes=step_overhead_by_bytes(ms))
     return dataclasses.replace(fitted, wake_us=wake_us(ms, fitted, base.wake_us))
+
+
+def p2p_link(ms: list[Measurement], ring: LinkClass, with_link) -> LinkClass | None:
+    """The link of one-way messages (`Topology.p2p_link`) from `send`: one message from rank 0
+    to rank 1 alone (`network.hop_us` on `with_link(link)`), with the ring link's per-message
+    overhead (`ring`) and rate_by; None without `send` measurements."""
+    if not any(m.kind == "send" for m in ms):
+        return None
+    one = lambda link, b: hop_us(with_link(link), 0, 1, b, whole=b)  # noqa: E731
+    return fit_link(ms, {"send": (lambda b: b, one)}, 1, ring.overhead_us, ring.rate_by)
 
 
 def wake_us(ms: list[Measurement], topo: Topology, default: float = 0.0) -> float:
@@ -333,8 +359,9 @@ def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topolo
         CollSpec("all_reduce", b, group, library=True), "ring",
         dataclasses.replace(plain, library=lk)))}, 2 * (P - 1) * per_step, 0.0,
         fitted.library.rate_by if fitted.library else "message")
+    # its P2P goes over shared memory too (`codegen.runtime.shm_comm`): the ring's link
     return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
-                               library=library, peer_reads=True, wake_us=0.0)
+                               library=library, peer_reads=True, wake_us=0.0, p2p_link=None)
 
 
 def inplace_write_weight(ms: list[Measurement], write_allocate: bool) -> float:

@@ -99,7 +99,7 @@ def _p2p(plan, s, topo, chunks):
     src, dst = s.src_stage * plan.P, s.dst_stage * plan.P
     if topo.nccl is not None:
         return nccl.p2p_us(topo, src, dst, s.nbytes / chunks)
-    return hop_us(topo, src, dst, s.nbytes / chunks, whole=s.nbytes)
+    return hop_us(topo, src, dst, s.nbytes / chunks, whole=s.nbytes, p2p=True)
 
 
 def _fused(plan, f: FusedCollective, topo, chunks):

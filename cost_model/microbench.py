@@ -84,7 +84,8 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
     if m.kind in ("exchange", "send", "overlap_exchange", "exchange_chunked"):
         pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
         C = m.chunks
-        return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], []) / 1e3
+        return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], [],
+                    p2p=m.kind == "send") / 1e3
     if m.kind in ("exchange_first", "exchange_last"):
         first, last = waited_us(topo, P, b, m.chunks)
         return (first if m.kind == "exchange_first" else last) / 1e3
@@ -102,11 +103,12 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
         ar = collective_us(spec, "ring", topo)
         if m.kind == "sequence_comm":
             return ar / 1e3
-        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_at(b)) / 1e3
+        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32")
+                + topo.step_overhead_for(b, P)) / 1e3
     if m.kind == "sequence_compute":
         return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
     if m.kind == "sequence_extra":
-        return topo.step_overhead_at(b) / 1e3
+        return topo.step_overhead_for(b, P) / 1e3
     if m.kind == "kernel_stream":
         return dev.step_kernel_us(b, m.flops, "f32") / 1e3
     if m.kind in ("kernel", "overlap_kernel"):
@@ -125,13 +127,13 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
     raise ValueError(f"no prediction for benchmark kind {m.kind!r}")
 
 
-def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False):
-    """Transfers (src, dst, bytes, of a transfer of whole bytes) and kernels (one per rank)
-    started together: the makespan in us (and, with `inside`, (the kernels' longest time, the
-    makespan))."""
+def _des(topo: Topology, P: int, transfers, kernels_us, inside: bool = False, p2p: bool = False):
+    """Transfers (src, dst, bytes, of a transfer of whole bytes; `p2p`: one-way messages, on the
+    topology's `p2p_link`) and kernels (one per rank) started together: the makespan in us (and,
+    with `inside`, (the kernels' longest time, the makespan))."""
     sim = Sim(topo, P)
     for s, d, b, whole in transfers:
-        sim.transfer(s, d, b, "calibration", "exchange", whole=whole)
+        sim.transfer(s, d, b, "calibration", "exchange", whole=whole, p2p=p2p)
     for r, us in enumerate(kernels_us):
         sim.compute(r, us, "calibration", "kernel")
     end = sim.run()

@@ -99,7 +99,7 @@ class Port:
 
 
 def hop(topo: Topology, src: int, dst: int, link: Optional[LinkClass] = None,
-        channels: bool = False) -> tuple[list[tuple], LinkClass, float]:
+        channels: bool = False, p2p: bool = False) -> tuple[list[tuple], LinkClass, float]:
     """The route of a message src -> dst: (resource keys, link class, bandwidth scale).
 
     Same node: a bus (the node's one medium), a switch's ports (`out` of src, `in` of dst); on a
@@ -108,12 +108,15 @@ def hop(topo: Topology, src: int, dst: int, link: Optional[LinkClass] = None,
     uses the ports. Across nodes: src's NIC out and dst's NIC in, on each device's rail.
     `channels=True` is a ring's hop spread over NCCL's channels: across nodes all of the node's NIC
     rails together, on a mesh all its rings together (`mesh_ring_links`: a port of that many links).
+    `p2p=True` is a one-way message between stages: on a bus or a switch it takes the topology's
+    `p2p_link` where it has one (the ring's link is fitted to exchanges, every rank sending).
     """
     if topo.node_of(src) == topo.node_of(dst):
+        own = topo.p2p_link if p2p and topo.p2p_link is not None else topo.intra.link
         if topo.intra.kind == "bus":
-            return [("bus", topo.node_of(src))], link or topo.intra.link, 1.0
+            return [("bus", topo.node_of(src))], link or own, 1.0
         if link is not None or topo.intra.kind == "switch":
-            return [("out", src), ("in", dst)], link or topo.intra.link, 1.0
+            return [("out", src), ("in", dst)], link or own, 1.0
         if channels:
             return [("out", src), ("in", dst)], topo.intra.link, float(mesh_ring_links(topo))
         links = topo.mesh_links(src, dst)
@@ -180,9 +183,9 @@ def _hamiltonian(left: dict, n: int):
 
 
 def hop_us(topo: Topology, src: int, dst: int, nbytes: float, link: Optional[LinkClass] = None,
-           channels: bool = False, whole: Optional[float] = None) -> float:
+           channels: bool = False, whole: Optional[float] = None, p2p: bool = False) -> float:
     """Uncontended time of one message src -> dst (a chunk of `whole` bytes), in microseconds."""
-    _, cls, scale = hop(topo, src, dst, link, channels)
+    _, cls, scale = hop(topo, src, dst, link, channels, p2p)
     return cls.overhead_us + cls.wire_us(nbytes, whole) / scale + cls.latency_us
 
 
@@ -234,9 +237,9 @@ class Sim:
         return _folded_keys(keys, self.topo.devices_per_node) if self.fold else keys
 
     def route(self, src: int, dst: int, link: Optional[LinkClass] = None,
-              channels: bool = False) -> tuple[list[tuple], LinkClass, float]:
+              channels: bool = False, p2p: bool = False) -> tuple[list[tuple], LinkClass, float]:
         """(resource keys, link class, bandwidth scale) of a message src -> dst (see `hop`)."""
-        keys, cls, scale = hop(self.topo, src, dst, link, channels)
+        keys, cls, scale = hop(self.topo, src, dst, link, channels, p2p)
         if self.fold:
             keys = [_fold_key(k, self.topo.devices_per_node) for k in keys]
         return keys, cls, scale
@@ -319,32 +322,33 @@ class Sim:
 
     def transfer(self, src: int, dst: int, nbytes: float, step: str, task: str, deps=(),
                  link: Optional[LinkClass] = None, channels: bool = False, chunk: int = 0,
-                 whole: Optional[float] = None, sync: bool = False):
+                 whole: Optional[float] = None, sync: bool = False, p2p: bool = False):
         """A process: wait for deps, send nbytes src -> dst over the route (a chunk of a
         transfer of `whole` bytes, for a link whose rate goes by the transfer). With the
         topology's `pipelined_chunks` a waiting message of a lower chunk goes first; else first
         come, first served. `sync`: where the rank's thread posts it, that thread writes it too
-        (its receive was posted first): the rank's next compute starts once it is off the wire."""
+        (its receive was posted first): the rank's next compute starts once it is off the wire.
+        `p2p`: a one-way message between stages (`hop`)."""
         prio = chunk if self.topo.pipelined_chunks else 0
         deps = [d for d in deps if d is not None]
         posted = self.posts_on_compute(link)
         if posted:  # the sender's thread posts the message: its overhead is compute-stream time
-            _, cls, _ = self.route(src, dst, link, channels)
+            _, cls, _ = self.route(src, dst, link, channels, p2p)
             if cls.overhead_us > 0:
                 deps = [self.compute(src, cls.overhead_us, step, f"post {task}", deps)]
         written = self.env.event() if posted and sync else None
         if written is not None:  # the sender's thread writes it: its next compute waits
             self.tail[src] = written
         return self.env.process(self._transfer(src, dst, nbytes, step, task, deps, link,
-                                               channels, prio, posted, whole, written))
+                                               channels, prio, posted, whole, written, p2p))
 
     def posts_on_compute(self, link: Optional[LinkClass]) -> bool:
         """A CPU runtime's own messages (not the library's) are posted by the rank's thread."""
         return self.topo.ring_work_on_compute and link is None
 
     def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio, posted, whole,
-                  written=None):
-        keys, cls, scale = self.route(src, dst, link, channels)
+                  written=None, p2p=False):
+        keys, cls, scale = self.route(src, dst, link, channels, p2p)
         a, b = self.rep(src), self.rep(dst)
         hold = (0.0 if posted else cls.overhead_us) + cls.wire_us(nbytes, whole) / scale
         yield from self._occupy(keys, (a,) if a == b else (a, b), hold, cls.latency_us, step,

@@ -73,6 +73,14 @@ message and kernel sizes in bytes.
   `step_overhead_by_bytes` {bytes: us}, where calibrated: the same by the size of the step's
   largest transfer (it grows with it: 0.1-0.5 ms at 2 MiB, 1.7-7 ms at 32 MiB here), which
   `step_overhead_at(bytes)` interpolates as `efficiency` maps are; empty: `step_overhead_us`.
+  `cores`: where calibrated, the cores the machine's ranks share. The step overhead is stated
+  for at most one rank per core (calibration's, normalised where it ran more ranks than
+  cores); a plan of more ranks than cores pays it x ranks / cores (`step_overhead_for`): its
+  processes hand the cores to each other that many times as often. On the Intel VM (2 cores,
+  calibrated at 2 ranks) pipeline_parallel's 4-rank steps were predicted 3-25% fast (each
+  schedule's mean over eighteen stored runs, with `p2p_link`) with the overhead once, from 19%
+  fast to 3% slow with it twice.
+  None: the overhead as it is, at any number of ranks.
 - `compute_slowdown` u: compute runs at (1 - u) of its speed while its rank communicates;
   `comm_slowdown` v: transfers run at (1 - v) of their speed while both ends compute, (1 - v/2)
   while one does (CPU ranks sharing cores with the library's threads).
@@ -90,6 +98,13 @@ message and kernel sizes in bytes.
   VM, where the collectives' sweep ran at 0.81-1.02x, 0.90x in the median run, of the same run's
   calibration in fifteen paper runs before them); 1 where not measured (shipped figures,
   comm=shm).
+- `p2p_link`: where calibrated, the link class of a one-way message between two ranks (a
+  pipeline's P2P between stages on CPU ranks), fitted to calibration's `send` (rank 0 sends, rank
+  1 receives, the others idle), where the ring's link (`intra.link`) is fitted to the ring's
+  exchanges, reduce-scatters and all-gathers, every rank sending and receiving at once (on the
+  Intel VM a lone 4 MiB send took 1.55-1.63 ms, where the ring's link put it at 1.88-1.90 ms).
+  Messages of the runtime's rings and library calls keep their links (`network.hop`). None: the
+  intra-node link (shipped figures, comm=shm's).
 
 `efficiency` maps are {size in bytes: fraction}, interpolated linearly in log2(size) and clamped
 at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
@@ -256,6 +271,7 @@ class Topology:
     wake_us: float = field(default=0.0, metadata=_positive(False))
     step_overhead_by_bytes: Dict[int, float] = field(default_factory=dict,
                                                      metadata={"by_size": True})
+    cores: Optional[int] = field(default=None, metadata={"min": 1})
     # calibration's measured library all-reduce, {ranks: {bytes: mean us}}: what a run's own
     # all-reduce is compared with to read the machine's communication rate at a point
     # (`experiments.predict.comm_scale`); {} where nothing was measured (shipped figures)
@@ -264,6 +280,10 @@ class Topology:
     # a calibrated topology's links fitted at the medians of lone calls (`lone`)
     lone_link: Optional[LinkClass] = None
     lone_library: Optional[LinkClass] = None
+    # a calibrated topology's link of one-way messages (`p2p_link`, see the module), at the
+    # `send` benchmark's mean and (`lone_p2p_link`) median; None: the intra-node link
+    p2p_link: Optional[LinkClass] = None
+    lone_p2p_link: Optional[LinkClass] = None
     # a lone collective's time timed among collectives only over its time among calibration's
     # other benchmarks, which the links are fitted to (see the module); 1 where not measured
     alone_scale: float = field(default=1.0, metadata={"min": 0.25, "max": 4.0})
@@ -306,17 +326,26 @@ class Topology:
             return self.step_overhead_us
         return interpolate(self.step_overhead_by_bytes, nbytes)
 
+    def step_overhead_for(self, nbytes: float, ranks: int) -> float:
+        """`step_overhead_at(nbytes)` for a plan of `ranks` ranks: x ranks / `cores` where it
+        has more ranks than the machine's cores (where known)."""
+        over = ranks / self.cores if self.cores else 1.0
+        return self.step_overhead_at(nbytes) * max(1.0, over)
+
     def lone(self) -> "Topology":
         """The topology for a lone call's median time (`experiment=collectives`, a
         calibration's own check) rather than a step's: a calibrated topology's links are
         fitted at the communication benchmarks' means (`cost_model.calibration`), which a step
-        of many heavy-tailed transfers pays, and `lone_link` / `lone_library` at their medians;
-        this topology with those in place, where it has them (unchanged otherwise)."""
-        if self.lone_link is None and self.lone_library is None:
+        of many heavy-tailed transfers pays, and `lone_link` / `lone_library` /
+        `lone_p2p_link` at their medians; this topology with those in place, where it has them
+        (unchanged otherwise)."""
+        if self.lone_link is None and self.lone_library is None and self.lone_p2p_link is None:
             return self
         return dataclasses.replace(
             self, intra=dataclasses.replace(self.intra, link=self.lone_link or self.intra.link),
-            library=self.lone_library or self.library, lone_link=None, lone_library=None)
+            library=self.lone_library or self.library,
+            p2p_link=self.lone_p2p_link or self.p2p_link, lone_link=None, lone_library=None,
+            lone_p2p_link=None)
 
     def with_memory_scale(self, scale: float) -> "Topology":
         """This topology with its device's memory rates (`memory_bandwidth_gbps`,
@@ -331,9 +360,10 @@ class Topology:
 
     def with_comm_scale(self, scale: float) -> "Topology":
         """This topology with every link class's bandwidth times `scale` (the intra-node link
-        and its fallback, the NICs, the library's and the lone calls' links; latencies and
-        overheads as they are): the same machine in another spell of its communication rate
-        (`experiments.predict.comm_scale`). NCCL's own figures (`nccl`) are left as they are."""
+        and its fallback, the NICs, the library's, the one-way and the lone calls' links;
+        latencies and overheads as they are): the same machine in another spell of its
+        communication rate (`experiments.predict.comm_scale`). NCCL's own figures (`nccl`) are
+        left as they are."""
         if scale <= 0:
             raise ValueError(f"communication scale {scale}: must be > 0")
 
@@ -344,7 +374,9 @@ class Topology:
         inter = self.inter and dataclasses.replace(self.inter, nic=link(self.inter.nic))
         return dataclasses.replace(self, intra=intra, inter=inter, library=link(self.library),
                                    lone_link=link(self.lone_link),
-                                   lone_library=link(self.lone_library))
+                                   lone_library=link(self.lone_library),
+                                   p2p_link=link(self.p2p_link),
+                                   lone_p2p_link=link(self.lone_p2p_link))
 
     def with_nodes(self, nodes: int) -> "Topology":
         if nodes < 1:

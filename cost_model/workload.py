@@ -29,11 +29,11 @@ same on every node (the CPU runtime's tree, chain) then takes its closed-form ti
 `compute_us` {step id: us} replaces a step's time on the compute stream by a given one (a
 Compute step's roofline: a library routine that does its work, e.g. the baseline's torch
 optimizer, split evenly over its chunks; a Collective's staging copy: 0 where a library reduces
-in place). Every rank ends with the topology's step overhead (`step_overhead_at` the plan's
-`largest_transfer`: a task `overhead` of the step `step`, on the comm stream), where it is not 0
-and the plan has more than one rank. What calibration's `sequence` measures is a rank woken by a
-collective, then running a kernel; a pipeline of one rank per stage (sends and kernels only)
-wakes its ranks by sends as well, and pays it at its largest send.
+in place). Every rank ends with the topology's step overhead (`step_overhead_for` the plan's
+`largest_transfer` and ranks: a task `overhead` of the step `step`, on the comm stream), where
+it is not 0 and the plan has more than one rank. What calibration's `sequence` measures is a
+rank woken by a collective, then running a kernel; a pipeline of one rank per stage (sends and
+kernels only) wakes its ranks by sends as well, and pays it at its largest send.
 `Result.trace` is the DataFrame of every task: rank, stream, step, task, start, end (us).
 `choices(plan, topo)` names the algorithm and protocol of each of the Plan's collectives, in
 step order (those inside fused and overlapped steps too, chosen per call as the DES runs them).
@@ -150,7 +150,7 @@ def _send(run: Run, src: int, dst: int, nbytes: float, step: str, c: int, deps, 
     first, `network.Sim.transfer`)."""
     if run.topo.nccl is None:
         return run.sim.transfer(src, dst, nbytes, step, f"p2p c{c}", deps, chunk=c, whole=whole,
-                                sync=sync)
+                                sync=sync, p2p=True)
     prio = c if run.topo.pipelined_chunks else 0
     return run.sim.hold(nccl.p2p_ports(run.topo, src, dst), (src, dst),
                         nccl.p2p_us(run.topo, src, dst, nbytes), step, f"p2p/Simple c{c}", deps,
@@ -323,7 +323,8 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
         for r in run.sim.ranks:
             evs = [e for e in done[r] + run.pending.pop(r, []) if e is not None]
             cursor[r] = [join(run.sim.env, evs)]
-    extra = topo.step_overhead_at(largest_transfer(plan, topo)) if plan.world_size > 1 else 0.0
+    extra = (topo.step_overhead_for(largest_transfer(plan, topo), plan.world_size)
+             if plan.world_size > 1 else 0.0)
     if extra > 0:
         cursor = {r: [run.sim.delay(r, extra, "step", "overhead", cursor[r])]
                   for r in run.sim.ranks}

@@ -25,7 +25,8 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
   `exchange_first`, `exchange_last`: the same in 4 chunks, every chunk's receive and send posted
   at once as a fused step posts its reduce-scatter's, each rank then waiting for its first
   chunk (first) and for all (last), at 8-64 MiB (`_benches.waited`: the topology's `wake_us`);
-- `send`: rank 0 sends b bytes to rank 1, the others idle (a pipeline's P2P);
+- `send`: rank 0 sends b bytes to rank 1, the others idle (a pipeline's P2P): the link of
+  one-way messages (`Topology.p2p_link`);
 - `all_reduce`: gloo's all-reduce of b bytes (`comm.all_reduce`, the AR-C schedules' and the
   baselines'); `reduce_scatter`, `all_gather`: the runtime's rings (`comm.reduce_scatter`,
   `comm.all_gather`, b = the whole array), checked against the model, not fitted;
@@ -51,7 +52,8 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
 - `sequence`: a step's two operations back to back, no barrier between (gloo's all-reduce of b
   bytes, then the generated Adam kernel on b / 4 elements), beside `sequence_comm` and
   `sequence_compute` (each alone), all three in every call of one bench, and `sequence_extra`,
-  the first minus the other two call by call: what a step costs beyond its parts;
+  the first minus the other two call by call: what a step costs beyond its parts (the fit
+  states it at one rank a core, given the machine's cores: `Topology.cores`);
 - `alone_all_reduce`, `alone_reduce_scatter`, `alone_all_gather`: the same collectives at every
   other size (`ALONE_SCALES`), timed as `experiment=collectives` times them (zeroed buffers, each
   call after its own barrier), in rounds of their own after the others (`_benches.alone`): a
@@ -101,7 +103,7 @@ from codegen.plan import Compute
 from codegen.runtime import comm
 from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
 from codegen.runtime.execute import PlanRunner
-from codegen.runtime.launch import run_ranks
+from codegen.runtime.launch import cpu_cores, run_ranks
 from cost_model.calibration import LIBRARY, SHM, Measurement, fit, fit_shm, pool, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
@@ -282,7 +284,7 @@ def measure(settings) -> list[dict]:
     measurements, pooled_with = with_history(raw, settings, out_dir)
     source = (f"calibrated by experiment=calibrate on {platform.node()} ({P} ranks, "
               f"{settings.scale} scale, {time.strftime('%Y-%m-%d %H:%M')}{pooled_with})")
-    topo = fit(measurements, load_topology("local"), P, source=source)
+    topo = fit(measurements, load_topology("local"), P, source=source, cores=cpu_cores())
     path = dump_topology(topo, out_dir / TOPOLOGY, header=source + "\nUse it with: python -m "
                          f"suite experiment=... topology=local topology.path={out_dir / TOPOLOGY}")
     print(f"calibration: {len(raw)} measurements on {P} ranks in {took:.0f} s; fitted topology "
@@ -368,13 +370,26 @@ def describe(topo) -> str:
             f"{lone(topo.lone_link)}\n"
             f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us"
             f"{lone(topo.lone_library)}\n"
+            f"{_one_way(topo, lone)}"
             f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
             f" v = {topo.comm_slowdown:.2f}\n"
-            f"  a step beyond its operations: {_by_size(topo)}\n"
+            f"  a step beyond its operations: {_by_size(topo)}{_per_core(topo)}\n"
             f"  a thread blocked on a chunk in flight runs {topo.wake_us / 1e3:.2f} ms after it "
             f"lands\n"
             f"  a collective among collectives only takes x{topo.alone_scale:.2f} its time among "
             "the other benchmarks")
+
+
+def _one_way(topo, lone) -> str:
+    """The line of the one-way messages' link (`Topology.p2p_link`), where fitted."""
+    k = topo.p2p_link
+    return (f"  one-way send (a pipeline's P2P): {k.bandwidth_gbps:.2f} GB/s, latency "
+            f"{k.latency_us:.0f} us{lone(topo.lone_p2p_link)}\n" if k is not None else "")
+
+
+def _per_core(topo) -> str:
+    return (f" (at one rank a core; a plan of more ranks than the {topo.cores} cores pays it x "
+            "ranks / cores)" if topo.cores else "")
 
 
 def _by_size(topo) -> str:

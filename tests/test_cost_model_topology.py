@@ -74,6 +74,7 @@ BAD = [
     ("device.inplace_write_weight", -0.1, "inplace_write_weight=-0.1: must be >= 0"),
     ("alone_scale", 0.0, "topology.alone_scale=0.0: must be >= 0.25"),
     ("alone_scale", 5.0, "topology.alone_scale=5.0: must be <= 4"),
+    ("cores", 0, "topology.cores=0: must be >= 1"),
 ]
 
 

@@ -35,10 +35,13 @@ def test_fit_shm_recovers_the_shared_memory_links():
     shm = [dataclasses.replace(m, time_ms=predict_ms(t, dataclasses.replace(
         m, kind=m.kind[4:]))) for m in shm]
     ms = synthetic(gloo) + shm
-    fitted = dataclasses.replace(fit(ms, load_topology("local"), 2), alone_scale=0.9)
+    one_way = LinkClass(bandwidth_gbps=1.0, latency_us=100.0)  # gloo's send: not shm's P2P
+    fitted = dataclasses.replace(fit(ms, load_topology("local"), 2), alone_scale=0.9,
+                                 p2p_link=one_way, lone_p2p_link=one_way)
     got = fit_shm(ms, fitted, 2)
     assert got.device == fitted.device and got.compute_slowdown == fitted.compute_slowdown
     assert got.alone_scale == 1.0  # gloo's, not measured for shared memory
+    assert got.p2p_link is None and got.lone_p2p_link is None  # shm's P2P: its ring link
     assert got.library.bandwidth_gbps == pytest.approx(7.0, rel=0.03)
     assert got.intra.link.bandwidth_gbps == pytest.approx(9.0, rel=0.03)
     assert got.library.latency_us == pytest.approx(250.0, rel=0.1)
