@@ -52,7 +52,7 @@ MODES = ("auto", "refresh", "off")
 # cost_model.curves and .microbench: how the fit reads the sizes and models each benchmark)
 CODE = ("experiments/calibrate.py", "experiments/_benches.py", "experiments/rounds.py",
         "experiments/optimizers.py", "cost_model/calibration.py", "cost_model/curves.py",
-        "cost_model/microbench.py")
+        "cost_model/microbench.py", "cost_model/calibration_device.py")
 MEASURING = CODE[:4]  # what the measurements alone depend on: the history's key (`history_dir`)
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
