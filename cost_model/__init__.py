@@ -18,8 +18,10 @@ Layers, as in ASTRA-sim:
 - `peer_fused`: comm=shm's fused all-reduce in that simulation (the reduction inside the kernels).
 - `closed_collectives`: the collectives' alpha-beta oracle and the tuner (`collective_us`,
   `choose`); `closed_form`: whole schedules from it, step by step (`plan_us`, `closed_rules`).
-- `calibration`: `fit(measurements, base, world_size) -> Topology` and `predict_ms` for the
-  microbenchmarks the calibration experiment runs.
+- `calibration`: `fit(measurements, base, world_size, cores=None) -> Topology` (its links, the
+  one-way send's among them, overlap and step overheads; the device's figures from
+  `calibration_device`) and `predict_ms` for the microbenchmarks the calibration experiment
+  runs.
 The speed benchmarks live outside the package (`python -m benchmarks.simulator`).
 Units: microseconds inside (`_us`), milliseconds in results (`time_ms`), bytes, GB/s
 (`_gbps`, 1e9 bytes/s), TFLOP/s. Imports only `codegen.plan` and `dsl` types from the layers
