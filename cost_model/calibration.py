@@ -37,8 +37,10 @@ formula for each, inverted size by size):
 - `overlap_kernel`, `overlap_exchange`, `overlap_inside`, `overlap_both` (a kernel alone, an
   exchange alone, the kernel's time while the exchange is in flight, the time until both end):
   compute_slowdown u = 1 - kernel / inside; comm_slowdown v = (both - exchange) / inside.
-- `reduce_scatter`, `all_gather` (the runtime's rings): the ring link too, each size's achieved
-  bandwidth the median of what the exchange and the two rings need.
+- `reduce_scatter`, `all_gather` (the runtime's rings): the ring link too. At the means (a
+  step's link) each size's achieved bandwidth is the mean of what the two rings need
+  (`STEP_RINGS`: the collectives a step calls); at the medians (`lone_link`) the median of what
+  the exchange and the two rings need.
 - `add`, `copy` (torch's, in place): the device's `library_efficiency` by traffic bytes; and at
   the sizes that stream from memory the device's `inplace_write_weight` (`inplace_write_weight`:
   the add writes its input in place, the copy a buffer it does not read, which a
@@ -107,6 +109,15 @@ FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_r
 # (`wake_us`)
 CAPPED = 0.9
 ALONE_RANGE = (0.5, 2.0)  # what `alone_scale` is clipped to
+# the kinds whose achieved bandwidths set the ring link at the means (a step's), their mean
+# size by size: the runtime's two rings, which a step calls. The median of these and the bare
+# `exchange` (no adds or copies: 2.6-5.0 GB/s at 0.5-8 MiB at the means of 24 pooled
+# calibrations, the all-gather 1.3-3.2, the reduce-scatter 1.2-2.3) took the all-gather's rate
+# mostly, and the reduce-scatter's went unheard: re-predicting 24 stored paper runs on the Intel VM, lamb_fusion's speedup-error
+# median was over 5% in 9 of them (6 with the mean of the rings) and adam_fusion's largest over
+# 15% in 13 (9); model_parallel's speedup median over 5% in 7 (2). The lone link (medians:
+# `experiment=collectives`) keeps the median of all three.
+STEP_RINGS = ("reduce_scatter", "all_gather")
 # fitted at their mean over rounds (see the module); comm=shm's too, as shm_<kind>
 AT_MEAN = ("exchange", "exchange_chunked", "send", "all_reduce", "reduce_scatter", "all_gather")
 
@@ -120,7 +131,7 @@ def at_means(ms: Iterable[Measurement]) -> list[Measurement]:
 
 
 def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_us: float,
-             rate_by: str = "message") -> LinkClass:
+             rate_by: str = "message", rates_from: Optional[tuple] = None) -> LinkClass:
     """A link class that makes each benchmark's closed form `model(link, b)` (us) its measured
     time: benchmarks = {kind: (message_of(b), model)}. The latency is the fixed cost: solved in
     every benchmark at its smallest sizes (the first kind's `messages` serialized messages of
@@ -129,7 +140,10 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
     is a third of its time or more (so every message a benchmark's path serializes is counted
     as the model counts it; each benchmark's times made non-decreasing in size first,
     `monotone`), the median over the benchmarks taken and smoothed over sizes: the
-    best is the bandwidth, each size's share of it the efficiency by message size."""
+    best is the bandwidth, each size's share of it the efficiency by message size.
+    `rates_from`: the kinds whose achieved bandwidths set the rate instead, their mean at each
+    size (every benchmark still gives the latency); None, or none of them measured: the median
+    over every benchmark."""
     first = next(iter(benchmarks))
     points = monotone(_series(ms, first))
     overhead = min(overhead_us, fixed_cost(points))
@@ -146,18 +160,25 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
         for b, t in series[:max(1, min(5, len(series) // 2))]:
             fixed.append(solve(lambda lat: model(link(bulk, lat), b), t))
     latency = statistics.median(fixed)
-    rates: dict[int, list[float]] = {}
+    by_kind: dict[str, dict[int, list[float]]] = {}
     for kind, (size_of, model) in benchmarks.items():
         for b, t in monotone(_series(ms, kind)):
             if model(link(1e9, latency), b) > t * 2 / 3:  # the wire is too small a part
                 continue
             per_byte = solve(lambda y: model(link(1.0 / max(y, 1e-12), latency), b), t, 1.0)
-            rates.setdefault(int(size_of(b)), []).append(1.0 / max(per_byte, 1e-12))
+            by_kind.setdefault(kind, {}).setdefault(int(size_of(b)), []).append(
+                1.0 / max(per_byte, 1e-12))
+    chosen = [k for k in (rates_from or ()) if k in by_kind]
+    pick = statistics.fmean if chosen else statistics.median
+    rates: dict[int, list[float]] = {}
+    for kind in chosen or by_kind:
+        for size, got in by_kind[kind].items():
+            rates.setdefault(size, []).extend(got)
     sizes = sorted(rates)
     if not sizes:  # a short sweep: no size's wire stands out of its fixed cost
         return LinkClass(bandwidth_gbps=round(bulk, 4), latency_us=round(latency, 2),
                          overhead_us=round(overhead, 2), rate_by=rate_by)
-    curve = smooth([statistics.median(rates[k]) for k in sizes])
+    curve = smooth([pick(rates[k]) for k in sizes])
     bw = max(curve)
     return LinkClass(bandwidth_gbps=round(bw, 4), latency_us=round(latency, 2),
                      overhead_us=round(overhead, 2), rate_by=rate_by,
@@ -206,7 +227,7 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     `lone_p2p_link` at their medians (`Topology.lone`); `cores`: the cores the calibration's
     `world_size` ranks shared (`Topology.cores`; None: unknown, the step overhead as measured)."""
     ms = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
-    topo = _means_and_lone(_fit, ms, base, world_size)
+    topo = _means_and_lone(_fit, ms, base, world_size, rates_from=STEP_RINGS)
     per_core = max(1.0, world_size / cores) if cores else 1.0  # the overhead at one rank a core
     return dataclasses.replace(
         topo, source=source, all_reduce_us=all_reduce_us(ms, world_size),
@@ -237,15 +258,18 @@ def all_reduce_us(ms: list[Measurement], world_size: int) -> dict:
     return {world_size: got} if got else {}
 
 
-def _means_and_lone(fit_links, ms: list[Measurement], *args) -> Topology:
-    """`fit_links(ms, *args)` at the communication kinds' means, with the links of the same fit
-    at the medians as `lone_link`, `lone_library` and `lone_p2p_link`."""
+def _means_and_lone(fit_links, ms: list[Measurement], *args, **at_means_kw) -> Topology:
+    """`fit_links(ms, *args, **at_means_kw)` at the communication kinds' means, with the links
+    of the same fit at the medians (without `at_means_kw`) as `lone_link`, `lone_library` and
+    `lone_p2p_link`."""
     lone = fit_links(ms, *args)
-    return dataclasses.replace(fit_links(at_means(ms), *args), lone_link=lone.intra.link,
+    return dataclasses.replace(fit_links(at_means(ms), *args, **at_means_kw),
+                               lone_link=lone.intra.link,
                                lone_library=lone.library, lone_p2p_link=lone.p2p_link)
 
 
-def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
+def _fit(ms: list[Measurement], base: Topology, world_size: int,
+         rates_from: Optional[tuple] = None) -> Topology:
     P = world_size
     device = fit_device(ms, base.device)
     plain = dataclasses.replace(base, device=device, compute_slowdown=0.0, comm_slowdown=0.0)
@@ -270,7 +294,7 @@ def _fit(ms: list[Measurement], base: Topology, world_size: int) -> Topology:
     u, v = _slowdowns(ms, base)
     overhead = message_overhead_us(ms, 1 if posted else per_step)
     for _ in range(2):  # the first estimate, then the one the model's own chunks agree with
-        link = fit_link(ms, rings, per_step, overhead, base.intra.link.rate_by)
+        link = fit_link(ms, rings, per_step, overhead, base.intra.link.rate_by, rates_from)
         overhead = chunk_overhead_us(ms, with_link(link, compute_slowdown=u, comm_slowdown=v),
                                      overhead)
     library = fit_link(ms, {"all_reduce": (lambda b: b / P, lambda link, b: collective_us(
