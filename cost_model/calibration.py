@@ -280,7 +280,8 @@ def _fit(ms: list[Measurement], base: Topology, world_size: int,
         return dataclasses.replace(plain, intra=dataclasses.replace(base.intra, link=link), **kw)
 
     # the ring's link: from a bare ring step, and from the runtime's own rings (with their adds
-    # and copies), each size's achieved bandwidth the median of the three
+    # and copies), each size's achieved bandwidth the median of the three, or the mean of the
+    # `rates_from` kinds' (a step's link: STEP_RINGS)
     rings = {
         "exchange": (lambda b: b, lambda link, b: collective_us(CollSpec(  # without the copy
             "all_gather", b * P, group), "ring", with_link(link)) - (
