@@ -113,10 +113,10 @@ ALONE_RANGE = (0.5, 2.0)  # what `alone_scale` is clipped to
 # size by size: the runtime's two rings, which a step calls. The median of these and the bare
 # `exchange` (no adds or copies: 2.6-5.0 GB/s at 0.5-8 MiB at the means of 24 pooled
 # calibrations, the all-gather 1.3-3.2, the reduce-scatter 1.2-2.3) took the all-gather's rate
-# mostly, and the reduce-scatter's went unheard: re-predicting 24 stored paper runs on the Intel VM, lamb_fusion's speedup-error
-# median was over 5% in 9 of them (6 with the mean of the rings) and adam_fusion's largest over
-# 15% in 13 (9); model_parallel's speedup median over 5% in 7 (2). The lone link (medians:
-# `experiment=collectives`) keeps the median of all three.
+# mostly, and the reduce-scatter's went unheard. Re-predicting those 24 paper runs (Intel VM):
+# lamb_fusion's speedup-error median was over 5% in 9 of them (6 with the mean of the rings),
+# adam_fusion's largest over 15% in 13 (9), model_parallel's median over 5% in 7 (2). The lone
+# link (medians: `experiment=collectives`) keeps the median of all three.
 STEP_RINGS = ("reduce_scatter", "all_gather")
 # fitted at their mean over rounds (see the module); comm=shm's too, as shm_<kind>
 AT_MEAN = ("exchange", "exchange_chunked", "send", "all_reduce", "reduce_scatter", "all_gather")
