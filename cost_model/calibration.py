@@ -81,9 +81,9 @@ median, an isotonic fit), so a stalled small size reads neither as fixed cost no
 wire, nor raises its neighbours.
 The device's figures (kernel, kernel_stream, matmul, add, copy, library_<routine>) are fitted in
 `cost_model.calibration_device`.
-`predict_ms(topo, m)` (`cost_model.microbench`) is the model's time for a measurement, for the calibration's own
-predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes, topology fields as named
-(`_us`, `_gbps`).
+`predict_ms(topo, m)` (`cost_model.microbench`) is the model's time for a measurement, for the
+calibration's own predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes,
+topology fields as named (`_us`, `_gbps`).
 """
 from __future__ import annotations
 
