@@ -24,18 +24,13 @@ def _rings(median_topo, mean_topos: dict, P=2) -> list[Measurement]:
     return out
 
 
-def _with_bandwidth(t, gbps: float):
-    return dataclasses.replace(t, intra=dataclasses.replace(
-        t.intra, link=dataclasses.replace(t.intra.link, bandwidth_gbps=gbps)))
-
-
 def test_a_steps_ring_rate_is_the_mean_of_the_two_rings_and_a_lone_calls_the_median():
     """Means made by a reduce-scatter at 1.2 GB/s and an all-gather at 1.8 (the exchange at
     2.0): the step's link runs at their mean, 1.5 GB/s, not at the median of the three (1.8);
     the medians, all at 2.0, give the lone link 2.0."""
     t = truth()
-    ms = synthetic(t) + _rings(t, {"reduce_scatter": _with_bandwidth(t, 1.2),
-                                   "all_gather": _with_bandwidth(t, 1.8)})
+    ms = synthetic(t) + _rings(t, {"reduce_scatter": t.with_comm_scale(0.6),  # 1.2 GB/s
+                                   "all_gather": t.with_comm_scale(0.9)})  # 1.8 GB/s
     got = fit(ms, load_topology("local"), 2)
     assert got.intra.link.bandwidth_gbps == pytest.approx(1.5, rel=0.05)  # the median: 1.8
     assert got.lone_link.bandwidth_gbps == pytest.approx(2.0, rel=0.03)
