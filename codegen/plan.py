@@ -200,6 +200,13 @@ class Plan:
         return [s.kernel for s in walk(self.steps) if isinstance(s, Compute)]
 
 
+def label(step) -> str:
+    """A step's name in timelines, measured (`PlanRunner.marks`) and modelled (the cost model's
+    trace): "<id>:<type>", then the kernel's name or the collective's kind."""
+    extra = step.kernel.name if isinstance(step, Compute) else getattr(step, "kind", "")
+    return f"{step.id}:{type(step).__name__}" + (f" {extra}" if extra else "")
+
+
 def walk(steps) -> list:
     """Every step, composite ones followed by their parts, in order."""
     out = []

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from codegen.chunked import fusable, overlappable
-from codegen.plan import Collective, Compute, FusedCollective, Overlap, P2P, Plan, walk
+from codegen.plan import Collective, FusedCollective, Overlap, P2P, Plan, label, walk
 
 from . import collectives, nccl
 from .closed_collectives import choose, collective_us, shm_all_reduce_us
@@ -83,9 +83,7 @@ class Run:
         return [r for r in self.sim.ranks if stage is None or r // P == stage]
 
     def name(self, step) -> str:
-        kind = type(step).__name__
-        extra = step.kernel.name if isinstance(step, Compute) else getattr(step, "kind", "")
-        return f"{step.id}:{kind}" + (f" {extra}" if extra else "")
+        return label(step)
 
     def rule(self, step, ready, C):
         return cost_rules[type(step).__name__](self, step, ready, C)

@@ -1,7 +1,12 @@
-"""benchmarks.steps: its summary's statistics (pure), and one small run on 2 ranks."""
-import numpy as np
+"""benchmarks.steps: its summary's statistics (pure), which Plan step each timed piece belongs
+to, and small runs on 2 ranks (the segments and the model beside them too)."""
+from pathlib import Path
 
-from benchmarks.steps import main, summary
+import numpy as np
+import pytest
+
+from benchmarks.steps import _owner, main, segments_table, step_of, summary
+from codegen.plan import label
 
 
 def _res(parts, whole, kinds):
@@ -30,3 +35,41 @@ def test_a_small_run_on_two_ranks(capsys):
     assert set(rows) == {"RS-C-AG", "AR-C"}
     assert "reduce_scatter" in rows["RS-C-AG"] and "all_gather" in rows["RS-C-AG"]
     assert "all_reduce" in rows["AR-C"]
+
+
+def test_pieces_sum_their_medians():
+    rng = np.random.default_rng(1)
+    pieces = 1.0 + 4.0 * (rng.random((400, 4)) < 0.3)  # four pieces of one fused step
+    whole = list(pieces.sum(axis=1))
+    res = _res([whole], whole, ["FusedCollective fused"])
+    res["pieces"] = {"s": pieces}
+    res["labels"] = {"s": tuple(f"0:Collective reduce_scatter wait c{c}" for c in range(4))}
+    line = summary(res, ["s"]).splitlines()[1]
+    step, sum_of_parts, independent, sum_of_pieces = (float(x) for x in line.split()[1:5])
+    assert sum_of_pieces == 4.0 and step == sum_of_parts == 8.0
+    table = segments_table(res, "s")
+    assert "reduce_scatter wait c3" in table and "400 calls" in table
+
+
+def test_segments_belong_to_their_plan_step():
+    import experiments
+    from codegen.lower import lower
+    plan = lower(experiments.get("lamb_fusion").schedules()["fuse(RS-C-AG)+as_slice"],
+                 {"N": 4096}, 2, fused_chunks=4)
+    owners = step_of(plan)
+    assert _owner("0:Collective reduce_scatter wait c0", owners) == 0
+    assert _owner(f"{label(plan.steps[0])}", owners) == 0
+    assert _owner(f"{label(plan.steps[0].steps[4])} c3", owners) == 0
+    with pytest.raises(ValueError, match="names no step"):
+        _owner("99:Compute nothing c0", owners)
+
+
+def test_segments_and_the_model_on_two_ranks(capsys):
+    topo = Path(__file__).resolve().parents[1] / "conf" / "topology" / "local.yaml"
+    main(["--experiment", "lamb_fusion", "--schedules", "fuse(RS-C-AG)+as_slice,AR-C",
+          "--size", "N=4K", "--rounds", "2", "--segments", "--topology", str(topo)])
+    out = capsys.readouterr().out
+    assert "model" in out.splitlines()[1]
+    assert "model, fuse(RS-C-AG)+as_slice: on the lone links" in out
+    assert "fuse(RS-C-AG)+as_slice: 6 calls" in out and "all_gather send c3" in out
+    assert "AR-C: 6 calls" in out

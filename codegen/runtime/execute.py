@@ -24,6 +24,12 @@ composite allows it; other composites run their parts one after the other: the s
 without the overlap. On a transport whose kernels may read the peers' data (comm=shm), a fused
 all-reduce runs `codegen.shm_fuse`'s kernels, built here (`peer_steps`). `compute_ms` is the host time spent in kernel and matmul calls since
 construction (on a backend with streams: the time to issue them).
+
+Timeline (`marks`, None by default): set it to a list and every `run()` appends ("", t) as it
+begins, then (segment, t) as each piece of work ends (`time.perf_counter()` seconds; `segment`:
+the step's `codegen.plan.label`, what was done, the chunk): a plain step once, a fused or
+overlapped one per piece (`pipelined`). On the CPU it is the rank's thread's time, waits
+included; on a backend with streams, the time to issue the work.
 """
 from __future__ import annotations
 
@@ -38,7 +44,8 @@ from dsl.types import Sliced
 from . import pipelined
 from .backend import TORCH, Backend, CpuBackend, Groups
 from ..chunked import fusable, overlappable
-from ..plan import Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan, walk
+from ..plan import (Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan,
+                    label, walk)
 
 CPU = CpuBackend()
 
@@ -69,6 +76,7 @@ class PlanRunner:
             and kernels[s.kernel.name].workspace_bytes}
         self.compute_ms = 0.0
         self.peer_steps = pipelined.peer_steps(self)  # fused steps whose kernels read the peers
+        self.marks: Optional[list[tuple[str, float]]] = None  # a list: the timeline of run()s
 
     # -- data in and out ------------------------------------------------------------------------
     def load(self, inputs: Mapping[str, np.ndarray]) -> None:
@@ -129,6 +137,8 @@ class PlanRunner:
     # -- steps ----------------------------------------------------------------------------------
     def run(self, steps=None) -> None:
         """Issue the plan's steps (or `steps`, some of them) after the caller's stream's work."""
+        if self.marks is not None:
+            self.marks.append(("", time.perf_counter()))  # the call begins
         self.streams.fork()
         for s in self.plan.steps if steps is None else steps:
             self.step(s)
@@ -142,6 +152,14 @@ class PlanRunner:
         if rule is None:
             raise NotImplementedError(f"rule for {type(s).__name__} not implemented")
         rule(self, s)
+        if not isinstance(s, (FusedCollective, Overlap)):  # composites mark their own parts
+            self.mark(s)
+
+    def mark(self, step, what: str = "", chunk: Optional[int] = None) -> None:
+        """Where `marks` is a list, end a segment of the timeline: the time since the previous
+        mark went to `step` (`what` the thread did there, on chunk `chunk`; `segment`)."""
+        if self.marks is not None:
+            self.marks.append((segment(step, what, chunk), time.perf_counter()))
 
     def compute(self, s: Compute, begin: int, end: int, zero: bool = True,
                 bufs: Optional[Mapping[int, torch.Tensor]] = None) -> None:
@@ -171,6 +189,12 @@ class PlanRunner:
                        dst.view(-1) if dst is not None else None,
                        src=s.src_stage * P + self.tp, dst=s.dst_stage * P + self.tp,
                        chunks=1).start().wait()
+
+
+def segment(step, what: str = "", chunk: Optional[int] = None) -> str:
+    """A timeline segment's name: the step's `label`, what was done in it, the chunk."""
+    return " ".join([label(step)] + ([what] if what else []) + ([f"c{chunk}"] if chunk is not None
+                                                                else []))
 
 
 # -- the rules --------------------------------------------------------------------------------------
@@ -215,6 +239,7 @@ def _overlap(r: PlanRunner, s: Overlap) -> None:
             pipelined.fused_all_reduce(r, s.consumer, producer=s.producer)
     else:
         pipelined.overlapped_send(r, s)
+        r.mark(s)
 
 
 RULES = {

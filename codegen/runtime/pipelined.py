@@ -21,6 +21,10 @@ it is done), so the CPU and the GPU run the same composites in the same order of
   gathered outputs where the peers read them.
 `codegen.chunked` (`fusable`, `overlappable`: the cost model's rule too) says which composites
 run this way; others run their parts one after the other (same result, no overlap).
+Each piece of work ends with `r.mark` (a no-op unless the runner keeps a timeline, `marks`):
+`fused_all_reduce` marks the head's start, each chunk's wait, kernel and all-gather send, the
+barrier, and the final waits; `overlapped_send` its kernel chunks, then (in `execute`) the rest
+of the step as one segment; `peer_fused` the whole step as one.
 """
 from __future__ import annotations
 
@@ -68,6 +72,7 @@ def _chunk(r, kernels, c: int, C: int) -> None:
         for s in kernels:
             n = s.kernel.numel
             r.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0))
+            r.mark(s, chunk=c)
 
 
 def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
@@ -131,38 +136,48 @@ def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
 
 def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -> None:
     if producer is None and f.id in r.peer_steps:
-        return peer_fused(r, f, r.peer_steps[f.id])
+        peer_fused(r, f, r.peer_steps[f.id])
+        r.mark(f)
+        return
     rs, C, streams = f.steps[0], f.chunks, r.streams
     if producer is not None:
         streams.after_other(streams.compute)  # the matmul's inputs are ready
     ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op,
                                         C).start(send=producer is None)
+    r.mark(rs, "start")
     gathers = []
     for k, (kernels, barrier, ags) in enumerate(_phases(r.plan, f.steps[1:])):
-        mine = [r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C)
-                for ag in ags]
+        mine = [(ag, r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1),
+                                              C)) for ag in ags]
         gathers += mine
 
         def finish(c: int) -> None:
             if k == 0:
                 ring.wait_chunk(c)
+                r.mark(rs, "wait", c)
             _chunk(r, kernels, c, C)
-            for g in mine:
+            for ag, g in mine:
                 g.start_chunk(c)
+                r.mark(ag, "send", c)
 
         for what, c in chunk_order(C, overlapped=producer is not None and k == 0):
             if what == "produce":
                 _produce_rows(r, producer, c, C)
+                r.mark(producer, "rows", c)
                 ring.send_chunk(c)
+                r.mark(rs, "send", c)
             else:
                 finish(c)
         if barrier is not None:  # a 0-d all_reduce: every chunk's kernels first
             with streams.on(streams.comm):
                 r.collective(barrier)
             streams.after_other(streams.compute)
+            r.mark(barrier)
     ring.wait()  # the reduce-scatter's sends
-    for g in gathers:
+    r.mark(rs, "wait")
+    for ag, g in gathers:
         g.wait()
+        r.mark(ag, "wait")
 
 
 def overlapped_send(r, o: Overlap) -> None:
