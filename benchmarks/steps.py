@@ -29,6 +29,8 @@ the step on the lone links and on the links at the means (no per-point scales).
 The CPUs are kept awake while the ranks run (`codegen.runtime.awake`, as the suite keeps them by
 default: without it, this VM's blocked gloo threads wait milliseconds for a halted vCPU, and the
 steps here ran 1.4-1.5x the runs' times); `--no-keep-awake` lets them halt.
+`--schedules`: names separated by commas (a comma inside parentheses belongs to the name, as in
+`ol(RS,fuse(P2P-C-AG))`); an unknown one is refused before any rank starts (exit 2).
 Sizes: the program's size symbols, suffixes K = 2^10, M = 2^20. Nothing here is asserted: the
 machine is shared and these are its measurements.
 """
@@ -42,12 +44,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+import experiments
 from codegen.lower import lower
 from codegen.plan import Collective, FusedCollective, label, walk
 from codegen.runtime.awake import keep_awake
 from codegen.runtime.backend import CpuBackend
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
+from cost_model.median import step_median
+from cost_model.topology import load_topology
+from cost_model.workload import simulate
 from experiments.harness import FUSED_CHUNKS
 
 from .comm import parse_size
@@ -95,7 +101,6 @@ def _owner(segment: str, owners: dict[str, int]) -> int:
 
 def rank_main(rank: int, world: int, experiment: str, names: list[str], bindings: dict,
               rounds: int) -> dict:
-    import experiments
     exp = experiments.get(experiment)
     every = exp.schedules()
     runners = {n: runner(every[n], bindings, rank, world) for n in names}
@@ -181,10 +186,6 @@ def predicted(experiment: str, names: list[str], bindings: dict, world: int,
               path: str) -> dict:
     """{schedule: (the step's predicted median, on the lone links, at the means)} in ms, on the
     topology.yaml at `path`."""
-    import experiments
-    from cost_model.median import step_median
-    from cost_model.topology import load_topology
-    from cost_model.workload import simulate
     topo = load_topology("local", path=path)
     every = experiments.get(experiment).schedules()
     out = {}
@@ -193,6 +194,20 @@ def predicted(experiment: str, names: list[str], bindings: dict, world: int,
         out[n] = (step_median(plan, topo).time_ms, simulate(plan, topo.lone()).time_ms,
                   simulate(plan, topo).time_ms)
     return out
+
+
+def schedule_names(text: str) -> list[str]:
+    """Comma-separated schedule names, a comma inside parentheses part of a name
+    ("ol(RS,fuse(P2P-C-AG)),AR-C-P2P" is two)."""
+    names, depth, cur = [], 0, ""
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            names.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [n.strip() for n in names + [cur] if n.strip()]
 
 
 def main(argv=None) -> None:
@@ -208,7 +223,14 @@ def main(argv=None) -> None:
                     help="let idle CPUs halt (the suite keeps them awake: keep_awake=true)")
     a = ap.parse_args(argv)
     bindings = {k: parse_size(v) for k, v in (kv.split("=") for kv in a.size.split(","))}
-    names = [n.strip() for n in a.schedules.split(",") if n.strip()]
+    names = schedule_names(a.schedules)
+    if a.experiment not in experiments.registry.names():
+        ap.error(f"unknown experiment {a.experiment!r}")
+    every = experiments.get(a.experiment).schedules()
+    unknown = [n for n in names if n not in every]
+    if unknown or not names:
+        ap.error(f"{a.experiment} has no schedule {unknown[0] if unknown else ''!r}; schedules: "
+                 f"{', '.join(every)}")
     model = (predicted(a.experiment, names, bindings, a.world, a.topology) if a.topology
              else None)
     with keep_awake(a.keep_awake):

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.steps import _owner, main, segments_table, step_of, summary
+from benchmarks.steps import _owner, main, schedule_names, segments_table, step_of, summary
 from codegen.plan import label
 
 
@@ -73,3 +73,16 @@ def test_segments_and_the_model_on_two_ranks(capsys):
     assert "model, fuse(RS-C-AG)+as_slice: on the lone links" in out
     assert "fuse(RS-C-AG)+as_slice: 6 calls" in out and "all_gather send c3" in out
     assert "AR-C: 6 calls" in out
+
+
+def test_schedule_names_keep_commas_inside_parentheses():
+    assert schedule_names("ol(RS,fuse(P2P-C-AG)), AR-C-P2P,") == ["ol(RS,fuse(P2P-C-AG))",
+                                                                   "AR-C-P2P"]
+    assert schedule_names("ol(MM,fuse(RS-C-AG))") == ["ol(MM,fuse(RS-C-AG))"]
+
+
+def test_an_unknown_schedule_is_refused_before_any_rank_starts(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--schedules", "AR-C,nope"])
+    assert e.value.code == 2
+    assert "adam_fusion has no schedule 'nope'" in capsys.readouterr().err
