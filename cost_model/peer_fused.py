@@ -15,7 +15,7 @@ Units: microseconds, bytes.
 """
 from __future__ import annotations
 
-from codegen.plan import Collective, Compute, FusedCollective, Plan
+from codegen.plan import Collective, Compute, FusedCollective, Plan, label
 
 from .closed_collectives import copy_bytes
 from .closed_form import _dtype as dtype_of
@@ -86,7 +86,7 @@ def peer_fused(run, f: FusedCollective, ready, C_outer) -> dict:
     for c in range(C):
         for r in mine:
             after = [ready[r][c]] + posted[r][-1:]
-            posted[r].append(run.sim.compute(r, publish_us, run.name(head), f"publish c{c}",
+            posted[r].append(run.sim.compute(r, publish_us, label(head), f"publish c{c}",
                                              after))
     done = {}
     for r in mine:
@@ -96,7 +96,7 @@ def peer_fused(run, f: FusedCollective, ready, C_outer) -> dict:
             for i, k in enumerate(kernels):
                 us = (kernel_us(k) + (peers_us if i == 0 else 0.0)
                       + (own_us if i == len(kernels) - 1 else 0.0))
-                ev_c = run.sim.compute(r, us, run.name(k), f"peers c{c}", [ev_c])
+                ev_c = run.sim.compute(r, us, label(k), f"peers c{c}", [ev_c])
             ev = ev_c
         done[r] = ev
     everyone = join(env, list(done.values()))
@@ -105,6 +105,6 @@ def peer_fused(run, f: FusedCollective, ready, C_outer) -> dict:
         ev = everyone
         for g in gathers:
             ev = run.sim.compute(r, copy_us(g.nbytes * (P - 1) / P),
-                                 run.name(g), "read peers", [ev, done[r]])
+                                 label(g), "read peers", [ev, done[r]])
         out[r] = [ev] * C_outer
     return out

@@ -82,9 +82,6 @@ class Run:
         P = self.plan.P
         return [r for r in self.sim.ranks if stage is None or r // P == stage]
 
-    def name(self, step) -> str:
-        return label(step)
-
     def rule(self, step, ready, C):
         return cost_rules[type(step).__name__](self, step, ready, C)
 
@@ -98,7 +95,7 @@ def _pass(run: Run, ready, members, done):
 
 def _tasks(run: Run, s, ready, C, stage):
     us = run.compute_us[s.id] / C if s.id in run.compute_us else step_us(run.plan, s, run.topo, C)
-    done = {r: [run.sim.compute(r, us, run.name(s), f"c{c}", [ready[r][c]]) for c in range(C)]
+    done = {r: [run.sim.compute(r, us, label(s), f"c{c}", [ready[r][c]]) for c in range(C)]
             for r in run.members(stage)}
     return _pass(run, ready, None, done)
 
@@ -113,7 +110,7 @@ def _collective(run: Run, s: Collective, ready, C):
     if stage:  # the runtime copies src into dst, then reduces dst in place
         ready = dict(ready)
         for r in run.members(s.stage):
-            ready[r] = [run.sim.compute(r, stage, run.name(s), f"copy c{c}", [ready[r][c]])
+            ready[r] = [run.sim.compute(r, stage, label(s), f"copy c{c}", [ready[r][c]])
                         for c in range(C)]
     return _coll(run, spec, s, ready)
 
@@ -124,7 +121,7 @@ def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first:
     sub = {r: ready[r] for r in mine}
     shm_us = shm_all_reduce_us(spec, run.topo)
     if shm_us is not None:  # comm=shm's all-reduce: memory traffic on every member, then all done
-        ev = [run.sim.delay(r, shm_us, run.name(s), "shm all_reduce (memory)", list(sub[r]))
+        ev = [run.sim.delay(r, shm_us, label(s), "shm all_reduce (memory)", list(sub[r]))
               for r in mine]
         every = join(run.sim.env, ev)
         return _pass(run, ready, mine, {r: [every] * spec.chunks for r in mine})
@@ -132,11 +129,11 @@ def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first:
     if run.sim.fold and algo not in FOLDABLE and not collectives.uses_nccl(spec, run.topo):
         # closed form inside a folded run
         us = collective_us(spec, algo, run.topo)
-        ev = {r: run.sim.delay(r, us, run.name(s), f"{algo} (closed form)", list(sub[r]))
+        ev = {r: run.sim.delay(r, us, label(s), f"{algo} (closed form)", list(sub[r]))
               for r in mine}
         done = {r: [ev[r]] * spec.chunks for r in mine}
     else:
-        done, finished = collectives.simulate(run.sim, spec, algo, sub, run.name(s), first)
+        done, finished = collectives.simulate(run.sim, spec, algo, sub, label(s), first)
         for r in mine:
             run.pending.setdefault(r, []).append(finished[r])
     return _pass(run, ready, mine, done)
@@ -159,7 +156,7 @@ def _p2p(run: Run, s: P2P, ready, C):
     P, out = run.plan.P, dict(ready)
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
-        evs = [_send(run, src, dst, s.nbytes / C, run.name(s), c, [ready[src][c]], s.nbytes)
+        evs = [_send(run, src, dst, s.nbytes / C, label(s), c, [ready[src][c]], s.nbytes)
                for c in range(C)]
         out[src] = evs
         out[dst] = [join(run.sim.env, (ev, ready[dst][c]))
@@ -194,7 +191,7 @@ def _piece(run: Run, part, c: int, C: int, ready_c: dict, algo: Optional[str]):
         us = step_us(run.plan, part, run.topo, C)
         done = dict(one)
         for r in run.members(part.stage):
-            done[r] = [run.sim.compute(r, us, run.name(part), f"c{c}", [one[r][0]])]
+            done[r] = [run.sim.compute(r, us, label(part), f"c{c}", [one[r][0]])]
     return {r: evs[0] for r, evs in done.items()}
 
 
@@ -202,7 +199,7 @@ def _p2p_piece(run: Run, s: P2P, C: int, c: int, ready):
     P, out = run.plan.P, dict(ready)
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
-        ev = _send(run, src, dst, s.nbytes / C, run.name(s), c, [ready[src][0]], s.nbytes,
+        ev = _send(run, src, dst, s.nbytes / C, label(s), c, [ready[src][0]], s.nbytes,
                    sync=True)
         out[src] = [ev]
         out[dst] = [join(run.sim.env, (ev, ready[dst][0]))]
@@ -226,7 +223,7 @@ def _staged_head(run: Run, f: FusedCollective, head, algo, cur):
             head.kind == "reduce_scatter" and algo == "ring"):
         return None
     spec = spec_of(run.plan, head, run.topo, f.chunks)
-    build = collectives._Build(run.sim, spec, run.name(head))
+    build = collectives._Build(run.sim, spec, label(head))
     mine = list(build.sims)
     P, C = spec.P, f.chunks
     state = build.ring_start(spec.group, spec.nbytes / P / C, C, {r: cur[r] for r in mine}, "rs")

@@ -5,7 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import experiments
 from benchmarks.steps import _owner, main, schedule_names, segments_table, step_of, summary
+from codegen.lower import lower
 from codegen.plan import label
 
 
@@ -52,8 +54,6 @@ def test_pieces_sum_their_medians():
 
 
 def test_segments_belong_to_their_plan_step():
-    import experiments
-    from codegen.lower import lower
     plan = lower(experiments.get("lamb_fusion").schedules()["fuse(RS-C-AG)+as_slice"],
                  {"N": 4096}, 2, fused_chunks=4)
     owners = step_of(plan)

@@ -7,7 +7,9 @@
   `fused_all_reduce` runs, in that order.
 - Off by default: a runner keeps no timeline.
 """
-import numpy as np
+import sys
+from pathlib import Path
+
 import pytest
 
 import dsl
@@ -18,21 +20,8 @@ from codegen.runtime.backend import CpuBackend
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
 
-
-def _cases():
-    cases = []
-    for exp in experiments.registry.program_experiments():
-        for name, prog in exp.schedules().items():
-            if 2 % prog.stages:
-                continue
-            b = dict(exp.verify_bindings("smoke")[0])
-            if "N" in b:
-                b["N"] = 64 * (2 // prog.stages)
-            plan = lower(prog, b, 2, fused_chunks=2)
-            inputs = dsl.random_inputs(prog, 2, b, np.random.default_rng(3))
-            cases.append((f"{exp.name}:{name}", plan, inputs, dsl.interpret(prog, inputs, 2, b),
-                          dsl.error_bounds(prog, inputs, 2, b)))
-    return cases
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_runtime_plans import _cases  # noqa: E402 (every schedule of every experiment, 2 ranks)
 
 
 def _marked(rank, world, comm, plans, inputs, kernel_list):
@@ -51,7 +40,7 @@ def _marked(rank, world, comm, plans, inputs, kernel_list):
 
 @pytest.mark.parametrize("comm", ["ring", "shm"])
 def test_timeline_keeps_results_and_names_the_plans_steps(comm):
-    cases = _cases()
+    cases = _cases(2)
     kernel_list = list({k.name: k for c in cases for k in c[1].kernels()}.values())
     CpuBackend().build(kernel_list)
     got = launch(_marked, 2, args=(comm, [c[1] for c in cases], [c[2] for c in cases],
