@@ -67,8 +67,7 @@ formula for each, inverted size by size):
   with this link).
 - `all_reduce` is also kept as measured (its means by size, at the calibration's ranks): the
   topology's `all_reduce_us`, the reference a run's own all-reduce is compared with
-  (`experiments.predict.comm_scale`); and `reduce_scatter` + `all_gather` (the sum of their
-  means by size): `rings_us`, the reference of a run's own rings (`experiments.predict.ring_scale`).
+  (`experiments.predict.comm_scale`).
 - `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (comm=shm's collectives over POSIX
   shared memory, measured when the calibration runs with comm=shm): `fit_shm` makes the topology
   of that transport: the fitted one with its library link fitted to `shm_all_reduce` and its
@@ -232,7 +231,7 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     per_core = max(1.0, world_size / cores) if cores else 1.0  # the overhead at one rank a core
     return dataclasses.replace(
         topo, source=source, all_reduce_us=all_reduce_us(ms, world_size),
-        rings_us=rings_us(ms, world_size), alone_scale=alone_scale(ms), cores=cores,
+        alone_scale=alone_scale(ms), cores=cores,
         step_overhead_us=round(topo.step_overhead_us / per_core, 2),
         step_overhead_by_bytes={b: round(us / per_core, 2)
                                 for b, us in topo.step_overhead_by_bytes.items()})
@@ -256,16 +255,6 @@ def all_reduce_us(ms: list[Measurement], world_size: int) -> dict:
     """{ranks: {bytes: mean us}} of the `all_reduce` measurements (the topology's
     `all_reduce_us`, a run's communication reference); {} without them."""
     got = {int(b): round(t, 2) for b, t in _series(at_means(ms), "all_reduce")}
-    return {world_size: got} if got else {}
-
-
-def rings_us(ms: list[Measurement], world_size: int) -> dict:
-    """{ranks: {bytes: us}}: the mean `reduce_scatter` plus the mean `all_gather` of the same
-    bytes, at the sizes that have both (the topology's `rings_us`, a run's reference for the
-    runtime's rings); {} without them."""
-    means = at_means(ms)
-    rs, ag = (dict(_series(means, kind)) for kind in STEP_RINGS)
-    got = {int(b): round(rs[b] + ag[b], 2) for b in sorted(rs) if b in ag}
     return {world_size: got} if got else {}
 
 
@@ -367,8 +356,7 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
         raise ValueError("no shm_* measurements to fit comm=shm's links to")
     return dataclasses.replace(_means_and_lone(_fit_shm, ms, fitted, world_size),
                                source=source or fitted.source,
-                               all_reduce_us=all_reduce_us(ms, world_size),
-                               rings_us=rings_us(ms, world_size), alone_scale=1.0)
+                               all_reduce_us=all_reduce_us(ms, world_size), alone_scale=1.0)
 
 
 def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topology:

@@ -277,9 +277,6 @@ class Topology:
     # (`experiments.predict.comm_scale`); {} where nothing was measured (shipped figures)
     all_reduce_us: Dict[int, Dict[int, float]] = field(default_factory=dict,
                                                        metadata={"curves": True})
-    # and its runtime reduce-scatter + all-gather of the same bytes (their means' sum), what a
-    # run's own rings are compared with (`experiments.predict.ring_scale`)
-    rings_us: Dict[int, Dict[int, float]] = field(default_factory=dict, metadata={"curves": True})
     # a calibrated topology's links fitted at the medians of lone calls (`lone`)
     lone_link: Optional[LinkClass] = None
     lone_library: Optional[LinkClass] = None
@@ -361,28 +358,25 @@ class Topology:
             d, memory_bandwidth_gbps=d.memory_bandwidth_gbps * scale,
             stream_memory_gbps=d.stream_memory_gbps * scale))
 
-    def with_comm_scale(self, scale: float, ring: Optional[float] = None) -> "Topology":
+    def with_comm_scale(self, scale: float) -> "Topology":
         """This topology with every link class's bandwidth times `scale` (the intra-node link
         and its fallback, the NICs, the library's, the one-way and the lone calls' links;
         latencies and overheads as they are): the same machine in another spell of its
-        communication rate (`experiments.predict.comm_scale`). With `ring`, the links of the
-        runtime's rings and transfers (the intra-node link and its fallback, `lone_link`, the
-        one-way links: isend/irecv) take `ring` instead, and only the library's links `scale`
-        (`experiments.predict.ring_scale`). NCCL's own figures (`nccl`) are left as they are."""
-        ring = scale if ring is None else ring
-        if scale <= 0 or ring <= 0:
-            raise ValueError(f"communication scale {scale}, ring scale {ring}: must be > 0")
+        communication rate (`experiments.predict.comm_scale`). NCCL's own figures (`nccl`) are
+        left as they are."""
+        if scale <= 0:
+            raise ValueError(f"communication scale {scale}: must be > 0")
 
-        def link(c: Optional[LinkClass], by: float = scale) -> Optional[LinkClass]:
-            return c and dataclasses.replace(c, bandwidth_gbps=c.bandwidth_gbps * by)
-        intra = dataclasses.replace(self.intra, link=link(self.intra.link, ring),
-                                    fallback=link(self.intra.fallback, ring))
+        def link(c: Optional[LinkClass]) -> Optional[LinkClass]:
+            return c and dataclasses.replace(c, bandwidth_gbps=c.bandwidth_gbps * scale)
+        intra = dataclasses.replace(self.intra, link=link(self.intra.link),
+                                    fallback=link(self.intra.fallback))
         inter = self.inter and dataclasses.replace(self.inter, nic=link(self.inter.nic))
         return dataclasses.replace(self, intra=intra, inter=inter, library=link(self.library),
-                                   lone_link=link(self.lone_link, ring),
+                                   lone_link=link(self.lone_link),
                                    lone_library=link(self.lone_library),
-                                   p2p_link=link(self.p2p_link, ring),
-                                   lone_p2p_link=link(self.lone_p2p_link, ring))
+                                   p2p_link=link(self.p2p_link),
+                                   lone_p2p_link=link(self.lone_p2p_link))
 
     def with_nodes(self, nodes: int) -> "Topology":
         if nodes < 1:

@@ -44,10 +44,6 @@ GLOO_BASELINE = "baseline(gloo)"  # comm=shm: the library baseline on gloo, in t
 # the communication rate's reference timed in each measured point's rounds (`comm_probe_ms`): an
 # all-reduce of this many bytes of float32 over every rank, on the run's transport
 COMM_PROBE_BYTES = 8 << 20
-# and the rings' (`ring_probe_ms`): the runtime's reduce-scatter of this many bytes of float32 and
-# the all-gather back, on the communicator the schedules use (the library's all-reduce and the
-# runtime's rings drift apart: see experiments.predict.ring_scale)
-RING_PROBE_BYTES = COMM_PROBE_BYTES
 
 
 class Baseline(Protocol):

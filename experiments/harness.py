@@ -33,9 +33,7 @@ when it differs. Then per point:
   rounds on a copy of the inputs, not held to the rounds' target; on 2 ranks and more,
   `comm_probe_ms`: the mean time of an all-reduce of COMM_PROBE_BYTES on the run's transport,
   `comm_probe`, timed in the same rounds and not held to their target either: the
-  communication rate's reference, `experiments.predict.comm_scale`; and `ring_probe_ms`: the
-  mean of the runtime's reduce-scatter and all-gather back of RING_PROBE_BYTES, `ring_probe`,
-  the rings' reference, `experiments.predict.ring_scale`), `comm_ms` = time_ms -
+  communication rate's reference, `experiments.predict.comm_scale`), `comm_ms` = time_ms -
   compute_ms, and an `ol(...)` schedule's
   `overlapped_ms` = the split schedule's comm_ms at the point minus its own, floored at 0.
 
@@ -73,13 +71,12 @@ from reports.progress import Progress
 from reports.table import append_row
 
 from . import registry
-from .api import (COMM_PROBE_BYTES, GLOO_BASELINE, RING_PROBE_BYTES, BaselineContext, Experiment,
-                  MeasureSettings, with_defaults)
+from .api import (COMM_PROBE_BYTES, GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings,
+                  with_defaults)
 from .rounds import Budget, interleave
 
 PROBE = "probe"  # the baseline's memory probe among a point's timed functions (`probe_ms`)
 COMM_PROBE = "comm_probe"  # the all-reduce timed among them, on 2 ranks and more (`comm_probe_ms`)
-RING_PROBE = "ring_probe"  # and the runtime's reduce-scatter + all-gather (`ring_probe_ms`)
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 FUSED_CHUNKS = 4  # chunks of a fused collective
@@ -226,17 +223,16 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     if probe is not None:  # the memory rate's reference, in the same rounds (`probe_ms`)
         counted[PROBE] = _per_call(probe, probe.alone_step, False)
     fns = {name: fn for name, (fn, _) in counted.items()}
-    if world > 1:  # the communication rates' references, in the same rounds (`comm_probe_ms`)
+    if world > 1:  # the communication rate's reference, in the same rounds (`comm_probe_ms`)
         fns[COMM_PROBE] = comm_probe(backend, groups)
-        fns[RING_PROBE] = ring_probe(backend, groups, world)  # (`ring_probe_ms`)
     rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock,
-                        aside=(PROBE, COMM_PROBE, RING_PROBE))
+                        aside=(PROBE, COMM_PROBE))
     compute = dict(zip(counted, _rank_average([statistics.median(s["compute_ms"])
                                                for _, s in counted.values()])))
     extra = {"library_ms": (_rank_average([statistics.median(counted["baseline"][1][
         "library_ms"])])[0] if library else None), "probe_ms": compute.pop(PROBE, None),
-        **{col: statistics.fmean(rounds.times_ms[name]) if name in fns else None
-           for col, name in (("comm_probe_ms", COMM_PROBE), ("ring_probe_ms", RING_PROBE))}}
+        "comm_probe_ms": (statistics.fmean(rounds.times_ms[COMM_PROBE]) if COMM_PROBE in fns
+                          else None)}
     del timed, fns, counted, probe
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None
@@ -260,22 +256,6 @@ def comm_probe(backend, groups) -> Callable[[], None]:
     comm = backend.communicator(groups.world, NO_STREAMS)
     buf = torch.zeros(COMM_PROBE_BYTES // 4, dtype=torch.float32, device=backend.device)
     return lambda: comm.all_reduce(buf, "sum")
-
-
-def ring_probe(backend, groups, world: int) -> Callable[[], None]:
-    """A reduce-scatter (sum) of RING_PROBE_BYTES of float32 zeros over every rank and the
-    all-gather of its block back, on the communicator the schedules use: the reference
-    `experiments.predict.ring_scale` reads the rate of the runtime's rings from (their mean over
-    the rounds, as calibration's `reduce_scatter` and `all_gather`)."""
-    comm = backend.communicator(groups.world, NO_STREAMS)
-    n = RING_PROBE_BYTES // 4 // world * world
-    whole = torch.zeros(n, dtype=torch.float32, device=backend.device)
-    part = torch.zeros(n // world, dtype=torch.float32, device=backend.device)
-
-    def call() -> None:
-        comm.reduce_scatter(whole, part, "sum")
-        comm.all_gather(part, whole)
-    return call
 
 
 def _per_call(obj, fn: Callable[[], None], library: bool):

@@ -32,11 +32,9 @@ calibrated one the run was given), each point in the spell the machine was in wh
 measured: with `settings.memory_scale` (memory_scale=true) the calibrated memory rates scaled by
 `memory_scale` (the baseline's library step, or the one timed beside it, against calibration's;
 off by default: on the Intel VM it read x0.78-0.93 at every optimizer point of nine paper runs,
-the generated kernels ran at the calibrated rate), the library's links by `comm_scale` (the
-all-reduce timed in the point's rounds against calibration's measured time for it) and the links
-of the runtime's rings and transfers by `ring_scale` (its reduce-scatter and all-gather, alike;
-by `comm_scale` too where the run did not time them), as the row's `note` says ("memory x1.12
-comm x0.95 ring x1.02"); then the experiment's paper setting (`exp.paper`);
+the generated kernels ran at the calibrated rate) and the links by `comm_scale` (the all-reduce
+timed in the point's rounds against calibration's measured time for it), as the row's `note`
+says ("memory x1.12 comm x0.95"); then the experiment's paper setting (`exp.paper`);
 backend=sim, the chosen topology alone: the local topology at the experiment's own sweep and the
 run's world size, a GPU topology in the paper's setting scaled to it (`PaperSetting.world_on`).
 """
@@ -55,7 +53,7 @@ from cost_model.validation import paper_results
 from cost_model.workload import choices
 from dsl import f32
 
-from .api import COMM_PROBE_BYTES, GLOO_BASELINE, RING_PROBE_BYTES, Experiment, PredictSettings
+from .api import COMM_PROBE_BYTES, GLOO_BASELINE, Experiment, PredictSettings
 
 
 MEMORY_SCALE = (0.5, 2.0)  # the range a point's memory scale is clipped to
@@ -97,35 +95,11 @@ def comm_scale(topo: Topology, world: int, measured_ms: Optional[float]) -> Opti
     before the probe), or calibration did not measure the all-reduce at that many ranks (a
     4-rank pipeline on a 2-rank calibration: the model's 4-rank all-reduce is itself a
     prediction, and its error is no drift)."""
-    return _link_scale(topo, world, measured_ms, topo.all_reduce_us, COMM_PROBE_BYTES,
-                       ("all_reduce",), lambda t, x: t.with_comm_scale(x))
-
-
-def ring_scale(topo: Topology, world: int, measured_ms: Optional[float]) -> Optional[float]:
-    """`comm_scale` for the runtime's rings and transfers (`Topology.with_comm_scale`'s `ring`):
-    the reduce-scatter and all-gather of RING_PROBE_BYTES timed in the point's rounds
-    (`ring_probe_ms`, their mean) against calibration's (`Topology.rings_us`). The library's
-    all-reduce and the runtime's rings do not drift alike: in adam_fusion's rounds on the AMD
-    VM (three paper runs) the all-reduce of 8 MiB ran 5.7-7.7 ms against calibration's 8.2-9.4,
-    and the schedules of reduce-scatters and all-gathers, their links scaled by it, were
-    predicted 8-20% fast, the baseline within 11%. None where nothing was measured (results
-    from before the probe: their rings follow `comm_scale`, as they did) or calibration did not
-    measure the rings at that many ranks."""
-    return _link_scale(topo, world, measured_ms, topo.rings_us, RING_PROBE_BYTES,
-                       ("reduce_scatter", "all_gather"), lambda t, x: t.with_comm_scale(1.0, x))
-
-
-def _link_scale(topo: Topology, world: int, measured_ms: Optional[float], curves: dict,
-                nbytes: int, kinds: tuple, scaled) -> Optional[float]:
-    """The factor on the links `scaled(topo, factor)` changes that moves the model's time for
-    `kinds` of `nbytes` over `world` ranks by measured_ms over calibration's (`curves[world]`)."""
-    reference = curve_us(curves.get(world), nbytes)
+    reference = curve_us(topo.all_reduce_us.get(world), COMM_PROBE_BYTES)
     if not measured_ms or measured_ms <= 0 or reference is None:
         return None
-
-    def model_ms(t: Topology) -> float:
-        return sum(predict_ms(t, Measurement(k, nbytes, 0.0, world)) for k in kinds)
-    now, twice = model_ms(topo), model_ms(scaled(topo, 2.0))
+    probe = Measurement("all_reduce", COMM_PROBE_BYTES, 0.0, world)
+    now, twice = predict_ms(topo, probe), predict_ms(topo.with_comm_scale(2.0), probe)
     wire = 2.0 * (now - twice)
     target = now * measured_ms * 1e3 / reference  # the model's time moved as the probe moved
     if wire <= 0 or target <= now - wire:
@@ -163,11 +137,6 @@ def measured_comm_reference(rows) -> dict[tuple[int, str], float]:
     """(world size, shape) -> the measured baseline row's `comm_probe_ms`, which `comm_scale`
     reads."""
     return _measured(rows, "baseline", ("comm_probe_ms",))
-
-
-def measured_ring_reference(rows) -> dict[tuple[int, str], float]:
-    """The same of `ring_probe_ms`, which `ring_scale` reads."""
-    return _measured(rows, "baseline", ("ring_probe_ms",))
 
 
 def _measured(rows, schedule: str, cols) -> dict[tuple[int, str], float]:
@@ -346,7 +315,6 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     measured = measured_baseline_compute(settings.measured)
     reference = measured_memory_reference(exp, settings.measured)
     comm_reference = measured_comm_reference(settings.measured)
-    ring_reference = measured_ring_reference(settings.measured)
     on_gloo = measured_baseline_compute(settings.measured, GLOO_BASELINE)
     gloo = settings.gloo_topology if on_gloo else None  # comm=shm measured it: predict it too
     rows = []
@@ -359,15 +327,13 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
         scale = (memory_scale(exp, local, b, reference.get((world, shape)))
                  if settings.memory_scale else None)
         talk = comm_scale(local, world, comm_reference.get((world, shape)))
-        ring = ring_scale(local, world, ring_reference.get((world, shape)))
-        point = predict(exp, local.with_memory_scale(scale or 1.0).with_comm_scale(talk or 1.0,
-                                                                                   ring),
+        point = predict(exp, local.with_memory_scale(scale or 1.0).with_comm_scale(talk or 1.0),
                         [b], world, schedules=chosen and dict(chosen),
                         baseline_compute_ms=compute, show=show,
                         gloo=gloo and gloo.with_memory_scale(scale or 1.0),
                         gloo_compute_ms={s: ms for (w, s), ms in on_gloo.items() if w == world})
-        note = " ".join(f"{what} x{x:.3f}" for what, x in (("memory", scale), ("comm", talk),
-                                                            ("ring", ring)) if x)
+        note = " ".join(f"{what} x{x:.3f}" for what, x in (("memory", scale), ("comm", talk))
+                        if x)
         for r in point if note else ():
             r["note"] = note
         rows += point

@@ -302,11 +302,7 @@ def scales_note(rows) -> str:
                        ("comm", "Communication rate: at {n} point(s) the local prediction scaled "
                         "the calibrated links by how fast an all-reduce of 8 MiB timed in the "
                         "point's rounds ran (`comm_probe_ms`) against calibration's measured time "
-                        "for it: {span} (`experiments.predict.comm_scale`).\n"),
-                       ("ring", "Rings' rate: at {n} point(s) the links of the runtime's rings and "
-                        "transfers were scaled instead by how fast its reduce-scatter and "
-                        "all-gather of 8 MiB timed in the point's rounds ran (`ring_probe_ms`) "
-                        "against calibration's: {span} (`experiments.predict.ring_scale`).\n")):
+                        "for it: {span} (`experiments.predict.comm_scale`).\n")):
         got = local.note.astype(str).str.extract(rf"\b{word} x([0-9.]+)")[0].dropna()
         if got.empty:
             continue

@@ -30,9 +30,7 @@ does not model (Megatron's tail in torch ops, beside its matmul), where the base
 its `probe_ms`: the median time of the library routine timed beside a baseline whose own
 computation does not read the memory rate (lamb_fusion: torch's fused Adam), in the same rounds;
 its `comm_probe_ms` (2 ranks and more): the mean time of an all-reduce of 8 MiB on the run's
-transport timed in the same rounds, the communication rate's reference; its `ring_probe_ms`: the
-mean time of the runtime's reduce-scatter of 8 MiB and the all-gather back, timed in the same
-rounds, the rings' reference.
+transport timed in the same rounds, the communication rate's reference.
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new; into a
 file begun with other columns, by an older version, under that file's header), so a crash loses
@@ -52,8 +50,7 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
            "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
            "memory_bytes", "memory_cap_bytes", "speedup_gloo", "speedup_gloo_lo",
-           "speedup_gloo_hi", "library_ms", "probe_ms", "comm_probe_ms",
-           "ring_probe_ms")
+           "speedup_gloo_hi", "library_ms", "probe_ms", "comm_probe_ms")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

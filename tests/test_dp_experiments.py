@@ -37,9 +37,6 @@ def test_adam_and_lamb_match_the_library(tmp_path):
         # reference), no other row has, and it is no schedule of its own
         assert all(r["comm_probe_ms"] > 0 for r in base) and "comm_probe" not in schedules
         assert not any("comm_probe_ms" in r for r in rows if r["schedule"] != "baseline")
-        # and the runtime's reduce-scatter + all-gather (the rings' reference), alike
-        assert all(r["ring_probe_ms"] > 0 for r in base) and "ring_probe" not in schedules
-        assert not any("ring_probe_ms" in r for r in rows if r["schedule"] != "baseline")
     table = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert len(table) == 2 * 2 * 6  # two experiments x sizes 2^12, 2^13 x six schedules
     assert {r["source"] for r in table} == {"measured"}
