@@ -7,9 +7,6 @@
   `fused_all_reduce` runs, in that order.
 - Off by default: a runner keeps no timeline.
 """
-import sys
-from pathlib import Path
-
 import pytest
 
 import dsl
@@ -19,9 +16,7 @@ from codegen.plan import label, walk
 from codegen.runtime.backend import CpuBackend
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_runtime_plans import _cases  # noqa: E402 (every schedule of every experiment, 2 ranks)
+from test_runtime_plans import _cases  # every schedule of every experiment, on 2 ranks
 
 
 def _marked(rank, world, comm, plans, inputs, kernel_list):
