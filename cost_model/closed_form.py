@@ -16,7 +16,7 @@ from codegen.chunked import fusable, overlappable
 from codegen.plan import (ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap,
                           Plan)
 
-from . import nccl
+from . import kernel_fused, nccl
 from .microbench import CALIBRATION_KERNEL
 from .closed_collectives import choose, collective_us
 from .collectives import CollSpec
@@ -107,7 +107,16 @@ def _fused(plan, f: FusedCollective, topo, chunks):
     one after the other, whole (`fuse(RS-AG-C)`, a fused send outside its overlap)."""
     if not fusable(plan, f):
         return sum(step_us(plan, part, topo) for part in f.steps)
+    if kernel_fused.kernel_fusable(plan, f, topo):  # a GPU's one fused kernel
+        return kernel_fused.closed_us(plan, f, topo, chunk_work(plan, f, topo))
     return _pipelined(plan, f, topo)
+
+
+def chunk_work(plan: Plan, f: FusedCollective, topo: Topology) -> dict:
+    """{Compute step id: (bytes as `kernel_bytes` counts them, flops, dtype) of one of f's
+    chunks}."""
+    return {s.id: (kernel_bytes(plan, s, topo) / f.chunks, s.flops / f.chunks, _dtype(plan, s))
+            for s in f.steps if isinstance(s, Compute)}
 
 
 def _pipelined(plan, f: FusedCollective, topo):
@@ -136,7 +145,7 @@ def _overlap(plan, o: Overlap, topo, chunks):
     C = o.chunks
     u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
     produce = step_us(plan, o.producer, topo, C)
-    consume = (_pipelined(plan, o.consumer, topo) / C if isinstance(o.consumer, FusedCollective)
+    consume = (_fused(plan, o.consumer, topo, C) / C if isinstance(o.consumer, FusedCollective)
                else step_us(plan, o.consumer, topo, C))
     compute_bound = isinstance(o.producer, (MatMul, Compute))
     bottleneck = max(produce * (u if compute_bound else 1.0), consume)

@@ -24,7 +24,9 @@ message and kernel sizes in bytes.
   kernel inside a program's step, every rank at once on data beyond the caches (calibration's
   `kernel_stream`; a step's buffers were last touched by communication or by the step before, not
   by the kernel itself as in the `memory_efficiency` sweep, which reuses its buffers); 0: the
-  sweep's curve (`step_kernel_us`).
+  sweep's curve (`step_kernel_us`). `sms`: a GPU's streaming multiprocessors (the share of
+  them a fused collective's thread blocks stream memory with, `cost_model.kernel_fused`); 0 on
+  a CPU.
 - `LinkClass`: one port or link, per direction: a message of b bytes holds it for
   `overhead_us + b / (bandwidth_gbps * efficiency(b))` (the per-message software cost and the
   wire), then arrives `latency_us` later (propagation and pipeline latency, which does not hold
@@ -52,6 +54,9 @@ message and kernel sizes in bytes.
   `pipelined_chunks`: a link serves the waiting message of the lowest chunk first (NCCL's kernels
   loop over chunks); false: in the order messages were issued (the CPU runtime posts every chunk's
   first send at once). `algorithm`: force ring | tree | hierarchical (None: the tuner picks).
+  `fused_collective` (GPU topologies): how the GPU runtime runs a fused all-reduce: `kernel`,
+  one generated kernel with the chunk loop inside (CoCoNeT's; `cost_model.kernel_fused`), or
+  `eager`, the per-chunk path (one NCCL call per chunk and piece, each with its launch).
 - `nccl`: where NCCL runs the collectives (GPU topologies), the inputs of NCCL's own tuner
   (`cost_model.nccl`): the `arch` (volta | ampere | hopper | blackwell: which of NCCL's per-arch
   tables apply), the ring/tree graph's `channels` and per-channel bandwidths `bw_intra_gbps` (NVLink
@@ -130,6 +135,7 @@ NCCL_ALGOS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_ch
 PROTOCOLS = ("LL", "LL128", "Simple")
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
 RATE_BY = ("message", "transfer")
+FUSED_COLLECTIVES = ("kernel", "eager")
 
 
 def _positive(strict: bool = True) -> dict:
@@ -176,6 +182,7 @@ class Device:
     write_allocate: bool = False
     stream_memory_gbps: float = field(default=0.0, metadata=_positive(False))
     inplace_write_weight: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    sms: int = field(default=0, metadata={"min": 0})  # a GPU's streaming multiprocessors; 0: none
 
     def library_step_us(self, routine: str, nbytes: float) -> Optional[float]:
         """The library routine's time on nbytes (us), from `library_steps_us`; None without."""
@@ -290,6 +297,7 @@ class Topology:
     nccl: Optional[Nccl] = None
     algo: Optional[str] = field(default=None, metadata={"choices": NCCL_ALGOS})
     proto: Optional[str] = field(default=None, metadata={"choices": PROTOCOLS})
+    fused_collective: str = field(default="kernel", metadata={"choices": FUSED_COLLECTIVES})
     source: str = ""
 
     @property

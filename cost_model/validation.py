@@ -178,3 +178,20 @@ def paper_results(path: Optional[Path] = None) -> list[dict]:
         except (KeyError, ValueError) as e:
             raise ValueError(f"{path.name} line {i}: {e}") from None
     return rows
+
+
+def authors_raw(path: Optional[Path] = None) -> list[dict]:
+    """The CoCoNeT authors' raw timings of the data-parallel Adam step on 128 V100 (data/
+    coconet_raw_adam.csv unless `path`: their repository's logs, not published figures; each row
+    names its file and commit and says how it was timed): {experiment, schedule, nccl_algo,
+    world_size, size (elements), time_ms, reference, caveat}, one dict per row."""
+    path = Path(path) if path else DATA_DIR / "coconet_raw_adam.csv"
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for i, r in enumerate(rows, start=2):
+        try:
+            r["world_size"], r["size"] = int(r["world_size"]), int(r["size"])
+            r["time_ms"] = float(r["time_ms"])
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{path.name} line {i}: {e}") from None
+    return rows

@@ -19,6 +19,9 @@ which contend for the network's ports and links). `cost_rules` has one rule per 
   writes each, and computes the next chunk only then).
   On a `peer_reads` topology (comm=shm) a fused all-reduce with no barrier runs as the runtime's
   `peer_fused` does (`cost_model.peer_fused`: memory traffic on each rank's compute stream).
+  On a GPU topology a fused all-reduce is one kernel (`cost_model.kernel_fused`: one launch, the
+  replaced all-reduce's algorithm, the chunk pipeline inside), also as an overlap's consumer;
+  with `fused_collective: eager` it runs chunk by chunk as above, one NCCL call per piece.
 - Overlap: the producer in `chunks` pieces, each handed to the consumer as soon as it is ready.
 Fused and overlapped steps the runtime does not pipeline (`codegen.chunked.fusable`,
 `overlappable`: the runtime's own rule; e.g. `fuse(RS-AG-C)`) run their parts one after the other.
@@ -49,8 +52,9 @@ from codegen.plan import Collective, FusedCollective, Overlap, P2P, Plan, label,
 
 from . import collectives, nccl
 from .closed_collectives import choose, collective_us, shm_all_reduce_us
-from .closed_form import spec_of, staging_us, step_us
+from .closed_form import chunk_work, spec_of, staging_us, step_us
 from .collectives import CollSpec
+from .kernel_fused import kernel_call, kernel_fusable, kernel_fused
 from .network import Sim, join
 from .peer_fused import peer_fused, peer_readable
 from .topology import Topology
@@ -239,6 +243,9 @@ def _fused(run: Run, f: FusedCollective, ready, C_outer, peers: bool = True):
         return _in_order(run, f.steps, ready, C_outer)
     ready = {r: (evs if len(evs) == C else [join(run.sim.env, evs)] * C)
              for r, evs in ready.items()}
+    if kernel_fusable(run.plan, f, run.topo):  # a GPU's fused kernel (`kernel_fused`)
+        return {**ready, **kernel_fused(run, f, ready, C_outer,
+                                        chunk_work(run.plan, f, run.topo))}
     if peers and run.topo.peer_reads and peer_readable(run.plan, f):
         return {**ready, **peer_fused(run, f, ready, C_outer)}
     algos = _algos(run, f)
@@ -371,6 +378,10 @@ def choices(plan: Plan, topo: Topology) -> list[tuple[str, str, str]]:
             nccl_runs = collectives.uses_nccl(spec, topo) and spec.P > 1
             out.append((step.kind, algo, collectives.nccl_call(spec, topo, algo).proto
                         if nccl_runs else ""))
+        elif isinstance(step, FusedCollective) and kernel_fusable(plan, step, topo):
+            call = kernel_call(plan, step, topo)  # every collective inside follows its pick
+            out.extend((p.kind, call.algo, call.proto) for p in step.steps
+                       if isinstance(p, Collective))
         elif isinstance(step, FusedCollective):
             for part in step.steps:
                 visit(part, step.chunks if fusable(plan, step) else 1)

@@ -4,8 +4,8 @@ Baseline: `dist.all_reduce` of the gradient, then `torch.optim.Adam(fused=True)`
 (`experiments.optimizers.AdamBaseline`).
 """
 from .api import Experiment
-from .optimizers import (PAPER, AdamBaseline, adam_program, optimizer_bindings,
-                         optimizer_schedules, optimizer_points)
+from .optimizers import (AdamBaseline, adam_program, optimizer_bindings,
+                         optimizer_schedules, optimizer_points, paper_setting)
 from .registry import register
 
 
@@ -16,4 +16,4 @@ def schedules(dtype=None):
 EXPERIMENT = register(Experiment(
     name="adam_fusion", figure="Fig. 10a", program=adam_program, schedules=schedules,
     verify_bindings=optimizer_bindings, points=optimizer_points, baseline=AdamBaseline,
-    principal=("N",), paper=PAPER))
+    principal=("N",), paper=paper_setting(adam_program)))

@@ -108,6 +108,9 @@ class PaperSetting:
     dtype: object  # dsl dtype
     points: Mapping[str, list]  # scale -> size bindings
     world_on: Callable[[object], int]  # topology -> this setting's world size scaled to it
+    # schedule name -> program: schedules in the precision the paper ran them where it differs
+    # from `dtype` (the fused optimizer step communicating f16), predicted beside the others
+    published: Optional[Callable[[], Mapping[str, object]]] = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,8 +5,8 @@ Baseline: `dist.all_reduce` of the gradient, then a vectorised torch LAMB (torch
 `experiments.optimizers.LambBaseline`).
 """
 from .api import Experiment
-from .optimizers import (PAPER, LambBaseline, lamb_program, optimizer_bindings,
-                         optimizer_schedules, optimizer_points)
+from .optimizers import (LambBaseline, lamb_program, optimizer_bindings,
+                         optimizer_schedules, optimizer_points, paper_setting)
 from .registry import register
 
 
@@ -17,4 +17,4 @@ def schedules(dtype=None):
 EXPERIMENT = register(Experiment(
     name="lamb_fusion", figure="Fig. 10b", program=lamb_program, schedules=schedules,
     verify_bindings=optimizer_bindings, points=optimizer_points, baseline=LambBaseline,
-    principal=("N",), paper=PAPER))
+    principal=("N",), paper=paper_setting(lamb_program)))

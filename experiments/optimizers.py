@@ -7,8 +7,10 @@ Baselines (`experiments.api.Baseline`, built from a rank's inputs g, w, m, v and
 hyper-parameters): the all-reduce of the gradient on the run's transport, averaged over the ranks as DDP does, then
 `torch.optim.Adam(fused=True)` (`AdamBaseline`) or a vectorised torch LAMB (`LambBaseline`: torch
 has none; Apex FusedLAMB without gradient clipping). `compute_ms` is the optimizer step's time.
-The paper's setting (`PAPER`): 16 DGX-2 (256 GPUs), 2^10 .. 2^30 elements (every second power at
-default scale, 2^20 alone at smoke), scaled to any topology as all its devices.
+The paper's setting (`paper_setting`): 8 and 16 DGX-2 (128 and 256 GPUs), 2^10 .. 2^30 elements
+(every second power at default scale, 2^20 alone at smoke), scaled to any topology as all its
+devices; every schedule in f32 (like for like), and the fused step also in the precision the
+authors' binary ran it (`fuse(RS-C-AG)+as_slice+f16`), against the same f32 baseline.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from coconet.programs import (adam_program, lamb_program,  # noqa: F401 (the experiments')
-                             optimizer_schedules)
+                             optimizer_schedules, published_schedule)
 from dsl import f32
 
 from codegen.runtime.backend import NO_STREAMS
@@ -42,9 +44,16 @@ def optimizer_points(scale: str, max_elements: int) -> list[dict[str, int]]:
 
 _DP_SIZES = {"smoke": [1 << 20], "default": [1 << k for k in range(10, 31, 2)],
              "paper": [1 << k for k in range(10, 31)]}
-PAPER = PaperSetting(topologies=(("dgx2", 16),), world_size=256, dtype=f32,
-                     points={s: [{"N": n} for n in v] for s, v in _DP_SIZES.items()},
-                     world_on=lambda topo: topo.devices)
+
+
+def paper_setting(program) -> PaperSetting:
+    """Where the paper ran an optimizer experiment: DGX-2 clusters of 128 and 256 V100 (every
+    device of the topology), f32 like for like, and the fused step also as the authors' binary
+    ran it (`coconet.programs.published_schedule`: f16 communication, f32 state)."""
+    return PaperSetting(topologies=(("dgx2", 8), ("dgx2", 16)), world_size=256, dtype=f32,
+                        points={s: [{"N": n} for n in v] for s, v in _DP_SIZES.items()},
+                        world_on=lambda topo: topo.devices,
+                        published=lambda: published_schedule(program(mixed=True)))
 
 
 class DataParallelBaseline:

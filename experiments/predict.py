@@ -12,7 +12,9 @@ at the same point, the time split of the slowest rank (`compute_ms`, `comm_ms`: 
 exposed, `overlapped_ms`: communication hidden behind compute) and the algorithm and protocol of
 each collective (`algo`, `proto`: `;`-joined in step order, `cost_model.workload.choices`).
 `predictions` also returns the paper's published results for the experiment
-(`paper_result_rows`: source `paper`, from cost_model/data/paper_results.csv). The baseline has no Plan of its own: it is predicted as the library runs it, on
+(`paper_result_rows`: source `paper`, from cost_model/data/paper_results.csv) and the authors'
+own timings on the paper's cluster (`authors_rows`: source `published`, from
+cost_model/data/coconet_raw_adam.csv). The baseline has no Plan of its own: it is predicted as the library runs it, on
 the unscheduled program's Plan (AR-C, MM-AR-C, AR-C-P2P: the library's all-reduce with the
 topology's algorithm, then the computation), its computation taking the time the baseline's own
 library computation took when it was measured in this run (`compute_ms` of the measured baseline
@@ -49,7 +51,7 @@ from codegen.plan import Collective, Compute
 from cost_model.median import step_median
 from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import Topology, curve_us, load_topology
-from cost_model.validation import paper_results
+from cost_model.validation import authors_raw, paper_results
 from cost_model.workload import choices
 from dsl import f32
 
@@ -216,6 +218,21 @@ def paper_result_rows(name: str) -> list[dict]:
             for r in paper_results() if r["experiment"] == name]
 
 
+def authors_rows(name: str) -> list[dict]:
+    """The paper's authors' own timings of this experiment on the paper's cluster
+    (`cost_model.validation.authors_raw`: NCCL's default algorithm) as rows of the results
+    table: source `published`, topology dgx2, `speedup` = their baseline's time over the
+    schedule's at the same size (computed here from their two logs)."""
+    raw = [r for r in authors_raw() if r["experiment"] == name and r["nccl_algo"] == "default"]
+    base = {(r["world_size"], r["size"]): r["time_ms"] for r in raw if r["schedule"] == "baseline"}
+    return [{"experiment": name, "schedule": r["schedule"], "source": "published", "backend": "",
+             "topology": "dgx2", "world_size": r["world_size"], "size": r["size"],
+             "shape": f"[{r['size']}]", "dtype": "f32", "time_ms": r["time_ms"],
+             "speedup": round(base[(r["world_size"], r["size"])] / r["time_ms"], 4),
+             "algo": "default", "reference": r["reference"], "caveat": r["caveat"]}
+            for r in raw if (r["world_size"], r["size"]) in base]
+
+
 def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int, dtype=None,
             schedules: Optional[dict] = None, baseline_compute_ms: Optional[dict] = None,
             show=None, gloo: Optional[Topology] = None,
@@ -271,18 +288,31 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
 
 def paper_rows(exp: Experiment, scale: str, schedules: Optional[dict] = None,
                show=None) -> list[dict]:
-    """The paper's setting of this experiment, predicted (no rows for an experiment without)."""
+    """The paper's setting of this experiment, predicted on each of its topologies at its world
+    size there (`PaperSetting.world_on`), with the schedules in the precision the paper ran
+    them (`PaperSetting.published`) beside the others; no rows for an experiment without."""
     setting = exp.paper
     if setting is None:
         return []
-    progs = schedules if schedules is None else {n: p for n, p in dict(
-        exp.schedules(setting.dtype)).items() if n in schedules}
+    progs = {n: p for n, p in paper_schedules(exp, setting.dtype).items()
+             if schedules is None or n in schedules or n in published(exp)}
     rows = []
     for name, nodes in setting.topologies:
         topo = load_topology(name, nodes=nodes)
-        rows += predict(exp, topo, setting.points[scale], setting.world_size, setting.dtype,
+        rows += predict(exp, topo, setting.points[scale], setting.world_on(topo), setting.dtype,
                         schedules=progs, show=show)
     return rows
+
+
+def published(exp: Experiment) -> dict:
+    """The paper setting's schedules in the paper's own precision ({} where none)."""
+    setting = exp.paper
+    return dict(setting.published()) if setting is not None and setting.published else {}
+
+
+def paper_schedules(exp: Experiment, dtype) -> dict:
+    """Every schedule of the experiment in `dtype`, then those of `published`."""
+    return {**dict(exp.schedules(dtype)), **published(exp)}
 
 
 def sim_setting(exp: Experiment, topo: Topology, scale: str, world_size: int,
@@ -307,10 +337,12 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
                                         settings.max_elements)
         if settings.sizes:
             pts = [dict(b) for b in settings.sizes]
-        progs = None if chosen is None else {n: p for n, p in dict(exp.schedules(dtype)).items()
-                                             if n in chosen}
+        every = paper_schedules(exp, dtype) if topo.nccl is not None else dict(
+            exp.schedules(dtype))
+        progs = {n: p for n, p in every.items()
+                 if chosen is None or n in chosen or n in published(exp)}
         return predict(exp, topo, pts, world, dtype, schedules=progs, show=show) + \
-            paper_result_rows(exp.name)
+            paper_result_rows(exp.name) + authors_rows(exp.name)
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
     reference = measured_memory_reference(exp, settings.measured)
@@ -338,4 +370,4 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
             r["note"] = note
         rows += point
     return rows + paper_rows(exp, settings.scale, schedules=chosen, show=show) + \
-        paper_result_rows(exp.name)
+        paper_result_rows(exp.name) + authors_rows(exp.name)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from itertools import combinations
 from pathlib import Path
 
+from .published import authors_section
 from .figures import _save, breakdown_figure, colour, plt
 from .tables import _size
 from .training import training_section
@@ -343,7 +344,7 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
                      "behind it, communication exposed; the algorithm and protocol NCCL's tuner "
                      "picks for each collective):", "", breakdown_table(df, experiment, topo),
                      f"![{topo} breakdown](figures/{fig.name})", ""]
-    text += [paper_section(df, experiment)]
+    text += [paper_section(df, experiment), authors_section(df, experiment, out_dir)]
     return "\n".join(text + _accuracy_section(df, experiment, out_dir, rows)) + "\n"
 
 

@@ -17,7 +17,8 @@ def test_adam_predicted_on_dgx2_nodes(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "predicted speedup over baseline: dgx2, 32 ranks" in proc.stdout
     got = rows(tmp_path)
-    assert {r["source"] for r in got} == {"predicted", "paper"}  # the paper's result beside
+    # the paper's result and the authors' own timings (128 V100) beside
+    assert {r["source"] for r in got} == {"predicted", "paper", "published"}
     pred = [r for r in got if r["source"] == "predicted"]
     assert {r["backend"] for r in pred} == {"sim"}
     assert {r["schedule"] for r in pred} >= {"baseline", "AR-C", "fuse(RS-C-AG)"}
