@@ -108,9 +108,10 @@ class PaperSetting:
     dtype: object  # dsl dtype
     points: Mapping[str, list]  # scale -> size bindings
     world_on: Callable[[object], int]  # topology -> this setting's world size scaled to it
-    # schedule name -> program: schedules in the precision the paper ran them where it differs
-    # from `dtype` (the fused optimizer step communicating f16), predicted beside the others
-    published: Optional[Callable[[], Mapping[str, object]]] = None
+    # (reference, {schedule name: program}): schedules in the precision the paper ran them where
+    # it differs from `dtype` (the fused optimizer step communicating f16) with the unscheduled
+    # program they are verified against, predicted beside the others
+    published: Optional[Callable[[], tuple[object, Mapping[str, object]]]] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +160,9 @@ class PredictSettings:
     # scale each measured point's memory rates by its baseline's optimizer step against
     # calibration's (experiments.predict.memory_scale); False: the calibrated rates as they are
     memory_scale: bool = False
+    # also the paper's setting and the published figures (False: the topology alone, as a run
+    # predicts its `predict_also` topologies after its own rows have them)
+    paper: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

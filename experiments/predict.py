@@ -37,8 +37,10 @@ off by default: on the Intel VM it read x0.78-0.93 at every optimizer point of n
 the generated kernels ran at the calibrated rate) and the links by `comm_scale` (the all-reduce
 timed in the point's rounds against calibration's measured time for it), as the row's `note`
 says ("memory x1.12 comm x0.95"); then the experiment's paper setting (`exp.paper`);
-backend=sim, the chosen topology alone: the local topology at the experiment's own sweep and the
-run's world size, a GPU topology in the paper's setting scaled to it (`PaperSetting.world_on`).
+backend=sim, the chosen topology: the local topology at the experiment's own sweep and the
+run's world size, a GPU topology in the paper's setting scaled to it (`PaperSetting.world_on`);
+then the paper's setting itself, unless the chosen topology is one of the paper's (its nodes are
+the user's then) or the run names its own sizes on the local topology.
 """
 from __future__ import annotations
 
@@ -233,6 +235,14 @@ def authors_rows(name: str) -> list[dict]:
             for r in raw if (r["world_size"], r["size"]) in base]
 
 
+def dtype_label(program, dtype) -> str:
+    """The `dtype` column of a schedule's rows: `dtype`, or where the program's tensors hold
+    several float dtypes (a mixed-precision step) all of them, e.g. "f16+f32"."""
+    floats = sorted({i.value.type.dtype.name for i in program.inputs
+                     if i.value.type.dtype.is_float and i.value.type.shape})
+    return "+".join(floats) if len(floats) > 1 else dtype.name
+
+
 def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int, dtype=None,
             schedules: Optional[dict] = None, baseline_compute_ms: Optional[dict] = None,
             show=None, gloo: Optional[Topology] = None,
@@ -252,6 +262,8 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
         t0 = time.perf_counter()
         base_plan = lower(base, b, world_size)
         measured = (baseline_compute_ms or {}).get(shape)
+        labels = {"baseline": dtype_label(base, dtype), GLOO_BASELINE: dtype_label(base, dtype),
+                  **{name: dtype_label(p, dtype) for name, p in progs.items()}}
         results = {"baseline": (base_plan, step_median(
             base_plan, topo, compute_us=library_compute_us(base_plan, measured)))}
         on = {}  # schedule -> its topology, where not forced/topo
@@ -271,7 +283,7 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
                 "speedup_gloo": round(gloo_ms / r.time_ms, 4)}
             rows.append({"experiment": exp.name, "schedule": name, "source": "predicted",
                          "backend": "sim", "topology": topo.name, "world_size": world_size,
-                         "size": size, "shape": shape, "dtype": dtype.name,
+                         "size": size, "shape": shape, "dtype": labels[name],
                          "time_ms": round(r.time_ms, 6), "speedup": round(base_ms / r.time_ms, 4),
                          "compute_ms": round(compute, 6), "comm_ms": round(comm, 6),
                          "overlapped_ms": round(hidden, 6),
@@ -307,7 +319,7 @@ def paper_rows(exp: Experiment, scale: str, schedules: Optional[dict] = None,
 def published(exp: Experiment) -> dict:
     """The paper setting's schedules in the paper's own precision ({} where none)."""
     setting = exp.paper
-    return dict(setting.published()) if setting is not None and setting.published else {}
+    return dict(setting.published()[1]) if setting is not None and setting.published else {}
 
 
 def paper_schedules(exp: Experiment, dtype) -> dict:
@@ -341,8 +353,13 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
             exp.schedules(dtype))
         progs = {n: p for n, p in every.items()
                  if chosen is None or n in chosen or n in published(exp)}
-        return predict(exp, topo, pts, world, dtype, schedules=progs, show=show) + \
-            paper_result_rows(exp.name) + authors_rows(exp.name)
+        rows = predict(exp, topo, pts, world, dtype, schedules=progs, show=show)
+        if not settings.paper:
+            return rows
+        own = {name for name, _ in exp.paper.topologies} if exp.paper else set()
+        paper = [] if topo.name in own or topo.name == "local" and settings.sizes else \
+            paper_rows(exp, settings.scale, schedules=chosen, show=show)
+        return rows + paper + paper_result_rows(exp.name) + authors_rows(exp.name)
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
     reference = measured_memory_reference(exp, settings.measured)
@@ -369,5 +386,7 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
         for r in point if note else ():
             r["note"] = note
         rows += point
+    if not settings.paper:
+        return rows
     return rows + paper_rows(exp, settings.scale, schedules=chosen, show=show) + \
         paper_result_rows(exp.name) + authors_rows(exp.name)

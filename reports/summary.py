@@ -9,7 +9,8 @@ reproduction report's overview.
   verified, the best measured speedup (schedule @ point), the local fidelity two ways (time error
   |predicted/measured time - 1| and speedup error |predicted/measured speedup - 1|, median and
   largest) with the machine's repeatability beside them (median 95% half-widths of the measured
-  times and speedups), and the best predicted speedup per GPU topology.
+  times and speedups), and the best predicted speedup per GPU topology (like for like: among
+  the schedules in the baseline's precision).
 - `text_table(header, rows)` / `markdown_table(header, rows)`: either as text.
 """
 from __future__ import annotations
@@ -91,6 +92,9 @@ def experiment_summary(df, experiment: str) -> Table:
               if acc.get("points") else "")
     pred = rows[(rows.source == "predicted") & (rows.topology != "local")
                 & (rows.schedule != "baseline")]
+    if "dtype" in rows:  # like for like: not a schedule in another precision than the baseline's
+        base = rows[(rows.source == "predicted") & (rows.schedule == "baseline")]
+        pred = pred[pred.dtype.isin(set(base.dtype))] if not base.empty else pred
     gpus = []
     if "speedup" in pred and pred.speedup.notna().any():
         for topo, part in pred.groupby("topology", sort=False):

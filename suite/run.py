@@ -205,10 +205,18 @@ def show_programs(schedules: dict[str, dsl.Program]) -> None:
 
 def verify(cfg: Config, exp: Experiment, reference: dsl.Program,
            schedules: dict[str, dsl.Program]) -> list[Check]:
+    """Every schedule against the unscheduled program; the paper setting's schedules in the
+    paper's own precision (`PaperSetting.published`) against theirs, where the run predicts
+    them (a chosen schedule list names them)."""
     bindings = exp.verify_bindings(cfg.scale.name) or [None]
-    return verify_schedules(reference, schedules, cfg.verify.world_sizes, bindings,
-                            trials=cfg.verify.trials, seed=cfg.seed,
-                            show=lambda line: print(line, flush=True))
+    show = lambda line: print(line, flush=True)  # noqa: E731
+    checks = verify_schedules(reference, schedules, cfg.verify.world_sizes, bindings,
+                              trials=cfg.verify.trials, seed=cfg.seed, show=show)
+    if exp.paper is not None and exp.paper.published:
+        own, published = exp.paper.published()
+        checks += verify_schedules(own, published, cfg.verify.world_sizes, bindings,
+                                   trials=cfg.verify.trials, seed=cfg.seed, show=show)
+    return checks
 
 
 def runtime_backend(cfg: Config):
@@ -264,7 +272,7 @@ def predict(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path,
                                schedules=None if cfg.experiment.schedules is None else schedules,
                                gloo_topology=gloo, memory_scale=cfg.memory_scale)
     print(f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
-          f"{' and the paper setting' if exp.paper and cfg.backend.name != 'sim' else ''})", flush=True)
+          f"{' and the paper setting' if exp.paper else ''})", flush=True)
     show = lambda line: print(line, flush=True)  # noqa: E731
     try:
         rows = _predict(exp, settings, show)
@@ -274,7 +282,7 @@ def predict(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path,
                     continue  # the paper setting already predicts on it
                 print(f"predicting {exp.name} on {topo.name} ({topo.nodes} nodes)", flush=True)
                 rows += _predict(exp, replace(settings, backend="sim", topology=topo,
-                                              measured=[], sizes=None), show)
+                                              measured=[], sizes=None, paper=False), show)
     except ValueError as e:
         raise SuiteError(f"predict: {e}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
