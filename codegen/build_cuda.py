@@ -9,7 +9,8 @@ and launch them on a GPU with CuPy.
 
 Contract
 - All kernels render (`CudaRenderer.render_module`) into ONE translation unit (identical kernels
-  once, in name order); a kernel the renderer cannot express is a `codegen.build.BuildError`
+  once, in name order; comm=symm's fused steps, `codegen.symm_fuse.SymmStep`s given among the
+  kernels, after them: `codegen.render_symm`); a kernel the renderer cannot express is a `codegen.build.BuildError`
   (the CPU backend's error type, so callers catch one type), so is a compile error (one line: the
   first error of NVRTC's log; the whole log in `.log` and in `<cache>/<module>.<arch>.log`).
 - Options `OPTIONS`: C++17 and `--fmad=false` (no FMA contraction, so f32/f64 results round as
@@ -40,10 +41,12 @@ from typing import Optional, Sequence
 import cupy
 from cupy.cuda import nvrtc
 
+from . import render_symm
 from .build import BuildError
 from .plan import Kernel
 from .render import RenderError
 from .render_cuda import CudaRenderer, Launch
+from .symm_fuse import SymmStep
 
 OPTIONS = ("--std=c++17", "--fmad=false")
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -87,16 +90,21 @@ def nvrtc_archs() -> tuple[str, ...]:
     return tuple(f"sm_{a}" for a in nvrtc.getSupportedArchs())
 
 
-def module_source(kernels: Sequence[Kernel]) -> str:
+def module_source(kernels: Sequence[Kernel | SymmStep]) -> str:
+    """The translation unit of `kernels`; comm=symm's fused steps (`SymmStep`s) among them are
+    rendered after the plain kernels by `codegen.render_symm`."""
+    steps = [k for k in kernels if isinstance(k, SymmStep)]
+    plain = [k for k in kernels if not isinstance(k, SymmStep)]
     try:
-        return RENDERER.render_module(list(kernels))
+        return render_symm.module(plain, steps) if steps else RENDERER.render_module(plain)
     except RenderError as e:
         raise BuildError(str(e)) from None
 
 
-def launches(kernels: Sequence[Kernel]) -> dict[str, Launch]:
+def launches(kernels: Sequence[Kernel | SymmStep]) -> dict[str, Launch]:
+    """Launch descriptions of the plain kernels (a SymmStep's: `render_symm.symm_launch`)."""
     try:
-        return {k.name: RENDERER.launch(k) for k in kernels}
+        return {k.name: RENDERER.launch(k) for k in kernels if not isinstance(k, SymmStep)}
     except RenderError as e:
         raise BuildError(str(e)) from None
 

@@ -178,6 +178,9 @@ class CudaRenderer(Renderer):
         "exp": lambda a, dt: f"exp({a})" if dt is DType.f64 else f"expf({a})",
     }
     indent = "  "
+    # what a kernel function is declared as (`codegen.render_symm` renders the same walk as a
+    # device function its fused kernel calls once per chunk)
+    kernel_prefix = f'extern "C" __global__ void __launch_bounds__({THREADS})'
 
     def load(self, ptr: str, index: str, dt: DType) -> str:
         if dt is DType.f16:
@@ -227,8 +230,7 @@ class CudaRenderer(Renderer):
     def function(self, w: Walk) -> str:
         self._check(w)
         k, launch, i1 = w.kernel, self._launch(w), self.indent
-        lines = [f'extern "C" __global__ void __launch_bounds__({THREADS})',
-                 f"{k.name}({', '.join(self._params(w, launch))}) {{"]
+        lines = [self.kernel_prefix, f"{k.name}({', '.join(self._params(w, launch))}) {{"]
         lines += [f"{i1}const int64_t {name} = rank * {stride};" for stride, name in w.rank_offsets.items()]
         lines += [i1 + line for line in w.prologue]
         if w.scalar_stores:

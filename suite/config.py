@@ -78,7 +78,8 @@ class BackendConf:
     name: str = MISSING  # cpu | sim | cuda
     # the ranks' transport (codegen.runtime.backend): cpu: ring (chunked rings over gloo) |
     # library (gloo's own calls, chunk by chunk) | shm (shared memory, ranks on one host);
-    # cuda: nccl; sim: none
+    # cuda: nccl | symm (fused steps as one kernel over symmetric memory, GPUs of one node);
+    # sim: none
     comm: str = "ring"
     # cuda: the GPU architectures the generated kernels are compiled for (PTX per sm_XY, written
     # to kernels/) when no GPU is present; with one, its own architecture is built as well.
@@ -139,7 +140,8 @@ class Config:
     verify: VerifyConf = field(default_factory=VerifyConf)
     world_size: int = 2  # ranks for measurement
     seed: int = 0
-    # The ranks' transport, short for backend.comm: gloo (backend.comm=ring) | shm | library;
+    # The ranks' transport, short for backend.comm: gloo (backend.comm=ring) | shm | library
+    # on cpu, nccl | symm on cuda;
     # null: the backend's own (conf/backend/*.yaml). backend.comm given as well wins.
     comm: Optional[str] = None
     # The experiment an experiment made from another works on (experiment=autotune target=NAME).
@@ -169,6 +171,8 @@ class Config:
 
 
 COMM_ALIASES = {"gloo": "ring"}  # comm=NAME -> backend.comm
+COMMS = {"cpu": ("ring", "library", "shm"), "cuda": ("nccl", "symm")}  # backend.comm it takes
+TAKES = {"cpu": "gloo|shm|library", "cuda": "nccl|symm"}  # comm=NAME it takes, for messages
 
 
 def transport(comm: Optional[str], default: str) -> str:
@@ -213,10 +217,14 @@ def validate(cfg: Config) -> None:
     if not 1 <= cfg.calibration_pool <= 100:
         raise SuiteError(f"calibration_pool={cfg.calibration_pool} is out of range; it is how "
                          "many calibrations a fit pools, 1 to 100")
+    takes = TAKES.get(cfg.backend.name, cfg.backend.comm)
     if cfg.comm is not None and transport(cfg.comm, "") != cfg.backend.comm:
-        takes = cfg.backend.comm if cfg.backend.name != "cpu" else "gloo|shm|library"
         raise SuiteError(f"comm={cfg.comm} and backend.comm={cfg.backend.comm} disagree; give "
                          f"one (backend={cfg.backend.name} takes comm={takes})")
+    if cfg.backend.name in TAKES and cfg.backend.comm not in COMMS[cfg.backend.name]:
+        said = (f"comm={cfg.comm} and backend={cfg.backend.name} disagree" if cfg.comm is not None
+                else f"backend.comm={cfg.backend.comm} is unknown")
+        raise SuiteError(f"{said} (backend={cfg.backend.name} takes comm={takes})")
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
     topology_of(cfg)

@@ -7,7 +7,8 @@ Every schedule is lowered at the experiment's verification bindings (`exp.verify
 at each `verify.world_sizes`) and measurement sizes (`experiment.sizes`, else `exp.points(scale,
 max_elements)` where N is the only size, at `world_size`); its kernels are written by `backend.write_sources`
 as one module `<experiment>_<schedule>` (cpu: the C++ source; cuda: the CUDA source and PTX
-compiled by NVRTC for every `backend.archs`, which needs no GPU), one progress line per schedule.
+compiled by NVRTC for every `backend.archs`, which needs no GPU; with comm=symm the fused steps'
+one-kernel forms too, `backend.step_kernels`), one progress line per schedule.
 A kernel that does not render or compile is a `codegen.build.BuildError`: the run failed (exit
 status 3, `suite.run`).
 """
@@ -35,7 +36,8 @@ def generate(cfg, exp: Experiment, schedules: dict[str, dsl.Program], backend,
     for name, program in schedules.items():
         start = time.perf_counter()
         plans = lower_all(cfg, exp, program)
-        kernels = list({k.name: k for _, _, plan in plans for k in plan.kernels()}.values())
+        kernels = list({k.name: k for _, _, plan in plans
+                        for k in plan.kernels() + backend.step_kernels(plan)}.values())
         paths = backend.write_sources(kernels, folder, f"{exp.name}_{file_name(name)}")
         written += paths
         print(f"  {name}: {len(kernels)} kernels -> {', '.join(p.name for p in paths)} "

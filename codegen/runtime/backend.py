@@ -8,8 +8,10 @@
 A Backend offers, and the one `PlanRunner` uses nothing else that differs between targets:
 - `renderer`, `build(kernels, name) -> {name: Kernel}` and `write_sources(kernels, folder, name)
   -> [paths]`: the generated source and whatever the target checks of it without running it
-  (CUDA: PTX per `archs`), written to a run's `kernels/` folder; `precompile(kernels)`: what the
-  launching process compiles once so that the ranks load it from the cache (CPU: the module).
+  (CUDA: PTX per `archs`), written to a run's `kernels/` folder; `step_kernels(plan)`: whole
+  steps the backend generates as kernels besides the plan's (cuda, comm=symm);
+  `precompile(kernels)`: what the launching process compiles once so that the ranks load it
+  from the cache (CPU: the module).
 - `buffer(shape, torch_dtype) -> torch.Tensor`: a zeroed buffer on the backend's device.
 - `groups(stages=1) -> Groups`: the process groups of a layout of `stages` pipeline stages (a
   Plan's or a Program's `stages`), made by every rank in the same order; `communicator(group,
@@ -20,6 +22,8 @@ A Backend offers, and the one `PlanRunner` uses nothing else that differs betwee
 - `clock() -> Clock`: `settle()` (finish queued work), `start()`, then `stop() -> elapsed ms` of
   the work issued in between (`codegen.runtime.measure.time_ranks` times every backend with it).
 - `cannot_run() -> str | None`: why this machine cannot run the backend ('' never), None when it can.
+- `graph_reason(plan) -> str | None`: why a step of `plan` cannot be captured into a CUDA graph
+  and replayed (`codegen.runtime.graph`), None when it can (the CPU: "no CUDA graphs on the CPU").
 
 A Kernel is called `kernel(begin, end, rank, bufs, workspace=None)`: elements [begin, end) of its
 loop, this rank's index in its tensor-parallel group, one tensor per buffer of `kernel.args()`;
@@ -29,7 +33,8 @@ On a backend with streams it is issued on the current stream.
 Backends: `cpu` (C++/OpenMP kernels, gloo; `CpuBackend(comm="library")` swaps the chunked rings
 for gloo's own calls issued chunk by chunk, the path the CUDA backend takes with NCCL;
 `comm="shm"` for shared memory between the ranks of one host) and `cuda`
-(`codegen.runtime.cuda_backend`: CUDA kernels through CuPy, NCCL through torch.distributed),
+(`codegen.runtime.cuda_backend`: CUDA kernels through CuPy, NCCL through torch.distributed;
+`comm="symm"`: `codegen.runtime.symm`, fused steps as one kernel over symmetric memory),
 loaded by name so that a CPU-only install never imports CuPy.
 """
 from __future__ import annotations
@@ -58,16 +63,22 @@ TORCH = {DType.f16: torch.float16, DType.bf16: torch.bfloat16, DType.f32: torch.
          DType.bool: torch.bool}
 BACKENDS = {"cpu": "codegen.runtime.backend:CpuBackend",
             "cuda": "codegen.runtime.cuda_backend:CudaBackend"}
+# (backend, comm) -> the class that runs that transport where it is not the backend's own
+VARIANTS = {("cuda", "symm"): "codegen.runtime.symm:SymmBackend"}
+CUDA_COMMS = ("nccl", "symm")
 
 
 def get(name: str, **options) -> "Backend":
     """The backend called `name` (ValueError naming the known ones). Options, as `backend.*` of
-    the run's config: `comm` (the transport: cpu `ring` | `library`, cuda `nccl`) and `archs` (the
-    GPU architectures `write_sources` compiles for without a device; the CPU builds for this
-    machine and writes C++ only)."""
+    the run's config: `comm` (the transport: cpu `ring` | `library` | `shm`, cuda `nccl` |
+    `symm`) and `archs` (the GPU architectures `write_sources` compiles for without a device;
+    the CPU builds for this machine and writes C++ only)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
-    module, cls = BACKENDS[name].split(":")
+    comm_kind = options.get("comm")
+    if name == "cuda" and comm_kind is not None and comm_kind not in CUDA_COMMS:
+        raise ValueError(f"cuda: unknown comm {comm_kind!r}; known: {', '.join(CUDA_COMMS)}")
+    module, cls = VARIANTS.get((name, comm_kind), BACKENDS[name]).split(":")
     return getattr(importlib.import_module(module), cls)(**options)
 
 
@@ -148,6 +159,12 @@ class Backend:
     def write_sources(self, kernels: Sequence[Kernel], folder, name: str) -> list[Path]:
         raise NotImplementedError
 
+    def step_kernels(self, plan) -> list:
+        """Kernels of whole steps this backend generates besides `plan.kernels()` (cuda with
+        comm=symm: its fused steps as one kernel each, `codegen.symm_fuse.SymmStep`), which
+        `write_sources` and `build` take among the kernels."""
+        return []
+
     def precompile(self, kernels: Sequence[Kernel]) -> None:
         """Compile in the launching process what the ranks' `build` then loads from the cache."""
 
@@ -168,6 +185,9 @@ class Backend:
 
     def cannot_run(self) -> Optional[str]:
         return None
+
+    def graph_reason(self, plan) -> Optional[str]:
+        return f"no CUDA graphs on the {self.name} backend"
 
 
 class CpuKernel:
@@ -212,3 +232,6 @@ class CpuBackend(Backend):
 
     def communicator(self, group: comm.Group, streams: Streams):
         return self.COMMS[self.comm_kind](group, streams)
+
+    def graph_reason(self, plan) -> Optional[str]:
+        return "no CUDA graphs on the CPU"

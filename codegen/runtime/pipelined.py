@@ -1,7 +1,8 @@
 """The composite steps of a Plan, run chunk by chunk on this rank, on any Backend.
 
 Chunk c of a rank's slice is elements [c*n/C, (c+1)*n/C) of it (n its element count), as in
-`codegen.runtime.communicator`; kernels run on exactly that element range of their loop, so a fused
+`codegen.runtime.communicator` (`codegen.chunk_schedule.chunk_bounds`, the one schedule that
+comm=symm's in-kernel chunk loop renders too); kernels run on exactly that element range of their loop, so a fused
 stage computes chunk c as soon as chunk c has arrived. Written once over the runner's communicator
 (`r.comm`, `r.world`: chunked transfers with per-chunk completion) and streams (`r.streams`:
 kernels and matmuls on the compute stream; on the CPU there are none and every call blocks until
@@ -32,6 +33,7 @@ from typing import Optional
 
 import torch
 
+from ..chunk_schedule import chunk_bounds
 from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, Plan, walk
 from ..shm_fuse import PeerStep, peer_step
 
@@ -70,8 +72,8 @@ def _chunk(r, kernels, c: int, C: int) -> None:
     """Chunk c of every kernel, on the compute stream (after the chunk's inputs have arrived)."""
     with r.streams.use(r.streams.compute):
         for s in kernels:
-            n = s.kernel.numel
-            r.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0))
+            lo, hi = chunk_bounds(s.kernel.numel, C)[c]
+            r.compute(s, lo, hi, zero=(c == 0))
             r.mark(s, chunk=c)
 
 
@@ -122,9 +124,9 @@ def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
         if c + 1 < C:
             ring.send_chunk(c + 1)
         ring.wait_chunk(c)
-        for s in ps.kernels:
-            n = s.kernel.numel
-            r.compute(s, c * n // C, (c + 1) * n // C, zero=(c == 0), bufs=bufs)
+        for s in ps.kernels:  # the chunk schedule comm=symm's kernel renders (`chunk_bounds`)
+            lo, hi = chunk_bounds(s.kernel.numel, C)[c]
+            r.compute(s, lo, hi, zero=(c == 0), bufs=bufs)
         for g in gathers:
             g.start_chunk(c)
     ring.wait()
