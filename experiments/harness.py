@@ -23,6 +23,11 @@ when it differs. Then per point:
   elementwise program (the optimizers) is bounded chunk by chunk, this rank's outputs only, in
   float32 rounded up (`dsl.bounds_chunked`: memory of the outputs, not of every intermediate),
   and compared chunk by chunk;
+- graph: each schedule's step is captured as one CUDA graph before its reference check
+  (`codegen.runtime.graph.StepGraph`, ranks agreeing), so the step checked is the step timed;
+  rows add `graphed`, `graph_reason` (why it ran eagerly; baselines: `BASELINE_EAGER`) and
+  `host_us`, the time to issue one step (perf_counter around the call, the median of its calls,
+  the slowest rank's; on the CPU, where a call blocks, the step's own time);
 - time: `time_point` (warm-up, repeats, a barrier before each, the slowest rank's time; a short
   step repeated until its repeats take 300 ms), baseline first, then each schedule; median, min,
   max; `compute_ms` is the time in the baseline's library computation or the Plan's kernels and
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -61,6 +67,7 @@ from codegen.lower import lower
 from codegen.runtime import backend as backends
 from codegen.runtime.backend import NO_STREAMS
 from codegen.runtime.execute import PlanRunner
+from codegen.runtime.graph import StepGraph
 from codegen.runtime.launch import placement, run_ranks
 from codegen.runtime.measure import Timing, time_ranks
 from dsl.bounds import within
@@ -77,6 +84,7 @@ from .rounds import Budget, interleave
 
 PROBE = "probe"  # the baseline's memory probe among a point's timed functions (`probe_ms`)
 COMM_PROBE = "comm_probe"  # the all-reduce timed among them, on 2 ranks and more (`comm_probe_ms`)
+BASELINE_EAGER = "a library baseline runs as written"  # its rows' graph_reason
 
 MIN_TIMED_MS, MORE_REPEATS = 300.0, 4  # a point's repeats add up to 300 ms, up to 4x repeats
 FUSED_CHUNKS = 4  # chunks of a fused collective
@@ -208,13 +216,18 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         timed[GLOO_BASELINE] = exp.baseline(BaselineContext(**{**ctx, "backend": gloo},
                                                             exact=False))
         verified[GLOO_BASELINE] = baseline_ok
+    graphs = {name: {"graphed": False, "graph_reason": BASELINE_EAGER} for name in timed}
     for name, scheduled, plan in plans:
         runner = PlanRunner(plan, rank, kernels, groups, backend)
-        runner.load(distribute(scheduled, globals_, world, b)[rank])
-        runner.run()
+        inputs = distribute(scheduled, globals_, world, b)[rank]
+        runner.load(inputs)  # the warm-up before a capture runs on real inputs
+        step = StepGraph.capture(runner, agree=agree)
+        if step.graphed:
+            runner.load(inputs)  # as they were before the warm-up steps
+        step.run()
         verified[name] = agree(_close(runner.outputs(), _local(plan, reference, runner.tp),
                                       _local(plan, error(reference), runner.tp)))
-        timed[name] = runner
+        timed[name], graphs[name] = step, step.columns()
     library = hasattr(timed["baseline"], "library_ms")
     counted = {name: _per_call(obj, obj.step if name in ("baseline", GLOO_BASELINE) else obj.run,
                                library and name == "baseline") for name, obj in timed.items()}
@@ -233,6 +246,8 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         "library_ms"])])[0] if library else None), "probe_ms": compute.pop(PROBE, None),
         "comm_probe_ms": (statistics.fmean(rounds.times_ms[COMM_PROBE]) if COMM_PROBE in fns
                           else None)}
+    host_us = dict(zip(graphs, _rank_max([1e3 * statistics.median(counted[n][1]["host_ms"])
+                                          for n in graphs])))
     del timed, fns, counted, probe
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None
@@ -244,6 +259,7 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
                   and comm_split is not None else None)
         rows.append(row(name, verified[name], compute[name], hidden,
+                        {**graphs[name], "host_us": round(host_us[name], 2)},
                         **(extra if name == "baseline" else {})))
     return rows
 
@@ -261,12 +277,15 @@ def comm_probe(backend, groups) -> Callable[[], None]:
 def _per_call(obj, fn: Callable[[], None], library: bool):
     """(fn counting, samples): each call's compute_ms (and library_ms) in `samples`, so that a
     row's compute is the median call's, as its time is the median round's (a mean would take
-    in the calls a busy machine preempted, which the time's median leaves out)."""
-    samples = {"compute_ms": [], "library_ms": []}
+    in the calls a busy machine preempted, which the time's median leaves out); and `host_ms`:
+    each call's host time (`time.perf_counter` around it: the time to issue a step)."""
+    samples = {"compute_ms": [], "library_ms": [], "host_ms": []}
 
     def call():
         before = (obj.compute_ms, getattr(obj, "library_ms", 0.0))
+        t0 = time.perf_counter()
         fn()
+        samples["host_ms"].append((time.perf_counter() - t0) * 1e3)
         samples["compute_ms"].append(obj.compute_ms - before[0])
         if library:
             samples["library_ms"].append(obj.library_ms - before[1])
@@ -281,6 +300,13 @@ def _rank_average(values: list) -> list:
     both = torch.stack([t, (t > 0).to(torch.float64)])
     dist.all_reduce(both)
     return [float(total) / float(n) if n > 0 else 0.0 for total, n in zip(*both)]
+
+
+def _rank_max(values: list) -> list:
+    """Each value's maximum over the ranks (what the slowest rank paid)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [float(x) for x in t]
 
 
 def _baseline_matches_program(exp: Experiment, program, rank: int, world: int, backend,
@@ -347,10 +373,11 @@ def _rows(exp, spec, b, world, dtype, rank, bar, rounds) -> Callable[..., dict]:
     size, shape = exp.size_and_shape(b)
     label = f"N=2^{math.log2(size):.0f}" if shape.startswith("[") else f"ranks={world} {shape:24s}"
 
-    def row(schedule, ok, compute, hidden, **extra) -> dict:
+    def row(schedule, ok, compute, hidden, status, **extra) -> dict:
         got = _row(exp.name, spec.backend, schedule, world, size, shape, dtype, rounds, ok,
                    compute, hidden)
         got.update({k: round(v, 4) for k, v in extra.items() if v is not None})
+        got.update(status)  # graphed, graph_reason, host_us
         return publish(got, spec.csv_path, rank, bar, label)
     return row
 

@@ -31,6 +31,10 @@ its `probe_ms`: the median time of the library routine timed beside a baseline w
 computation does not read the memory rate (lamb_fusion: torch's fused Adam), in the same rounds;
 its `comm_probe_ms` (2 ranks and more): the mean time of an all-reduce of 8 MiB on the run's
 transport timed in the same rounds, the communication rate's reference.
+Measured program rows: `graphed` (True where the step ran as one replayed CUDA graph),
+`graph_reason` (why it ran eagerly, '' when graphed: "no CUDA graphs on the CPU", a capture's
+error, "a library baseline runs as written") and `host_us` (the host's time to issue one step,
+in us: the median call's, the slowest rank's; on the CPU the step's own time).
 
 `append_row(path, row)` appends one row at once (writing the header when the file is new; into a
 file begun with other columns, by an older version, under that file's header), so a crash loses
@@ -50,7 +54,8 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
            "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
            "memory_bytes", "memory_cap_bytes", "speedup_gloo", "speedup_gloo_lo",
-           "speedup_gloo_hi", "library_ms", "probe_ms", "comm_probe_ms")
+           "speedup_gloo_hi", "library_ms", "probe_ms", "comm_probe_ms", "host_us", "graphed",
+           "graph_reason")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:

@@ -12,6 +12,9 @@ through torch.distributed. One rank per GPU: rank r uses GPU LOCAL_RANK % (GPUs 
   chunk; with `async_op=False` a call is ordered after the current stream's work and the current
   stream waits for it, so the event recorded after it completes with the chunk.
 - clock: CuPy events on the caller's current stream; `settle()` synchronises the device.
+- graphs: a step can be captured into a CUDA graph (`codegen.runtime.graph`) where NCCL can be
+  captured (>= 2.9.6; `graph_reason` says why not otherwise): the events between the streams
+  are made without timing (what a capture records as dependencies, and cheaper to record).
 Without a GPU (a CPU build of torch, no driver, no device) `cannot_run()` says why in one line;
 everything but `write_sources` needs a GPU.
 """
@@ -32,6 +35,8 @@ from ..plan import Kernel
 from . import comm
 from .backend import Backend, Groups, Streams, stage_ranks
 from .communicator import LibraryComm
+
+NCCL_GRAPHS = (2, 9, 6)  # the first NCCL whose collectives and P2P calls a CUDA graph captures
 
 
 def local_device() -> int:
@@ -65,21 +70,26 @@ class CudaStreams(Streams):
             yield
 
     def record(self, stream):
-        return stream.record()
+        return stream.record(_event())
 
     def wait(self, stream, event) -> None:
         if event is not None:
             stream.wait_event(event)
 
     def fork(self) -> None:
-        ready = caller_stream().record()
+        ready = caller_stream().record(_event())
         self.compute.wait_event(ready)
         self.comm.wait_event(ready)
 
     def join(self) -> None:
         caller = caller_stream()
-        caller.wait_event(self.compute.record())
-        caller.wait_event(self.comm.record())
+        caller.wait_event(self.compute.record(_event()))
+        caller.wait_event(self.comm.record(_event()))
+
+
+def _event() -> cupy.cuda.Event:
+    """An event ordering streams (no timing: cheaper, and what a graph capture records)."""
+    return cupy.cuda.Event(disable_timing=True)
 
 
 class CudaClock:
@@ -122,6 +132,17 @@ class CudaBackend(Backend):
             return f"torch {torch.__version__} is a CPU build (NCCL and CUDA tensors need a CUDA build)"
         if not gpu_count():
             return f"CuPy {cupy.__version__} sees no CUDA device"
+        return None
+
+    def graph_reason(self, plan) -> Optional[str]:
+        """Why a step cannot be captured here: no GPU, or an NCCL older than 2.9.6."""
+        why = self.cannot_run()
+        if why:
+            return why
+        nccl = tuple(torch.cuda.nccl.version()[:3])
+        if nccl < NCCL_GRAPHS:
+            return (f"NCCL {'.'.join(map(str, nccl))} cannot be captured in a CUDA graph "
+                    f"(needs {'.'.join(map(str, NCCL_GRAPHS))})")
         return None
 
     def build(self, kernels: Sequence[Kernel], name: Optional[str] = None) -> dict:
