@@ -5,7 +5,8 @@
                                         # it runs fn on every rank of the job
     others:  group.serve()              # run what rank 0 sends until it says stop
 
-Rendezvous: rank 0 serves a TCPStore on `port` (every interface) and waits up to
+Rendezvous: rank 0 serves a TCPStore on host:port (that address alone: `rendezvous.serve_store`;
+`host` is the address the user names for rank 0, MASTER_ADDR) and waits up to
 `rendezvous_timeout_s` for the others, which keep trying to reach it at host:port as long. A rank
 missing, or an address that cannot be served or reached, ends that rank with
 `RankError('rendezvous: ...')`. Then the gloo process group (each collective's timeout:
@@ -39,6 +40,7 @@ import torch.distributed as dist
 
 from .failures import RankError, looks_like_echo
 from .launch import default_threads, dispatching, set_threads
+from .rendezvous import serve_store
 
 ECHO_GRACE_S = 2.0  # after an echo, how long to wait for the root cause to be stored
 COMMAND_WAIT_S = 30 * 24 * 3600.0  # the others wait this long for rank 0's next command (the
@@ -55,8 +57,8 @@ def join(rank: int, world_size: int, ranks_per_node: int, host: str, port: int,
     set_threads(default_threads(ranks_per_node))
     wait = datetime.timedelta(seconds=rendezvous_timeout_s)
     try:
-        store = dist.TCPStore(host, port, world_size, rank == 0, timeout=wait,
-                              wait_for_workers=True)
+        store = (serve_store(host, port, world_size, wait, wait_for_workers=True) if rank == 0
+                 else dist.TCPStore(host, port, world_size, False, timeout=wait))
     except Exception as e:  # noqa: BLE001 - torch raises several types; each says what failed
         what = (f"rank 0 could not gather the {world_size - 1} other ranks on port {port}"
                 if rank == 0 else f"rank {rank} could not reach rank 0 at {host}:{port}")

@@ -4,8 +4,9 @@ Contract
 --------
 `launch(fn, world_size, args=(), timeout_s=120.0, *, threads_per_rank=None) -> list`
     Spawns `world_size` processes (multiprocessing 'spawn' context). Rank r initialises
-    `torch.distributed` with the gloo backend (a TCPStore on 127.0.0.1 hosted by the calling process
-    on a free port chosen by the OS, so there is no port race; the process group's timeout is
+    `torch.distributed` with the gloo backend (a TCPStore hosted by the calling process, listening
+    on 127.0.0.1 alone (`rendezvous.serve_store`), on a free port chosen by the OS, so there is
+    no port race; the process group's timeout is
     `timeout_s`), calls `fn(rank, world_size, *args)` and sends its return value back. `fn`, `args`
     and the return values must be picklable (`fn` a module-level function). Returns the values in
     rank order.
@@ -75,6 +76,7 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
 
 from . import shm
+from .rendezvous import serve_store
 from .failures import RankError, failure, raise_failure, raise_timeout  # noqa: F401 (RankError)
 
 _HOST = "127.0.0.1"
@@ -124,8 +126,7 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
     import torch.distributed as dist
     threads = threads_per_rank or default_threads(world_size)
     deadline = time.monotonic() + timeout_s
-    store = dist.TCPStore(_HOST, 0, None, True, timeout=datetime.timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    store = serve_store(_HOST, 0, None, datetime.timedelta(seconds=timeout_s))
     ctx = mp.get_context("spawn")
     procs, conns = [], []
     stacks_dir = _stacks_dir()

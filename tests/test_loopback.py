@@ -1,0 +1,56 @@
+"""Closed to the outside: during a run of local ranks nothing listens beyond loopback (the
+rendezvous store, `codegen.runtime.rendezvous.serve_store`, and gloo's own sockets)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from codegen.runtime.launch import launch
+
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+
+
+def listening(pids) -> list[str]:
+    """'address:port' of every TCP socket the processes `pids` listen on (IPv4 and IPv6, from
+    /proc: what `ss -ltn` shows)."""
+    inodes = set()
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fd")
+        for fd in fds.iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        lines = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        for line in lines:
+            f = line.split()
+            if f[3] == LISTEN and f[9] in inodes:
+                out.append(f"{_address(f[1].split(':')[0])}:{int(f[1].split(':')[1], 16)}")
+    return out
+
+
+def _address(hex_ip: str) -> str:
+    if len(hex_ip) == 8:  # IPv4, little-endian
+        return ".".join(str(int(hex_ip[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    return "::1" if hex_ip == "0" * 24 + "01000000" else (
+        "::" if set(hex_ip) == {"0"} else hex_ip)
+
+
+def _sockets(rank, world, parent):
+    import torch
+    import torch.distributed as dist
+    dist.all_reduce(torch.ones(4))  # gloo's pairs are up
+    mine = listening([os.getpid()])
+    dist.barrier()
+    return mine + (listening([parent]) if rank == 0 else [])
+
+
+def test_nothing_listens_beyond_loopback_during_a_run():
+    got = launch(_sockets, 2, args=(os.getpid(),))
+    every = [a for per_rank in got for a in per_rank]
+    assert every, "the store and gloo's sockets listen somewhere"
+    assert all(a.startswith(("127.", "::1:")) for a in every), every
