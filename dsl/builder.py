@@ -12,13 +12,17 @@
 Handles support + - * / ** unary -, < <= > >= and methods for everything else. Each op is
 checked when it is written: a bad shape, layout or dtype raises at that line with the statement's
 printed form. There is no global "current program": every handle knows its builder. Arguments are
-checked where they are given: a name that is not a non-empty string, a dtype or layout given as a
+checked where they are given: a name that is not an identifier (dots allowed: `m.next`), a
+hyper-parameter default or constant that is not a finite number, a bool where an operation wants
+a number (a root, a seed, a dim), a dtype or layout given as a
 string, a `Sliced(d)` beyond the tensor's rank, a dimension that is not a positive size, an unknown
 `init`, a hyper-parameter default that is not a number, a target or output that is not a tensor of
 this builder each raise a one-line `DSLError` subclass naming the argument.
 """
 from __future__ import annotations
 
+import math
+import re
 from typing import Optional, Sequence, Union
 
 from .errors import ArgumentError, DSLError, ShapeError
@@ -67,15 +71,32 @@ class Tensor:
 INITS = ("normal", "positive")
 
 
-def _name(what: str, name: object) -> str:
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")  # e.g. g, m.next, t37.ag
+PROGRAM_NAME = re.compile(r"[A-Za-z0-9_.+\-(),]+")  # e.g. adam, AR-C, fuse(RS-C-AG)
+
+
+def _name(what: str, name: object, pattern: re.Pattern = NAME) -> str:
+    """`name` if it is a name: identifiers joined by dots (what the printer, the reports and the
+    generated code's comments show; the renderers emit only identifiers they generate); a
+    program's may read like a schedule (`AR-C`), never with spaces or control characters."""
     if not isinstance(name, str) or not name:
         raise ArgumentError(f"{what} name must be a non-empty string, got {name!r}")
+    if not pattern.fullmatch(name):
+        allowed = ("letters, digits, _ and dots between them" if pattern is NAME else
+                   "letters, digits and _ . + - ( ) ,")
+        raise ArgumentError(f"{what} name {name!r} is not a name ({allowed})")
     return name
+
+
+def _finite(what: str, x: float) -> float:
+    if not math.isfinite(x):
+        raise ArgumentError(f"{what} must be finite, got {x!r}")
+    return x
 
 
 class Builder:
     def __init__(self, name: str, stages: int = 1):
-        _name("program", name)
+        _name("program", name, PROGRAM_NAME)
         if not _is_int(stages) or stages < 1:
             raise ShapeError(f"a program needs at least one pipeline stage, got {stages!r}")
         self.name, self.stages = name, stages
@@ -117,6 +138,7 @@ class Builder:
             raise ShapeError(f"parameter name {name!r} is already used")
         if not isinstance(default, (int, float)) or isinstance(default, bool):
             raise ArgumentError(f"parameter {name}: default must be a number, got {default!r}")
+        _finite(f"parameter {name}: default", default)
         try:
             t = TensorType(dtype, (), Replicated(), None)
         except DSLError as e:
@@ -131,10 +153,16 @@ class Builder:
                 raise ShapeError(f"{x!r} belongs to another program")
             return x.value
         if isinstance(x, (int, float, Size)) and not isinstance(x, bool):
-            return Const(x)
+            return Const(_finite("a constant operand", x) if isinstance(x, float) else x)
         raise ShapeError(f"operand {x!r} is neither a tensor nor a number")
 
     def op(self, kind: str, *operands: Operand, name: Optional[str] = None, **attrs) -> Tensor:
+        if name is not None:
+            _name(f"{kind}'s result", name)
+        bools = [k for k, v in attrs.items() if isinstance(v, bool)]
+        if bools:  # no operation takes a flag: True as a rank, seed or dim is a mistake
+            raise ArgumentError(f"{kind}: attribute {bools[0]}={attrs[bools[0]]!r} must be a "
+                                "number, not a bool")
         args = tuple(self._arg(x) for x in operands)
         attr_t = tuple(attrs.items())
         types = [a.type if isinstance(a, Value) else a for a in args]

@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 import numpy as np
 
 from .bounds import error_bounds, within
-from .errors import BindError, DSLError
+from .errors import ArgumentError, BindError, DSLError
 from .interpret import as_dtype, bind, evaluate_shape, interpret, piece
 from .ir import Const, Input, Program
 from .sizes import Size
@@ -200,10 +200,13 @@ def check_equivalent(before: Program, after: Program, world_size: int, trials: i
     output's global view: same names, dtypes and global shapes; floats element by element within
     `error_before + error_after`, each program's `dsl.bounds.error_bounds` on these inputs;
     integers and bools exactly. Without `bindings`, every size symbol but P is bound to 2*P*P.
-    Raises `EquivalenceError` naming the output, the trial, the world size, the max abs error,
+    `trials` >= 1 and sizes bound to positive integers (`ArgumentError`, `BindError`: zero
+    trials or an empty tensor would compare nothing). Raises `EquivalenceError` naming the output, the trial, the world size, the max abs error,
     the largest bound and the number of elements outside it; returns output name -> max abs
     error over all trials.
     """
+    if not isinstance(trials, (int, np.integer)) or isinstance(trials, bool) or trials < 1:
+        raise ArgumentError(f"check_equivalent needs at least one trial, got trials={trials!r}")
     P, _ = bind(before, world_size, None)
     if bindings is None:
         bindings = {**default_bindings(before, P), **default_bindings(after, P)}

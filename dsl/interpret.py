@@ -323,6 +323,10 @@ def bind(program: Program, world_size: int, bindings: Optional[Mapping[str, int]
     if bound.get("P", P) != P:
         raise BindError(f"bindings give P={bound['P']} but world size {world_size} with "
                         f"{program.stages} stage(s) gives P={P}")
+    for k, v in bound.items():
+        if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < 1:
+            raise BindError(f"size {k}={v!r} of program {program.name}: sizes bind to positive "
+                            "integers")
     bound["P"] = P
     return P, bound
 

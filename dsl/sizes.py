@@ -105,7 +105,7 @@ def _fmt_bind(size: Size, bindings: Mapping[str, int]) -> str:
 
 def sym(name: str) -> Size:
     """A size symbol, e.g. `N = sym("N")`."""
-    if not name.isidentifier():
+    if not isinstance(name, str) or not name.isidentifier():
         raise ShapeError(f"size symbol {name!r} is not an identifier")
     return Size(Fraction(1), ((name, 1),))
 
