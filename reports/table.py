@@ -43,6 +43,8 @@ nothing already measured. `read_table(path)` reads it back as a pandas DataFrame
 from __future__ import annotations
 
 import csv
+import io
+import os
 from pathlib import Path
 from typing import Mapping, Union
 
@@ -66,12 +68,29 @@ def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
     new = not path.exists() or path.stat().st_size == 0
     # a file an older version began (resume=true) keeps its own columns, so rows stay aligned
     fields = COLUMNS if new else next(csv.reader(path.open(newline="")), COLUMNS)
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        if new:
-            w.writeheader()
-        w.writerow({k: row.get(k, "") for k in fields})
-        f.flush()
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=fields)
+    if new:
+        w.writeheader()
+    w.writerow({k: row.get(k, "") for k in fields})
+    write_whole(path, text.getvalue().encode())
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Append `data` to `path` whole or not at all: a write the disk cuts short (full, a quota)
+    is taken back (the file truncated to its size before) and its OSError raised."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            os.ftruncate(fd, size)
+            raise OSError(e.errno, e.strerror, str(path)) from None
+    finally:
+        os.close(fd)
 
 
 def read_table(path: Union[str, Path]):

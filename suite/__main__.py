@@ -5,8 +5,12 @@ A user's experiment (`experiment=NAME experiment.module=SPEC`) is named through 
 (`suite.cli.prevalidate`: one line on stderr and exit 2 for bad input), then Hydra composes the
 configuration, makes the run directory and calls `suite.run.run` once per job (several with `-m`,
 on SLURM with `hydra/launcher=submitit_slurm`: suite/slurm.py); the exit
-status is the worst job's (1: a schedule failed; 3: a rank or a job failed or was cancelled;
-130 / 143: interrupted by SIGINT / SIGTERM, the report written from the rows so far).
+status is the worst job's (1: a schedule failed; 3: a rank or a job failed or was cancelled, or
+the file system failed it (a full disk: one line); 130 / 143: interrupted by SIGINT / SIGTERM,
+the report written from the rows so far). A run directory that holds an earlier run is refused
+before Hydra touches it, moved aside whole (`existing=aside`) or continued (`resume=true`); a
+run refused after Hydra started (exit 2) leaves Hydra's files there as they were
+(`suite.rundir`).
 """
 import sys
 
@@ -15,11 +19,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import CONF_DIR, PROJECT_ROOT
-from .cli import prevalidate, user_experiment_overrides
+from .cli import holds_a_run, prevalidate, run_dir, user_experiment_overrides
 from .config import register
 from .errors import SuiteError, fail
 from .interrupt import install
 from .run import run
+from .rundir import Snapshot, move_aside
 from .slurm import SWEPT, register_launcher
 
 statuses: list[int] = []
@@ -32,6 +37,10 @@ def job(cfg: DictConfig) -> int:
         status = run(OmegaConf.to_object(cfg), HydraConfig.get().runtime.output_dir)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else 1
+    except OSError as e:  # the file system failed the run (a full disk, a folder gone)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr, flush=True)
+        status = 3
     statuses.append(status)
     return status
 
@@ -49,13 +58,20 @@ def main() -> None:
     register_launcher()  # hydra/launcher=submitit_slurm: ours, for prevalidate's compose too
     try:
         sys.argv[1:] = user_experiment_overrides(sys.argv[1:])  # Hydra reads sys.argv too
-        prevalidate(sys.argv[1:])
+        cfg = prevalidate(sys.argv[1:])
+        where = run_dir(sys.argv[1:]) if cfg is not None else None
     except SuiteError as e:
         fail(e)
+    if holds_a_run(where) and not cfg.resume and cfg.existing == "aside":
+        move_aside(where)
+    before = Snapshot.of(where)  # put back if the run refuses its input (exit 2)
     register()
     install()  # SIGINT / SIGTERM: the report from the rows so far, exit 130 / 143
     job()
-    sys.exit(max(statuses + [j.status for j in SWEPT], default=0))
+    status = max(statuses + [j.status for j in SWEPT], default=0)
+    if status == 2 and before is not None:
+        before.restore()
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
             validate(cfg)
             check_experiment(cfg)
             first = first or cfg
-    check_run_dir(args.overrides)
+    check_run_dir(args.overrides, first, args.multirun)
     return first
 
 
@@ -184,19 +184,44 @@ def _check_group_overrides(overrides: list[str], conf_dir: Path) -> None:
             _check_option(key, value, conf_dir)
 
 
-def check_run_dir(overrides: Sequence[str]) -> None:
-    """`hydra.run.dir=DIR` must be a directory this user can create or write into."""
+RUN_FILES = ("results.csv", "report.md", "settings.json", ".hydra")  # what an earlier run left
+
+
+def run_dir(overrides: Sequence[str]) -> Optional[Path]:
+    """The directory `hydra.run.dir=DIR` names (None: Hydra's own, a fresh dated folder)."""
     given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
     if not given or "${" in given[-1]:
+        return None
+    if not given[-1].strip():
+        raise SuiteError("hydra.run.dir is empty: name the run's directory (an empty one would "
+                         "write the run into the current directory)")
+    return Path(given[-1]).expanduser().absolute()
+
+
+def holds_a_run(path: Optional[Path]) -> bool:
+    return path is not None and path.is_dir() and any((path / f).exists() for f in RUN_FILES)
+
+
+def check_run_dir(overrides: Sequence[str], cfg: Optional[Config] = None,
+                  multirun: bool = False) -> None:
+    """`hydra.run.dir=DIR` must be a directory this user can create or write into, and one
+    that holds no earlier run unless the run continues it (resume=true) or moves it aside
+    (existing=aside)."""
+    path = run_dir(overrides)
+    if path is None:
         return
-    path = Path(given[-1]).expanduser().absolute()
+    given = str(path)
     if path.exists() and not path.is_dir():
-        raise SuiteError(f"hydra.run.dir={given[-1]} is a file, not a directory")
+        raise SuiteError(f"hydra.run.dir={given} is a file, not a directory")
+    if holds_a_run(path) and cfg is not None and not multirun and not cfg.resume \
+            and cfg.existing == "stop":
+        raise SuiteError(f"hydra.run.dir={given} holds an earlier run; name a new directory, "
+                         "continue it (resume=true) or move it aside (existing=aside)")
     probe = path
     while not probe.exists():
         probe = probe.parent
     try:  # a real try (root passes os.access checks, /proc refuses anyway)
         os.rmdir(tempfile.mkdtemp(prefix=".suite-probe-", dir=probe))
     except OSError as e:
-        raise SuiteError(f"hydra.run.dir={given[-1]} cannot be written ({probe}: "
+        raise SuiteError(f"hydra.run.dir={given} cannot be written ({probe}: "
                          f"{e.strerror or e})") from None

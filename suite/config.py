@@ -165,11 +165,16 @@ class Config:
     # Continue the run directory: skip the points its results.csv already holds with the same
     # settings (suite.resume); the earlier file is kept, numbered, as on every re-run.
     resume: bool = False
+    # A run into a directory that holds an earlier run (hydra.run.dir=DIR): stop, before any
+    # work and touching nothing (one line, exit 2); aside, the earlier run moved whole to the
+    # next free DIR.<k> first. resume=true continues it instead.
+    existing: str = "stop"
     # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
     # a topology the experiment's paper setting already predicts on is not repeated.
     predict_also: List[ExtraTopology] = field(default_factory=list)
 
 
+EXISTING = ("stop", "aside")  # what a run does with a directory that holds an earlier run
 COMM_ALIASES = {"gloo": "ring"}  # comm=NAME -> backend.comm
 COMMS = {"cpu": ("ring", "library", "shm"), "cuda": ("nccl", "symm")}  # backend.comm it takes
 TAKES = {"cpu": "gloo|shm|library", "cuda": "nccl|symm"}  # comm=NAME it takes, for messages
@@ -212,6 +217,8 @@ def validate(cfg: Config) -> None:
                          f"{cfg.scale.max_rounds} are impossible; need 1 <= min <= max")
     if not 0 <= cfg.seed < 2 ** 32:
         raise SuiteError(f"seed={cfg.seed} is out of range; seeds are integers in [0, 2^32)")
+    if cfg.existing not in EXISTING:
+        raise SuiteError(f"existing={cfg.existing!r} is not one of {', '.join(EXISTING)}")
     if cfg.calibration not in ("auto", "refresh", "off"):
         raise SuiteError(f"calibration={cfg.calibration!r} is not one of auto, refresh, off")
     if not 1 <= cfg.calibration_pool <= 100:

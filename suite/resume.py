@@ -8,13 +8,15 @@
   results.csv when it was written with the same settings (else SuiteError: one line, exit 2);
   `done_points(rows)`: the (world size, bindings) points that hold a row for every schedule,
   which the harness then skips (`MeasureSettings.skip`). The earlier file is kept numbered as
-  above, and the new results.csv starts from those measured rows (their predictions are made
-  again with the rest).
+  above, and the new results.csv starts from the measured rows of the complete points
+  (`complete`: a point cut short is measured again whole; a last row cut mid-line is not read,
+  `whole_rows`); their predictions are made again with the rest.
 
 Units: none; files are CSV and JSON.
 """
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Optional
@@ -59,17 +61,37 @@ def resume_rows(out_dir: Path, settings: dict) -> list[dict]:
         k = differ[0]
         raise SuiteError(f"resume=true: {out_dir} was run with {k}={before.get(k)!r}, this run "
                          f"has {k}={settings.get(k)!r}; resume with the same settings")
-    df = read_table(csv)
+    df = whole_rows(csv)
     df = df[(df.source == "measured") & (df.experiment == settings["experiment"])]
     return [{k: v for k, v in r.items() if v == v} for r in df.to_dict("records")]
+
+
+def whole_rows(path: Path):
+    """The table at `path` without a last row cut short (no newline: the run was killed or the
+    disk filled while writing it)."""
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]
+    return read_table(io.StringIO(text))
+
+
+def complete(rows: list[dict], schedules: list[str], experiment) -> list[dict]:
+    """The rows of the points `done_points` finds complete: a point that lacks a schedule's row
+    is measured again whole, so no point ends with two rows of a schedule."""
+    done = done_points(rows, schedules, experiment)
+    return [r for r in rows if _point(r, experiment) in done]
+
+
+def _point(r: dict, experiment) -> tuple:
+    b = experiment.bindings_of(int(r["size"]), str(r["shape"]))
+    return int(r["world_size"]), tuple(sorted(b.items()))
 
 
 def done_points(rows: list[dict], schedules: list[str], experiment) -> frozenset:
     """(world size, sorted bindings) of every point that has a measured row per schedule."""
     seen: dict[tuple, set] = {}
     for r in rows:
-        b = experiment.bindings_of(int(r["size"]), str(r["shape"]))
-        seen.setdefault((int(r["world_size"]), tuple(sorted(b.items()))), set()).add(r["schedule"])
+        seen.setdefault(_point(r, experiment), set()).add(r["schedule"])
     want = {"baseline", *schedules}
     return frozenset(p for p, have in seen.items() if want <= have)
 

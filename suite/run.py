@@ -67,7 +67,8 @@ from .load import (check_settings, check_sizes, derive_experiment, load_experime
                    load_programs)
 from .paper import run_paper
 from .report_md import render_report, write_report
-from .resume import done_points, keep_earlier_results, restart_with, resume_rows, write_settings
+from .resume import (complete, done_points, keep_earlier_results, restart_with, resume_rows,
+                     write_settings)
 from .verification import Check, verify_schedules
 
 
@@ -160,7 +161,8 @@ def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) 
                 "seed": cfg.seed, "backend": cfg.backend.name, "comm": cfg.backend.comm,
                 "world_size": cfg.world_size, "schedules": sorted(schedules),
                 "sizes": cfg.experiment.sizes, "keep_awake": cfg.keep_awake}
-    kept = resume_rows(out_dir, settings) if cfg.resume else []
+    kept = (complete(resume_rows(out_dir, settings), list(schedules), exp) if cfg.resume
+            else [])
     keep_earlier_results(out_dir)
     write_settings(out_dir, settings)
     restart_with(out_dir, kept)
