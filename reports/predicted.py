@@ -37,6 +37,14 @@ from .training import training_section
 from .validation import validation_section
 
 KEYS = ["schedule", "world_size", "size", "shape"]
+BASELINE_NOTE = (
+    "The predicted `baseline` is the library code a practitioner writes, run on the unscheduled "
+    "program's steps (AR-C, MM-AR-C, AR-P2P-C): the library's collective, then the computation. "
+    "On the local topology its computation takes the time the measured baseline's library call "
+    "took at that point (e.g. torch's fused Adam). On a GPU topology nothing was measured: the "
+    "baseline's computation is the generated kernel's, so it equals the unscheduled schedule "
+    "(AR-C's speedup is x1.00 there by construction), with NCCL's all-reduce as NCCL's tuner "
+    "picks it.")
 GLOO_BASELINE = "baseline(gloo)"  # comm=shm's library baseline on gloo (experiments.api's name)
 
 
@@ -330,7 +338,7 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
         return "\n".join(text + _accuracy_section(df, experiment, out_dir, rows)) + "\n"
     text = ["## Predicted", "",
             "The cost model (`cost_model/`, SimPy) on each topology: speedup over the predicted "
-            "`baseline` at the same point.", ""]
+            "`baseline` at the same point.", "", BASELINE_NOTE, ""]
     if "speedup" in rows and rows.speedup.notna().any():
         for topo in dict.fromkeys(rows.topology):
             text += [f"### {topo}", "", speedup_table(df, experiment, topo)]

@@ -10,7 +10,9 @@ reproduction report's overview.
   |predicted/measured time - 1| and speedup error |predicted/measured speedup - 1|, median and
   largest) with the machine's repeatability beside them (median 95% half-widths of the measured
   times and speedups), and the best predicted speedup per GPU topology (like for like: among
-  the schedules in the baseline's precision).
+  the schedules in the baseline's precision); for the collectives, each GPU topology's
+  all-reduce bus bandwidth at its largest size (`busbw_at`) and, where another size does better,
+  the best with its size (`best_busbw`).
 - `text_table(header, rows)` / `markdown_table(header, rows)`: either as text.
 """
 from __future__ import annotations
@@ -51,9 +53,10 @@ def schedule_summary(df, experiment: str) -> Table:
     column, fmt = ("busbw_gbps", "{:.2f}") if busbw else ("speedup", "x{:.2f}")
     top = _largest(meas)
     local = pred[pred.topology == "local"]
-    if not top.empty:
+    if not top.empty:  # the whole point: points may share a size and differ in shape (K)
         local = local[(local.world_size == top.world_size.iloc[0])
-                      & (local["size"] == top["size"].iloc[0])]
+                      & (local["size"] == top["size"].iloc[0])
+                      & (local["shape"].astype(str) == str(top["shape"].iloc[0]))]
     header = ["collective" if busbw else "schedule"]
     cols = []
     if not top.empty:
@@ -101,10 +104,43 @@ def experiment_summary(df, experiment: str) -> Table:
             b = part.loc[part.speedup.idxmax()]
             gpus.append(f"{topo}: x{b.speedup:.2f} {b.schedule}")
     elif not pred.empty:  # collectives: no speedups
-        gpus = [f"{t}: {int(p['size'].max())} B busbw {p.busbw_gbps.max():.1f} GB/s"
-                for t, p in pred.groupby("topology", sort=False)]
+        gpus = [busbw_summary(t, p) for t, p in pred.groupby("topology", sort=False)]
     return header, [[experiment, f"{len(meas)} ({verified})", best, error, sp_error, repeat,
                      "; ".join(gpus)]]
+
+
+def busbw_at(rows, size: int, collective: str = "all_reduce"):
+    """The bus bandwidth (GB/s) of `collective` at exactly `size` bytes, or None."""
+    hit = rows[(rows.schedule == collective) & (rows["size"] == size)].busbw_gbps.dropna()
+    return None if hit.empty else float(hit.iloc[0])
+
+
+def best_busbw(rows, collective: str = "all_reduce"):
+    """(the largest bus bandwidth of `collective` over its sizes, that size), or None."""
+    part = rows[rows.schedule == collective].dropna(subset=["busbw_gbps"])
+    if part.empty:
+        return None
+    r = part.loc[part.busbw_gbps.idxmax()]
+    return float(r.busbw_gbps), int(r["size"])
+
+
+def busbw_summary(topology: str, rows) -> str:
+    """'dgx_a100: all_reduce 119.5 GB/s at 1 GiB (best 155.1 at 512 MiB)': the all-reduce's bus
+    bandwidth at the largest size predicted, and the best over sizes with where it is."""
+    largest = int(rows[rows.schedule == "all_reduce"]["size"].max()) if (
+        rows.schedule == "all_reduce").any() else None
+    at, best = (busbw_at(rows, largest), best_busbw(rows)) if largest else (None, None)
+    if at is None or best is None:
+        return f"{topology}: -"
+    text = f"{topology}: all_reduce {at:.1f} GB/s at {_bytes(largest)}"
+    return text + ("" if best[1] == largest else f" (best {best[0]:.1f} at {_bytes(best[1])})")
+
+
+def _bytes(n: int) -> str:
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):g} {unit}"
+    return f"{n} B"
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:

@@ -329,10 +329,16 @@ def results_section(exp: Experiment, out_dir: Path) -> str:
     return measured + "\n" + own + "\n" + predicted_section(df, exp.name, out_dir)
 
 
+SMOKE_NOTE = (" (a check that every step runs: its sizes are too small and its rounds too few "
+              "for its times and speedups to mean anything)")
+
+
 def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], checks: list[Check],
            out_dir: Path, calibration: str = "") -> Path:
-    settings = {"scale": cfg.scale.name, "backend": cfg.backend.name,
-                "topology": cfg.topology.name,
+    settings = {"scale": cfg.scale.name + (SMOKE_NOTE if cfg.scale.name == "smoke" else ""),
+                "backend": cfg.backend.name,
+                "topology": (f"{cfg.topology.name} (from {cfg.topology.path})"
+                             if cfg.topology.path else cfg.topology.name),
                 "calibration": calibration or describe(None, cfg),
                 "verify.world_sizes": cfg.verify.world_sizes,
                 "verify.trials": cfg.verify.trials, "seed": cfg.seed}
