@@ -125,6 +125,9 @@ class MeasureSettings:
     kernels_dir: Path  # where the generated sources are written
     seed: int = 0
     timeout_s: float = 1800.0  # the whole measurement; a hung rank ends the run after this
+    # each collective's timeout in the ranks: a rank that stops answering (killed, stopped)
+    # ends its peers' waits, and the run, after this (`codegen.runtime.launch`)
+    collective_timeout_s: float = 120.0
     backend: str = "cpu"  # codegen.runtime.backend.get(backend): where the ranks run (rows say it)
     comm: Optional[str] = None  # the backend's transport (backend.comm: cpu ring|library|shm)
     schedules: Optional[Mapping[str, object]] = None  # the schedules to measure; None: all

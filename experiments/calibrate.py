@@ -277,7 +277,8 @@ def measure(settings) -> list[dict]:
             "overlap_exchange": 1 << (20 if small else 26), "overlap_kernel": 1 << (16 if small
                                                                                  else 24)}
     start = time.perf_counter()
-    raw = run_ranks(rank_main, P, args=(spec,), timeout_s=settings.timeout_s)[0]
+    raw = run_ranks(rank_main, P, args=(spec,), timeout_s=settings.timeout_s,
+                    collective_timeout_s=settings.collective_timeout_s)[0]
     took = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CALIBRATION).write_text(json.dumps(raw, indent=1))

@@ -218,7 +218,8 @@ def measure(settings) -> list[dict]:
     rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
                                                            settings.repeats, settings.backend,
                                                            comms, budget, settings.seed),
-                     timeout_s=settings.timeout_s)[0]
+                     timeout_s=settings.timeout_s,
+                         collective_timeout_s=settings.collective_timeout_s)[0]
     for r in rows:
         append_row(settings.csv_path, r)
     print(f"measured {len(rows)} points on {settings.world_size} ranks in "

@@ -160,7 +160,8 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
         spec = Spec(exp.name, registry.source_of(exp.name), world,
                     tuple(tuple(b.items()) for b in todo), plans, budget_of(settings),
                     str(settings.csv_path), settings.seed, settings.backend, settings.comm)
-        rows += run_ranks(rank_main, world, args=(spec, kernels), timeout_s=settings.timeout_s)[0]
+        rows += run_ranks(rank_main, world, args=(spec, kernels), timeout_s=settings.timeout_s,
+                          collective_timeout_s=settings.collective_timeout_s)[0]
     return rows
 
 

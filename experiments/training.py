@@ -159,7 +159,8 @@ def measure(settings) -> list[dict]:
     print(f"training: {setting.size} ({setting.size.parameters()} parameters), "
           f"{setting.steps} steps per set-up, micro-batch {setting.micro_batch}", flush=True)
     per_rank = run_ranks(rank_main, settings.world_size, args=(spec,),
-                         timeout_s=settings.timeout_s)
+                         timeout_s=settings.timeout_s,
+                         collective_timeout_s=settings.collective_timeout_s)
     rows = []
     for optimizer, result in per_rank[0].items():
         worst = agreement(per_rank, optimizer)

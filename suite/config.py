@@ -19,6 +19,8 @@ need the experiment's program (divisibility by its pipeline stages) live in `sui
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -169,11 +171,15 @@ class Config:
     # work and touching nothing (one line, exit 2); aside, the earlier run moved whole to the
     # next free DIR.<k> first. resume=true continues it instead.
     existing: str = "stop"
+    # Each collective's timeout in the ranks, seconds: a rank that stops answering (killed,
+    # suspended) ends the run after this, named (the whole measurement's limit is 30 minutes).
+    collective_timeout_s: float = 120.0
     # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
     # a topology the experiment's paper setting already predicts on is not repeated.
     predict_also: List[ExtraTopology] = field(default_factory=list)
 
 
+RANKS_PER_CORE = 8  # local CPU ranks at most per core (each a process with gloo's threads)
 EXISTING = ("stop", "aside")  # what a run does with a directory that holds an earlier run
 COMM_ALIASES = {"gloo": "ring"}  # comm=NAME -> backend.comm
 COMMS = {"cpu": ("ring", "library", "shm"), "cuda": ("nccl", "symm")}  # backend.comm it takes
@@ -194,6 +200,11 @@ def register() -> None:
         OmegaConf.register_new_resolver("coconet.comm", transport)
 
 
+def max_ranks() -> int:
+    """The most local CPU ranks a run may start here."""
+    return RANKS_PER_CORE * (os.cpu_count() or 1)
+
+
 def validate(cfg: Config) -> None:
     """Raise SuiteError naming the first setting no run can use."""
     if not cfg.verify.world_sizes:
@@ -206,9 +217,16 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise SuiteError(f"{key}={value} is impossible; it must be >= 1")
-    for key, value in {"scale.budget_s": cfg.scale.budget_s, "scale.ci_pct": cfg.scale.ci_pct}.items():
-        if not value > 0:
-            raise SuiteError(f"{key}={value} is impossible; it must be > 0")
+    for key, value in {"scale.budget_s": cfg.scale.budget_s, "scale.ci_pct": cfg.scale.ci_pct,
+                       "collective_timeout_s": cfg.collective_timeout_s}.items():
+        if not 0 < value < math.inf:
+            raise SuiteError(f"{key}={value} is impossible; it must be > 0 and finite")
+    if not 0 <= cfg.scale.long_budget_s < math.inf:
+        raise SuiteError(f"scale.long_budget_s={cfg.scale.long_budget_s} is impossible; it must "
+                         "be >= 0 and finite")
+    if cfg.backend.name == "cpu" and cfg.world_size > max_ranks():
+        raise SuiteError(f"world_size={cfg.world_size} is more ranks than this machine can run "
+                         f"({max_ranks()}: {RANKS_PER_CORE} per core, {os.cpu_count()} cores)")
     if cfg.scale.long_rounds < 0 or cfg.scale.long_budget_s < 0:
         raise SuiteError(f"scale.long_rounds={cfg.scale.long_rounds}, scale.long_budget_s="
                          f"{cfg.scale.long_budget_s} are impossible; they must be >= 0")

@@ -247,6 +247,7 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                world_size=cfg.world_size, warmup=cfg.scale.warmup,
                                repeats=cfg.scale.repeats, csv_path=out_dir / "results.csv",
                                kernels_dir=out_dir / "kernels", seed=cfg.seed,
+                               collective_timeout_s=cfg.collective_timeout_s,
                                backend=backend.name, comm=cfg.backend.comm,
                                schedules=schedules or None,
                                points=[dict(b) for b in cfg.experiment.sizes or []] or None,

@@ -19,6 +19,10 @@ Contract
     - After `timeout_s` of wall-clock time the run is ended and `RankError` names the ranks that
       had not finished (`err.ranks`); `err.remote_traceback` holds their Python stacks at that
       moment (dumped by faulthandler on SIGUSR1).
+    - `collective_timeout_s` (default `timeout_s`): each collective's own timeout in the ranks
+      (the gloo process group's), so a rank that stops answering ends its peers' waits then, not
+      at the run's end. A rank whose process is suspended (SIGSTOP: state T in /proc) is named:
+      `rank R is stopped (suspended, e.g. by SIGSTOP)`, with what its peers said.
     - How a report or an exit becomes that line, and RankError itself: `codegen.runtime.failures`.
     - A parent killed outright (Ctrl-C twice, SIGTERM, SIGKILL) leaves no ranks behind: each
       rank watches its parent and exits within a second of it.
@@ -117,13 +121,12 @@ def started_by_torchrun() -> bool:
 
 
 def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
-           threads_per_rank: int | None = None) -> list:
+           threads_per_rank: int | None = None, collective_timeout_s: float | None = None) -> list:
     """Run `fn(rank, world_size, *args)` on `world_size` local gloo ranks; see the module doc."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    import torch.distributed as dist
     threads = threads_per_rank or default_threads(world_size)
     deadline = time.monotonic() + timeout_s
     store = serve_store(_HOST, 0, None, datetime.timedelta(seconds=timeout_s))
@@ -138,7 +141,8 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
             for rank in range(world_size):
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=_rank_main, name=f"rank{rank}", args=(
-                    rank, world_size, store.port, fn, tuple(args), timeout_s, threads, send_end,
+                    rank, world_size, store.port, fn, tuple(args),
+                    collective_timeout_s or timeout_s, threads, send_end,
                     _stacks_path(stacks_dir.name, rank), os.getpid()))
                 proc.start()
                 send_end.close()
@@ -254,6 +258,11 @@ def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -
         if decide_at is not None and now >= decide_at:
             break
         if decide_at is None and now >= deadline:
+            for r in sorted(pending):
+                if _stopped(procs[r].pid):
+                    raise RankError(f"rank {r} is stopped (suspended, e.g. by SIGSTOP) and the "
+                                    f"run did not finish within timeout_s={timeout_s:g}",
+                                    rank=r, ranks=(r,))
             raise_timeout(sorted(pending), timeout_s, _dump_stacks(procs, pending, stacks_dir))
         waiting = {conns[r]: ("msg", r) for r in pending}
         waiting.update({procs[r].sentinel: ("exit", r) for r in pending})
@@ -270,9 +279,23 @@ def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -
         if failures and decide_at is None:
             echo_only = all(f["echo"] for f in failures)
             decide_at = time.monotonic() + (_ECHO_GRACE_S if echo_only and pending else 0.0)
+    stopped = [r for r in sorted(pending) if _stopped(procs[r].pid)]
+    if stopped:  # a suspended rank: its peers' collectives timed out waiting for it
+        why = f" (its peers: {failures[0]['line']})" if failures else ""
+        raise RankError(f"rank {stopped[0]} is stopped (suspended, e.g. by SIGSTOP){why}"[:600],
+                        rank=stopped[0], ranks=tuple(stopped))
     if failures:
         raise_failure(failures)
     return [results[r] for r in range(len(procs))]
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is suspended (state T or t in /proc: SIGSTOP, a debugger)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def _read(conn, proc):
@@ -379,14 +402,16 @@ def dispatching(to):
 
 
 def run_ranks(fn, world_size: int | None = None, args: tuple = (), timeout_s: float = 120.0, *,
-              gather: bool = True, threads_per_rank: int | None = None):
+              gather: bool = True, threads_per_rank: int | None = None,
+              collective_timeout_s: float | None = None):
     """Run fn on every rank: join torchrun's ranks, or launch local ones; see the module doc."""
     if _DISPATCH:
         return _DISPATCH[-1](fn, world_size, tuple(args), gather)
     if not started_by_torchrun():
         if world_size is None:
             raise ValueError("run_ranks: world_size is required outside torchrun")
-        return launch(fn, world_size, args, timeout_s, threads_per_rank=threads_per_rank)
+        return launch(fn, world_size, args, timeout_s, threads_per_rank=threads_per_rank,
+                      collective_timeout_s=collective_timeout_s)
     import torch.distributed as dist
     rank, size = init_from_env(timeout_s, threads_per_rank=threads_per_rank)
     if world_size is not None and world_size != size:

@@ -1,5 +1,6 @@
-"""Closed to the outside: during a run of local ranks nothing listens beyond loopback (the
-rendezvous store, `codegen.runtime.rendezvous.serve_store`, and gloo's own sockets)."""
+"""Local ranks, closed and bounded: during a run nothing listens beyond loopback (the rendezvous
+store, `codegen.runtime.rendezvous.serve_store`, and gloo's own sockets), and a rank that stops
+answering ends the run, named, after its peers' collective timeout."""
 from __future__ import annotations
 
 import os
@@ -54,3 +55,44 @@ def test_nothing_listens_beyond_loopback_during_a_run():
     every = [a for per_rank in got for a in per_rank]
     assert every, "the store and gloo's sockets listen somewhere"
     assert all(a.startswith(("127.", "::1:")) for a in every), every
+
+
+def _stop_rank_one(rank, world):
+    import signal as sig
+
+    import torch
+    import torch.distributed as dist
+    if rank == 1:
+        os.kill(os.getpid(), sig.SIGSTOP)
+    dist.all_reduce(torch.ones(4))
+
+
+def test_a_stopped_rank_ends_the_run_named_after_the_collective_timeout():
+    """Bounded work: a rank suspended by SIGSTOP (alive, silent) is named once its peers'
+    collective times out (`collective_timeout_s`), not at the run's end."""
+    import time
+
+    import pytest
+
+    from codegen.runtime.failures import RankError
+    start = time.monotonic()
+    with pytest.raises(RankError) as got:
+        launch(_stop_rank_one, 2, timeout_s=120.0, collective_timeout_s=3.0)
+    assert str(got.value).startswith("rank 1 is stopped") and got.value.rank == 1
+    assert time.monotonic() - start < 60
+
+
+import pytest  # noqa: E402
+
+from test_suite_cli import assert_one_line_error, suite_cmd  # noqa: E402
+
+
+@pytest.mark.parametrize("override,says", [
+    ("world_size=4096", "more ranks than this machine can run"),
+    ("scale.budget_s=inf", "must be > 0 and finite"),
+    ("scale.long_budget_s=inf", "must be >= 0 and finite"),
+    ("collective_timeout_s=0", "must be > 0 and finite"),
+])
+def test_unbounded_work_is_refused_before_it_starts(override, says, tmp_path):
+    assert_one_line_error(suite_cmd("experiment=adam_fusion", "scale=smoke", override,
+                                    f"hydra.run.dir={tmp_path}"), says)
