@@ -21,6 +21,8 @@ Contract
   others wait and then load the result. A stale lock left by torch's own builder is removed.
 - A failed compile raises `BuildError` with a one-line message (the first compiler error) and the
   whole log in `.log` and in `<cache>/<module>/build.log`.
+- A cached module that is damaged (not an ELF file: a zero-byte `.so` a full disk left) or
+  that will not load is said in one line and built again, once.
 - `write_sources(kernels, directory, name)` writes the same module source as
   `<directory>/<name>.cpp` (the run's `kernels/` folder) and returns its path.
 """
@@ -137,13 +139,36 @@ def _load(source: str, mname: str) -> ModuleType:
         extra["no_implicit_headers"] = True  # the source includes lighter headers (~3x faster)
     with _locked(root / f"{mname}.lock"):
         (directory / "lock").unlink(missing_ok=True)  # torch's baton, stale if we hold the lock
-        try:
-            mod = load_inline(mname, [source], extra_cflags=cflags(), extra_ldflags=list(LDFLAGS),
-                              build_directory=str(directory), verbose=False, **extra)
-        except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as e:
-            raise _error(mname, directory, str(e)) from None
+        for attempt in (0, 1):
+            if attempt or not _whole(directory / f"{mname}.so"):
+                _drop(directory / f"{mname}.so")  # damaged, or it failed to load: build again
+            try:
+                mod = load_inline(mname, [source], extra_cflags=cflags(),
+                                  extra_ldflags=list(LDFLAGS), build_directory=str(directory),
+                                  verbose=False, **extra)
+                break
+            except ImportError as e:  # the cached module would not load: once more, rebuilt
+                if attempt:
+                    raise _error(mname, directory, str(e)) from None
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                raise _error(mname, directory, str(e)) from None
     _LOADED[mname] = mod
     return mod
+
+
+def _whole(so: Path) -> bool:
+    """A cached module that can be a built one: absent (nothing to check) or an ELF file."""
+    if not so.exists():
+        return True
+    with so.open("rb") as f:
+        return f.read(4) == b"\x7fELF"
+
+
+def _drop(so: Path) -> None:
+    if so.exists():
+        print(f"the cached build {so} is damaged or would not load: building it again",
+              flush=True)
+        so.unlink()
 
 
 def _ninja_on_path() -> None:

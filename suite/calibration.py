@@ -12,7 +12,12 @@ files in `CODE`: calibrate's measurement, its rounds, its benchmarks and the fit
 matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibrate's
 "quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
-written to a temporary folder and moved into place whole, so a crash leaves no half calibration. `calibration=refresh` calibrates again and replaces the cache;
+written to a temporary folder and moved into place whole, so a crash leaves no half calibration
+(and a temporary folder older than `STALE_S`, a run killed outright left, is removed). The cache
+is checked before it is used (`cached`): fingerprint.json carries its layout's version (`SCHEMA`:
+an older one is calibrated again) and the topology files' checksums; a file that is not as it
+was written, a fingerprint.json that does not parse, a topology that does not load end the run
+before any work with one line naming the fix. `calibration=refresh` calibrates again and replaces the cache;
 `calibration=off` uses the shipped figures (conf/topology/local.yaml, uncalibrated).
 With comm=shm the calibration also measures the shared-memory collectives and the run predicts
 with the topology fitted to them (topology_shm.yaml, beside topology.yaml; a cached calibration
@@ -39,12 +44,14 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import yaml
 
 import experiments
-from cost_model.topology import load_topology
+from cost_model.topology import TopologyError, load_topology
 from experiments import MeasureSettings
 
 from . import CACHE_DIR, PROJECT_ROOT
+from .errors import SuiteError, one_line
 
 MODES = ("auto", "refresh", "off")
 # the calibration code's version (experiments.rounds: how calibrate samples communications;
@@ -56,6 +63,8 @@ CODE = ("experiments/calibrate.py", "experiments/_benches.py", "experiments/roun
 MEASURING = CODE[:4]  # what the measurements alone depend on: the history's key (`history_dir`)
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
+SCHEMA = 2  # fingerprint.json's layout: 2 = with the topology files' checksums
+STALE_S = 6 * 3600.0  # a temporary calibration folder older than this was left by a dead run
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,8 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     where = cache / key
     shm = cfg.backend.comm == "shm"
     name = TOPOLOGY_SHM if shm else TOPOLOGY
-    if cfg.calibration == "auto" and (where / name).exists():
-        meta = json.loads((where / FINGERPRINT).read_text())
+    meta = cached(where, name) if cfg.calibration == "auto" else None
+    if meta is not None:
         return Calibration(key, where / name, meta.get("created", "?"), False,
                            gloo_path=where / TOPOLOGY if shm else None)
     why = "calibration=refresh" if cfg.calibration == "refresh" else "none cached for this machine"
@@ -110,6 +119,36 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     meta = json.loads((where / FINGERPRINT).read_text())
     return Calibration(key, where / name, meta["created"], True, took,
                        gloo_path=where / TOPOLOGY if shm else None)
+
+
+def cached(where: Path, name: str) -> Optional[dict]:
+    """The cached calibration's fingerprint.json where `where` holds a whole one for `name`
+    (every file its checksums name as written, the topology loading); None where there is
+    none or it was written by an older version of this cache (`SCHEMA`: calibrate again);
+    SuiteError (one line, naming the fix) where it is damaged."""
+    if not (where / name).exists() and not (where / FINGERPRINT).exists():
+        return None
+    try:
+        meta = json.loads((where / FINGERPRINT).read_text())
+        if not isinstance(meta, dict):
+            raise ValueError(f"{FINGERPRINT} is not an object")
+        if meta.get("schema") != SCHEMA:
+            return None
+        if not (where / name).exists():
+            return None
+        sums = meta.get("checksums", {})
+        for file in {name, *sums}:
+            if sums.get(file) != _sha256(where / file):
+                raise ValueError(f"{file} is not as it was written (checksum)")
+        load_topology(path=where / name)
+    except (OSError, ValueError, TopologyError, yaml.YAMLError) as e:
+        raise SuiteError(f"the cached calibration in {where} is damaged ({one_line(e)[:200]}); "
+                         "calibrate again with calibration=refresh") from None
+    return meta
+
+
+def _sha256(path: Path) -> Optional[str]:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
 
 def history_dir(keep_awake: bool = True, cache: Path = CACHE_DIR / "calibration") -> Path:
@@ -136,6 +175,9 @@ def describe(found: Optional[Calibration], cfg, fitted: Optional[Path] = None) -
 def _calibrate(where: Path, fp: dict, world_size: int, comm: Optional[str] = None,
                history: Optional[Path] = None, pool: int = 1) -> None:
     where.parent.mkdir(parents=True, exist_ok=True)
+    for stale in where.parent.glob(".calibrating-*"):  # left by a calibration killed outright
+        if time.time() - stale.stat().st_mtime > STALE_S:
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".calibrating-", dir=where.parent))
     try:
         settings = MeasureSettings(scale="quick", max_elements=1 << 25,
@@ -145,7 +187,9 @@ def _calibrate(where: Path, fp: dict, world_size: int, comm: Optional[str] = Non
                                    calibration_pool=pool)
         experiments.get("calibrate").measure(settings)
         created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        (tmp / FINGERPRINT).write_text(json.dumps({**fp, "created": created}, indent=2) + "\n")
+        sums = {f.name: _sha256(f) for f in sorted(tmp.glob("topology*.yaml"))}
+        (tmp / FINGERPRINT).write_text(json.dumps(
+            {**fp, "created": created, "schema": SCHEMA, "checksums": sums}, indent=2) + "\n")
         if where.exists():
             shutil.rmtree(where)
         tmp.replace(where)

@@ -1,6 +1,7 @@
 """Calibrated by default (suite.calibration): the fingerprint keys the cache, auto reuses a cached
 calibration without measuring, off and a given topology.path use none, refresh calibrates again
 (a real quick calibration on 2 ranks, once), and the report names the calibration used."""
+import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace as N
@@ -31,8 +32,11 @@ def test_fingerprint_names_the_machine_and_the_code():
 def test_auto_reuses_a_cached_calibration(tmp_path, monkeypatch):
     where = tmp_path / key_of(fingerprint())
     where.mkdir()
-    (where / "topology.yaml").write_text("name: local\n")
-    (where / "fingerprint.json").write_text(json.dumps({"created": "then"}))
+    text = (calibration.PROJECT_ROOT / "conf" / "topology" / "local.yaml").read_bytes()
+    (where / "topology.yaml").write_bytes(text)
+    (where / "fingerprint.json").write_text(json.dumps({
+        "created": "then", "schema": calibration.SCHEMA,
+        "checksums": {"topology.yaml": hashlib.sha256(text).hexdigest()}}))
     monkeypatch.setattr(calibration, "_calibrate", lambda *a: pytest.fail("recalibrated"))
     found = local_calibration(_cfg(), ADAM, 2, cache=tmp_path)
     assert found.path == where / "topology.yaml" and not found.fresh
