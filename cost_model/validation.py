@@ -168,13 +168,18 @@ def fit_pipeline(system: str, points: Optional[list[Point]] = None) -> dict:
 
 def paper_results(path: Optional[Path] = None) -> list[dict]:
     """The paper's headline results (data/paper_results.csv unless `path`), one dict per row."""
-    path = Path(path) if path else DATA_DIR / "paper_results.csv"
+    return _typed(Path(path) if path else DATA_DIR / "paper_results.csv",
+                  {"speedup_min": float, "speedup_max": float, "world_size": int})
+
+
+def _typed(path: Path, types: dict) -> list[dict]:
+    """The rows of a CSV file with the columns of `types` converted (ValueError naming the
+    file and line where one does not convert)."""
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     for i, r in enumerate(rows, start=2):
         try:
-            r["speedup_min"], r["speedup_max"] = float(r["speedup_min"]), float(r["speedup_max"])
-            r["world_size"] = int(r["world_size"])
+            r.update({k: convert(r[k]) for k, convert in types.items()})
         except (KeyError, ValueError) as e:
             raise ValueError(f"{path.name} line {i}: {e}") from None
     return rows
@@ -185,13 +190,5 @@ def authors_raw(path: Optional[Path] = None) -> list[dict]:
     coconet_raw_adam.csv unless `path`: their repository's logs, not published figures; each row
     names its file and commit and says how it was timed): {experiment, schedule, nccl_algo,
     world_size, size (elements), time_ms, reference, caveat}, one dict per row."""
-    path = Path(path) if path else DATA_DIR / "coconet_raw_adam.csv"
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    for i, r in enumerate(rows, start=2):
-        try:
-            r["world_size"], r["size"] = int(r["world_size"]), int(r["size"])
-            r["time_ms"] = float(r["time_ms"])
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"{path.name} line {i}: {e}") from None
-    return rows
+    return _typed(Path(path) if path else DATA_DIR / "coconet_raw_adam.csv",
+                  {"world_size": int, "size": int, "time_ms": float})

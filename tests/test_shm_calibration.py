@@ -2,6 +2,7 @@
 measurements (pure), and with comm=shm a run predicts with topology_shm.yaml, calibrating (with
 comm=shm) when the cached calibration lacks it."""
 import dataclasses
+import hashlib
 import json
 from types import SimpleNamespace as N
 
@@ -85,20 +86,30 @@ def _cfg(comm):
              backend=N(name="cpu", comm=comm), keep_awake=True, calibration_pool=8)
 
 
+def _write_cache(folder, created: str, *files: str) -> None:
+    """A cached calibration as `suite.calibration` writes it: the topology files (the shipped
+    local topology's text) and a fingerprint.json naming their checksums."""
+    text = (calibration.PROJECT_ROOT / "conf" / "topology" / "local.yaml").read_bytes()
+    for name in files:
+        (folder / name).write_bytes(text)
+    sums = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.glob("topology*.yaml"))}
+    (folder / "fingerprint.json").write_text(json.dumps(
+        {"created": created, "schema": calibration.SCHEMA, "checksums": sums}))
+
+
 def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp_path,
                                                                             monkeypatch):
     adam = experiments.get("adam_fusion")
     where = tmp_path / key_of(fingerprint())
     where.mkdir()
-    (where / "topology.yaml").write_text("name: local\n")  # a calibration made without comm=shm
-    (where / "fingerprint.json").write_text(json.dumps({"created": "then"}))
+    _write_cache(where, "then", "topology.yaml")  # a calibration made without comm=shm
     asked = []
 
     def calibrate(folder, fp, world, comm=None, history=None, pool=1):
         asked.append(comm)
         assert history.parent == tmp_path / "history" and pool == 8
-        (folder / "topology_shm.yaml").write_text("name: local\n")
-        (folder / "fingerprint.json").write_text(json.dumps({"created": "now"}))
+        _write_cache(folder, "now", "topology_shm.yaml")
 
     monkeypatch.setattr(calibration, "_calibrate", calibrate)
     assert local_calibration(_cfg("ring"), adam, 2, cache=tmp_path).path == where / "topology.yaml"
