@@ -26,6 +26,7 @@ from reports.table import append_row, read_table
 from .errors import SuiteError
 
 SETTINGS = "settings.json"
+REPORT = "report"  # settings.json's record of the report's own inputs (`record_report`)
 
 
 def keep_earlier_results(out_dir: Path) -> Optional[Path]:
@@ -47,6 +48,21 @@ def write_settings(out_dir: Path, settings: dict) -> None:
     (out_dir / SETTINGS).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
+def record_report(out_dir: Path, recorded: dict) -> None:
+    """Keep under settings.json's `REPORT` key what a report shows that results.csv does not
+    hold (the verification checks, the calibration used), so `python -m suite.report` remakes
+    it as the run wrote it; resume does not compare it."""
+    path = out_dir / SETTINGS
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    write_settings(out_dir, {**saved, REPORT: recorded})
+
+
+def recorded_report(out_dir: Path) -> Optional[dict]:
+    """What `record_report` kept, or None (a run from before it, or none)."""
+    path = out_dir / SETTINGS
+    return json.loads(path.read_text()).get(REPORT) if path.exists() else None
+
+
 def resume_rows(out_dir: Path, settings: dict) -> list[dict]:
     """The measured rows to keep when resuming into out_dir (see the module)."""
     csv, saved = out_dir / "results.csv", out_dir / SETTINGS
@@ -56,7 +72,8 @@ def resume_rows(out_dir: Path, settings: dict) -> list[dict]:
         raise SuiteError(f"resume=true: {out_dir} has results but no {SETTINGS}; it was not "
                          "written by a run that can be resumed")
     before = json.loads(saved.read_text())
-    differ = sorted(k for k in {*before, *settings} if before.get(k) != settings.get(k))
+    differ = sorted(k for k in {*before, *settings} - {REPORT}
+                    if before.get(k) != settings.get(k))
     if differ:
         k = differ[0]
         raise SuiteError(f"resume=true: {out_dir} was run with {k}={before.get(k)!r}, this run "

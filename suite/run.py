@@ -40,7 +40,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn, Union
+from typing import NoReturn, Optional, Union
 
 import pandas as pd
 
@@ -67,8 +67,8 @@ from .load import (check_settings, check_sizes, derive_experiment, load_experime
                    load_programs)
 from .paper import run_paper
 from .report_md import render_report, write_report
-from .resume import (complete, done_points, keep_earlier_results, restart_with, resume_rows,
-                     write_settings)
+from .resume import (complete, done_points, keep_earlier_results, record_report, restart_with,
+                     resume_rows, write_settings)
 from .verification import Check, verify_schedules
 
 
@@ -335,7 +335,9 @@ SMOKE_NOTE = (" (a check that every step runs: its sizes are too small and its r
 
 
 def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], checks: list[Check],
-           out_dir: Path, calibration: str = "") -> Path:
+           out_dir: Path, calibration: str = "", rebuilt: Optional[dict] = None) -> Path:
+    """report.md, report.html and tables/ from results.csv and the run's checks; `rebuilt`
+    (`python -m suite.report`): the checks and calibration the run recorded, instead."""
     settings = {"scale": cfg.scale.name + (SMOKE_NOTE if cfg.scale.name == "smoke" else ""),
                 "backend": cfg.backend.name,
                 "topology": (f"{cfg.topology.name} (from {cfg.topology.path})"
@@ -343,6 +345,12 @@ def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], chec
                 "calibration": calibration or describe(None, cfg),
                 "verify.world_sizes": cfg.verify.world_sizes,
                 "verify.trials": cfg.verify.trials, "seed": cfg.seed}
+    if rebuilt is None:  # the run's own: kept for `python -m suite.report`
+        record_report(out_dir, {"calibration": settings["calibration"],
+                                "checks": [dataclasses.asdict(c) for c in checks]})
+    else:
+        settings["calibration"] = rebuilt.get("calibration", settings["calibration"])
+        checks = [Check(**c) for c in rebuilt.get("checks", [])]
     text = render_report(experiment=exp.name, figure=exp.figure, settings=settings,
                          programs={name: str(p) for name, p in schedules.items()}, checks=checks,
                          results=results_section(exp, out_dir))

@@ -138,3 +138,16 @@ def test_resume_reads_whole_rows_of_complete_points_only(tmp_path):
     assert len(rows) == 3 and list(whole_rows(path).columns) == list(COLUMNS)
     kept = complete(rows, ["AR-C"], exp)
     assert [(r["size"], r["schedule"]) for r in kept] == [(4096, "baseline"), (4096, "AR-C")]
+
+
+def test_suite_report_on_a_copied_run_remakes_its_report_byte_for_byte(earlier, tmp_path):
+    """The report is a function of the run directory's results.csv and settings.json (the
+    checks and the calibration it recorded) and its configuration."""
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(earlier, copy)
+    (copy / "report.md").unlink()
+    proc = subprocess.run([sys.executable, "-m", "suite.report", str(copy)], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (copy / "report.md").read_bytes() == (earlier / "report.md").read_bytes()

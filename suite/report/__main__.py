@@ -1,6 +1,8 @@
 """`python -m suite.report DIR`: rebuild a run's report (report.md, report.html, figures/, tables/)
-from its results.csv and its recorded configuration (DIR/.hydra/config.yaml), re-running nothing
-but the schedules' printing (the verification table is not re-made: it says so). A run of an
+from its results.csv and its recorded configuration (DIR/.hydra/config.yaml, and settings.json's
+record of the verification checks and the calibration used: `suite.resume.record_report`),
+re-running nothing but the schedules' printing: report.md comes out as the run wrote it (a run
+from before the record: without its checks, and it says so). A run of an
 experiment made from another (experiment=autotune target=NAME) is rebuilt as that run made it,
 from its own records (`Experiment.recorded`: autotune.csv), with its own section. An
 experiment=paper run is rebuilt run by run, then its reproduction report (`suite.paper`). Bad
@@ -15,6 +17,7 @@ from ..config import Config, register
 from ..errors import SuiteError, fail
 from ..load import load_experiment, load_programs, recorded_experiment
 from ..paper import rebuild_paper
+from ..resume import recorded_report
 from ..run import final_summary, report
 
 
@@ -39,8 +42,10 @@ def rebuild_one(cfg: Config, run_dir: Path) -> Path:
     exp = recorded_experiment(cfg, load_experiment(cfg.experiment.name, cfg.experiment.module),
                               run_dir)
     _, schedules = load_programs(exp, cfg)
+    kept = recorded_report(run_dir)
     path = report(cfg, exp, schedules, [], run_dir,
-                  "as recorded in the run (report rebuilt by python -m suite.report)")
+                  "as recorded in the run (report rebuilt by python -m suite.report)",
+                  rebuilt=kept if kept is not None else {})
     print(final_summary(exp.name, run_dir), flush=True)
     return path
 
