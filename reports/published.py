@@ -19,15 +19,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from .figures import _save
+from .tables import _size
 
 EXPLAIN_PCT = 15.0  # a point whose speedup error exceeds this gets its breakdown
 FUSED = "fuse(RS-C-AG)+as_slice"
 AS_PUBLISHED = "fuse(RS-C-AG)+as_slice+f16"
-
-
-def _size(n: int) -> str:
-    n = int(n)
-    return f"2^{n.bit_length() - 1}" if n & (n - 1) == 0 else str(n)
 
 
 def points(df, experiment: str) -> list[dict]:

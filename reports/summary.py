@@ -17,7 +17,7 @@ reproduction report's overview.
 """
 from __future__ import annotations
 
-from .predicted import accuracy, summary
+from .predicted import _bytes, accuracy, summary
 from .tables import point_label
 
 Table = tuple[list[str], list[list[str]]]
@@ -134,13 +134,6 @@ def busbw_summary(topology: str, rows) -> str:
         return f"{topology}: -"
     text = f"{topology}: all_reduce {at:.1f} GB/s at {_bytes(largest)}"
     return text + ("" if best[1] == largest else f" (best {best[0]:.1f} at {_bytes(best[1])})")
-
-
-def _bytes(n: int) -> str:
-    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << k:
-            return f"{n / (1 << k):g} {unit}"
-    return f"{n} B"
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:

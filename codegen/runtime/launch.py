@@ -258,11 +258,8 @@ def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -
         if decide_at is not None and now >= decide_at:
             break
         if decide_at is None and now >= deadline:
-            for r in sorted(pending):
-                if _stopped(procs[r].pid):
-                    raise RankError(f"rank {r} is stopped (suspended, e.g. by SIGSTOP) and the "
-                                    f"run did not finish within timeout_s={timeout_s:g}",
-                                    rank=r, ranks=(r,))
+            _raise_if_stopped(procs, pending, f" and the run did not finish within "
+                                              f"timeout_s={timeout_s:g}")
             raise_timeout(sorted(pending), timeout_s, _dump_stacks(procs, pending, stacks_dir))
         waiting = {conns[r]: ("msg", r) for r in pending}
         waiting.update({procs[r].sentinel: ("exit", r) for r in pending})
@@ -279,14 +276,19 @@ def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -
         if failures and decide_at is None:
             echo_only = all(f["echo"] for f in failures)
             decide_at = time.monotonic() + (_ECHO_GRACE_S if echo_only and pending else 0.0)
-    stopped = [r for r in sorted(pending) if _stopped(procs[r].pid)]
-    if stopped:  # a suspended rank: its peers' collectives timed out waiting for it
-        why = f" (its peers: {failures[0]['line']})" if failures else ""
-        raise RankError(f"rank {stopped[0]} is stopped (suspended, e.g. by SIGSTOP){why}"[:600],
-                        rank=stopped[0], ranks=tuple(stopped))
+    # a suspended rank: its peers' collectives timed out waiting for it
+    _raise_if_stopped(procs, pending, f" (its peers: {failures[0]['line']})" if failures else "")
     if failures:
         raise_failure(failures)
     return [results[r] for r in range(len(procs))]
+
+
+def _raise_if_stopped(procs, pending, why: str) -> None:
+    """RankError naming the first of the `pending` ranks whose process is suspended, if any."""
+    stopped = [r for r in sorted(pending) if _stopped(procs[r].pid)]
+    if stopped:
+        raise RankError(f"rank {stopped[0]} is stopped (suspended, e.g. by SIGSTOP){why}"[:600],
+                        rank=stopped[0], ranks=tuple(stopped))
 
 
 def _stopped(pid: int) -> bool:
