@@ -1,4 +1,5 @@
-"""`python -m suite experiment=NAME scale=smoke|default|paper hydra.run.dir=DIR [key=value ...]`.
+"""`python -m suite experiment=NAME scale=smoke|default|paper hydra.run.dir=DIR [key=value ...]`,
+and `python -m suite report DIR` (the same as `python -m suite.report DIR`: rebuild a run's report).
 
 A user's experiment (`experiment=NAME experiment.module=SPEC`) is named through `experiment.name`
 (`suite.cli.user_experiment_overrides`). The command line is checked first
@@ -54,6 +55,10 @@ def plugins_on_path() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["report"]:  # python -m suite report DIR
+        from .report.__main__ import main as report_main
+        report_main(sys.argv[2:])
+        return
     plugins_on_path()
     register_launcher()  # hydra/launcher=submitit_slurm: ours, for prevalidate's compose too
     try:

@@ -30,7 +30,8 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from cost_model.topology import Topology, TopologyError, hydra_schema, load_topology
+from cost_model.topology import (Topology, TopologyError, curve_us, hydra_schema,
+                                 load_topology)
 
 from .errors import SuiteError, one_line
 
@@ -172,8 +173,10 @@ class Config:
     # next free DIR.<k> first. resume=true continues it instead.
     existing: str = "stop"
     # Each collective's timeout in the ranks, seconds: a rank that stops answering (killed,
-    # suspended) ends the run after this, named (the whole measurement's limit is 30 minutes).
-    collective_timeout_s: float = 120.0
+    # suspended) ends the run after this, named. null: from the calibrated rate
+    # (`collective_timeout`: 100x the calibrated all-reduce of the run's largest tensor, at
+    # least 30 s; 120 s before a calibration exists).
+    collective_timeout_s: Optional[float] = None
     # Topologies every run also predicts on (experiment=paper: DGX A100 and DGX H100 clusters);
     # a topology the experiment's paper setting already predicts on is not repeated.
     predict_also: List[ExtraTopology] = field(default_factory=list)
@@ -200,6 +203,26 @@ def register() -> None:
         OmegaConf.register_new_resolver("coconet.comm", transport)
 
 
+TIMEOUT_FLOOR_S = 30.0  # a collective's timeout at least: a peer's kernel and the VM's stalls
+TIMEOUT_SLACK = 100  # times the calibrated all-reduce of the run's largest tensor
+UNCALIBRATED_TIMEOUT_S = 120.0  # before a calibration exists (calibrating, calibration=off)
+
+
+def collective_timeout(cfg: Config, topology: Optional[Topology] = None) -> float:
+    """Each collective's timeout in the ranks, s: `collective_timeout_s` where set, else
+    TIMEOUT_SLACK x the calibrated library all-reduce (`Topology.all_reduce_us`, at the run's
+    world size or the nearest measured one) of the run's largest tensor (`scale.max_elements`
+    f64 elements), at least TIMEOUT_FLOOR_S; UNCALIBRATED_TIMEOUT_S without a calibrated curve."""
+    if cfg.collective_timeout_s is not None:
+        return cfg.collective_timeout_s
+    curves = topology.all_reduce_us if topology is not None else {}
+    if not curves:
+        return UNCALIBRATED_TIMEOUT_S
+    ranks = min(curves, key=lambda r: (abs(r - cfg.world_size), -r))
+    largest_us = curve_us(curves[ranks], 8.0 * cfg.scale.max_elements)
+    return max(TIMEOUT_FLOOR_S, TIMEOUT_SLACK * largest_us / 1e6)
+
+
 def max_ranks() -> int:
     """The most local CPU ranks a run may start here."""
     return RANKS_PER_CORE * (os.cpu_count() or 1)
@@ -217,8 +240,10 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise SuiteError(f"{key}={value} is impossible; it must be >= 1")
-    for key, value in {"scale.budget_s": cfg.scale.budget_s, "scale.ci_pct": cfg.scale.ci_pct,
-                       "collective_timeout_s": cfg.collective_timeout_s}.items():
+    bounded = {"scale.budget_s": cfg.scale.budget_s, "scale.ci_pct": cfg.scale.ci_pct}
+    if cfg.collective_timeout_s is not None:
+        bounded["collective_timeout_s"] = cfg.collective_timeout_s
+    for key, value in bounded.items():
         if not 0 < value < math.inf:
             raise SuiteError(f"{key}={value} is impossible; it must be > 0 and finite")
     if not 0 <= cfg.scale.long_budget_s < math.inf:

@@ -59,14 +59,14 @@ from reports.summary import schedule_summary, text_table
 from reports.table import append_row, read_table
 
 from .calibration import describe, history_dir, local_calibration
-from .config import Config, extra_topologies, topology_of, validate
+from .config import Config, collective_timeout, extra_topologies, topology_of, validate
 from .errors import SuiteError, fail, fail_run
 from .generate import generate
 from .interrupt import Interrupted, received
 from .load import (check_settings, check_sizes, derive_experiment, load_experiment,
                    load_programs)
 from .paper import run_paper
-from .report_md import render_report, write_report
+from .report_md import compared, render_report, write_report
 from .resume import (complete, done_points, keep_earlier_results, record_report, restart_with,
                      resume_rows, write_settings)
 from .verification import Check, verify_schedules
@@ -124,7 +124,8 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
             found = local_calibration(cfg, exp, cfg.world_size)
         calibrated = with_calibration(cfg, found)
         skip = done_points(kept, list(schedules), exp) if kept else frozenset()
-        rows = kept + measure(cfg, exp, schedules, backend, out_dir, skip)
+        rows = kept + measure(cfg, exp, schedules, backend, out_dir, skip,
+                              collective_timeout(cfg, topology_of(calibrated)))
         predict(calibrated, exp, schedules, out_dir, rows, gloo_topology(cfg, found))
     except Interrupted as e:
         stopped = e
@@ -232,8 +233,9 @@ def runtime_backend(cfg: Config):
 
 
 def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Path,
-            skip: frozenset = frozenset()) -> list[dict]:
-    """Measured rows on the run's backend: the experiment's own measure, else the harness."""
+            skip: frozenset = frozenset(), timeout_s: Optional[float] = None) -> list[dict]:
+    """Measured rows on the run's backend: the experiment's own measure, else the harness;
+    `timeout_s`: each collective's (`suite.config.collective_timeout`), cfg's own by default."""
     if backend is None or not exp.measurable:
         print(f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local "
               "measurement)", flush=True)
@@ -247,7 +249,7 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                world_size=cfg.world_size, warmup=cfg.scale.warmup,
                                repeats=cfg.scale.repeats, csv_path=out_dir / "results.csv",
                                kernels_dir=out_dir / "kernels", seed=cfg.seed,
-                               collective_timeout_s=cfg.collective_timeout_s,
+                               collective_timeout_s=timeout_s or collective_timeout(cfg),
                                backend=backend.name, comm=cfg.backend.comm,
                                schedules=schedules or None,
                                points=[dict(b) for b in cfg.experiment.sizes or []] or None,
@@ -260,7 +262,8 @@ def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Pat
                                calibration_pool=cfg.calibration_pool)
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
-          "scale)", flush=True)
+          f"scale; a collective times out after {settings.collective_timeout_s:.0f} s)",
+          flush=True)
     return exp.measure(settings) if exp.measure else harness.measure(exp, settings)
 
 
@@ -351,9 +354,11 @@ def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], chec
     else:
         settings["calibration"] = rebuilt.get("calibration", settings["calibration"])
         checks = [Check(**c) for c in rebuilt.get("checks", [])]
+    comparison = compared(cfg.backend.name, cfg.backend.comm, cfg.scale.name, exp.measurable,
+                          bool(cfg.predict_also) or exp.paper is not None)
     text = render_report(experiment=exp.name, figure=exp.figure, settings=settings,
                          programs={name: str(p) for name, p in schedules.items()}, checks=checks,
-                         results=results_section(exp, out_dir))
+                         results=results_section(exp, out_dir), comparison=comparison)
     path = write_report(out_dir, text)
     write_html(path)  # report.html, figures embedded
     if (out_dir / "results.csv").exists():

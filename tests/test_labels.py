@@ -43,3 +43,17 @@ def test_the_report_defines_the_predicted_baseline(tmp_path):
                        for s, t in (("baseline", 0.1), ("AR-C", 0.1))])
     text = predicted_section(df, "adam_fusion", tmp_path)
     assert BASELINE_NOTE in text and "nothing was measured" in BASELINE_NOTE
+
+
+def test_a_report_opens_with_what_its_baseline_is_and_what_its_scale_shows():
+    from suite.report_md import compared, render_report
+    cpu = compared("cpu", "shm", "smoke", True, True)
+    assert "torch.distributed's collective on gloo" in cpu and "baseline(gloo)" in cpu
+    assert "NCCL's all-reduce" in cpu and "figures mean nothing" in cpu
+    sim = compared("sim", "ring", "default", False, False)
+    assert sim.startswith("Nothing is measured on backend sim") and "local topology" not in sim
+    assert "NCCL's all-reduce" in sim
+    assert "on NCCL" in compared("cuda", "nccl", "paper", True, False)
+    text = render_report(experiment="e", figure="Fig. 1", settings={}, programs={}, checks=[],
+                         comparison=cpu)
+    assert text.index("## What is compared") < text.index("## Settings")

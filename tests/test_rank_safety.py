@@ -96,3 +96,25 @@ from test_suite_cli import assert_one_line_error, suite_cmd  # noqa: E402
 def test_unbounded_work_is_refused_before_it_starts(override, says, tmp_path):
     assert_one_line_error(suite_cmd("experiment=adam_fusion", "scale=smoke", override,
                                     f"hydra.run.dir={tmp_path}"), says)
+
+
+def test_the_collective_timeout_comes_from_the_calibrated_rate():
+    """Seconds, not minutes: 100x the calibrated all-reduce of the run's largest tensor, at least
+    30 s; what the user sets wins; before a calibration exists, 120 s."""
+    import dataclasses
+
+    from cost_model.topology import load_topology
+    from suite.config import Config, collective_timeout
+
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, world_size=2,
+                              scale=dataclasses.replace(cfg.scale, max_elements=1 << 22))
+    topo = load_topology("local")
+    assert collective_timeout(cfg, None) == collective_timeout(cfg, topo) == 120.0
+    # 2 ranks: 32 MiB (2^22 f64) all-reduced in 0.4 s -> 40 s; 4 ranks' curve ignored
+    fast = dataclasses.replace(topo, all_reduce_us={2: {1 << 20: 12_500.0},
+                                                    4: {1 << 20: 1e6}})
+    assert collective_timeout(cfg, fast) == pytest.approx(40.0)
+    faster = dataclasses.replace(topo, all_reduce_us={2: {1 << 20: 100.0}})
+    assert collective_timeout(cfg, faster) == 30.0  # the floor
+    assert collective_timeout(dataclasses.replace(cfg, collective_timeout_s=5.0), fast) == 5.0

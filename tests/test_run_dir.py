@@ -147,7 +147,7 @@ def test_suite_report_on_a_copied_run_remakes_its_report_byte_for_byte(earlier, 
     copy = tmp_path / "copy"
     shutil.copytree(earlier, copy)
     (copy / "report.md").unlink()
-    proc = subprocess.run([sys.executable, "-m", "suite.report", str(copy)], cwd=PROJECT_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "suite", "report", str(copy)], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (copy / "report.md").read_bytes() == (earlier / "report.md").read_bytes()
