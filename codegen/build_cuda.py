@@ -16,8 +16,10 @@ Contract
 - Options `OPTIONS`: C++17 and `--fmad=false` (no FMA contraction, so f32/f64 results round as
   `dsl.interpret`'s numpy does; the kernels are memory-bound, contraction would buy no time).
 - The cache: `<repo>/.cache/cuda/<hash>.<arch>.{ptx,cubin}`, the hash covering the source, the
-  options and the NVRTC version (so schedules with the same kernels share one compile). Files are written to a temporary name and renamed, so ranks
-  compiling the same module at once never read a partial file.
+  options and the NVRTC version (so schedules with the same kernels share one compile). Files are
+  written to a temporary name and renamed, so ranks compiling the same module at once never read
+  a partial file; each has a `.sha256` beside it, written first: a file that does not match it
+  (damaged, cut short, or from before the checksums) is reported in one line and compiled again.
 - `write_sources` writes `<name>.cu` and, for every `sm_XY` of `archs`, `<name>.sm_XY.ptx` (PTX for
   `compute_XY`: what the driver JIT-compiles for that GPU and any newer one); returns the paths.
 - `build` compiles a CUBIN for the GPU's own `sm_XY` (PTX for the newest arch NVRTC knows, if it
@@ -33,6 +35,7 @@ import functools
 import hashlib
 import os
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +131,9 @@ def cache_path(source: str, arch: str) -> Path:
 def compile_module(source: str, arch: str, name: Optional[str] = None) -> bytes:
     """PTX ("compute_XY") or CUBIN ("sm_XY") of `source`, from the cache when it is there."""
     path = cache_path(source, arch)
-    if path.exists():
-        return path.read_bytes()
+    cached = _checked(path)
+    if cached is not None:
+        return cached
     mname = module_name(source, name)
     kind, _, number = arch.partition("_")
     if kind not in ("compute", "sm") or f"sm_{number}" not in nvrtc_archs():
@@ -149,8 +153,32 @@ def compile_module(source: str, arch: str, name: Optional[str] = None) -> bytes:
         image = nvrtc.getCUBIN(prog) if kind == "sm" else nvrtc.getPTX(prog).rstrip(b"\0")
     finally:
         nvrtc.destroyProgram(prog)
+    _write_atomic(_sum_path(path), hashlib.sha256(image).hexdigest().encode())
     _write_atomic(path, image)
     return image
+
+
+def _sum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _checked(path: Path) -> Optional[bytes]:
+    """The cached file's bytes where they match their checksum; None where there is none, or
+    where they do not (one line on stderr, the file removed: it is compiled again)."""
+    try:
+        image = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        expected = _sum_path(path).read_text().strip()
+    except FileNotFoundError:
+        expected = ""
+    if hashlib.sha256(image).hexdigest() == expected:
+        return image
+    print(f"cuda cache: {path} does not match its checksum; compiling it again",
+          file=sys.stderr, flush=True)
+    path.unlink(missing_ok=True)
+    return None
 
 
 def ptx_arch(arch: str) -> str:

@@ -108,6 +108,17 @@ def test_the_cache_returns_the_compiled_module(plans):
 
 
 @needs_nvrtc
+def test_a_damaged_cached_module_is_reported_and_compiled_again(plans, capfd):
+    source = build_cuda.module_source(plans.extras["adam"][1].kernels())
+    good = build_cuda.compile_module(source, "compute_80", "test_damaged")
+    path = build_cuda.cache_path(source, "compute_80")
+    path.write_bytes(good[: len(good) // 2])  # cut short
+    assert build_cuda.compile_module(source, "compute_80", "test_damaged") == good
+    assert "does not match its checksum" in capfd.readouterr().err
+    assert path.read_bytes() == good
+
+
+@needs_nvrtc
 def test_write_sources_writes_the_cu_and_ptx_per_arch(plans, tmp_path):
     kernels = plans.extras["adam"][1].kernels()
     paths = build_cuda.write_sources(kernels, tmp_path / "kernels", "adam_fusion_AR-C")
