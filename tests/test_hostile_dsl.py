@@ -45,6 +45,9 @@ CASES = {
     "a program name with a newline": (lambda: Builder("p\nq"), ArgumentError),
     "an output name that is not a string": (lambda: one()[0].output(3, one()[1]), ArgumentError),
     "a size symbol that is not a string": (lambda: sym(3), ShapeError),
+    "two outputs with one name": (lambda: built(lambda b, x: (b.output("y", x * 3.0), x)[1]),
+                                  ShapeError),
+    "two inputs with one name": (lambda: one()[0].input("x", f32, [N], Local()), ShapeError),
     # numbers that are not numbers
     "a NaN hyper-parameter": (lambda: one()[0].param("lr", float("nan")), ArgumentError),
     "an infinite hyper-parameter": (lambda: one()[0].param("lr", math.inf), ArgumentError),
