@@ -33,8 +33,10 @@ gives NCCL's graph (channels, per-channel bandwidths, NVLS, CollNet):
                all_gather, so (nsteps x 2) slices per loop of channels x ranks x 2 MiB; 1 a chunk
                for broadcast / reduce, chained through the ranks);
                NVLS, NVLS tree, CollNet (chunks NCCL sizes by the call, 16 KiB .. 128 KiB for
-               NVLS): the fill and drain of a pipeline with optimal chunking, 2 sqrt(fill_us x
-               depth x wire), `depth` stages (NVLS's 2, a tree's hops up and down);
+               NVLS): the fill and drain of a pipeline with optimal chunking, 2 sqrt(wire x
+               (2 fill_us + hops net_fill_us)): NVLS's 2 stages in the node, and NVLS tree's
+               hops of the inter-node tree up and down (`net_fill_us` each, fitted apart on
+               multi-node points);
                LL, LL128 (every 8 / 128 bytes carry their own flag, forwarded as they land) and
                tree (NCCL's own mid-size correction, treeCorrectionFactor): none, NCCL's
                estimate as it stands (the A100 curve's LL128 time is linear in its size).
@@ -219,12 +221,13 @@ def latency_us(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc: Ncc
     return lat + intra + 2 * log_nodes * inter  # nvls_tree
 
 
-def depth(kind: str, algo: str, ranks: int, nodes: int) -> int:
-    """Pipeline stages a chunk of NVLS / CollNet goes through (the fill term's depth): up to the
-    switch and back, and for NVLS tree the inter-node tree's hops up and down."""
+def depth(kind: str, algo: str, ranks: int, nodes: int) -> tuple[int, int]:
+    """Pipeline stages a chunk of NVLS / CollNet goes through (the fill term's depth): (inside
+    the node: up to the switch and back; across nodes: NVLS tree's hops of the inter-node tree,
+    up and down, each paced by `net_fill_us` rather than `fill_us`)."""
     if algo == "nvls_tree":
-        return 2 + 2 * int(math.log2(nodes))
-    return 2
+        return 2, 2 * int(math.log2(nodes))
+    return 2, 0
 
 
 def comm_channels(nc: Nccl) -> int:
@@ -282,8 +285,8 @@ def estimate(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes:
 
 def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
           nc: Nccl) -> tuple[float, float, float, float, float]:
-    """(fixed us, coefficient of sqrt(fill_us), coefficient of slice_us, latency, bandwidth):
-    time_us = fixed + a sqrt(fill_us) + b slice_us, the bandwidth the one the call reaches."""
+    """(fixed us, wire us of the fill (0: none), coefficient of slice_us, latency, bandwidth):
+    time_us = fixed + fill (`fill_us_of`) + b slice_us, the bandwidth the one the call reaches."""
     lat, bw = estimate(kind, nbytes, algo, proto, ranks, nodes, nc)
     rate = {LL: nc.ll_bw_gbps, LL128: nc.ll128_bw_gbps}.get(proto) if algo == "ring" else None
     if rate:  # the ring's measured LL / LL128 rate per graph channel, where fitted
@@ -294,7 +297,7 @@ def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: in
     if algo == "ring" and proto == SIMPLE:
         return lat + wire, 0.0, float(slices(kind, nbytes, ranks, nodes, channels)), lat, bw
     if algo.startswith(("nvls", "collnet")):  # chunks NCCL sizes by the call: a fill
-        return lat + wire, 2.0 * math.sqrt(depth(kind, algo, ranks, nodes) * wire), 0.0, lat, bw
+        return lat + wire, wire, 0.0, lat, bw
     return lat + wire, 0.0, 0.0, lat, bw  # LL, LL128, tree: NCCL's estimate as it stands
 
 
@@ -302,8 +305,20 @@ def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: 
             nc: Nccl) -> Call:
     """One call's time: NCCL's estimate (ncclTopoGetAlgoTime) at the channels the call uses,
     plus its pipeline's cost (the fill, or the Simple ring's slices)."""
-    fixed, a, b, lat, bw = parts(kind, nbytes, algo, proto, ranks, nodes, nc)
-    return Call(algo, proto, fixed + a * math.sqrt(nc.fill_us) + b * nc.slice_us, lat, bw)
+    fixed, wire, b, lat, bw = parts(kind, nbytes, algo, proto, ranks, nodes, nc)
+    return Call(algo, proto, fixed + fill_us_of(kind, algo, ranks, nodes, wire, nc)
+                + b * nc.slice_us, lat, bw)
+
+
+def fill_us_of(kind: str, algo: str, ranks: int, nodes: int, wire: float, nc: Nccl) -> float:
+    """The fill and drain of a pipeline of optimal chunking over `wire` us: 2 sqrt(wire x the
+    stages' fill), the node's stages at `fill_us` each, the network's at `net_fill_us` (NVLS
+    tree across nodes; `fill_us` where the topology gives none)."""
+    if wire <= 0:
+        return 0.0
+    inside, across = depth(kind, algo, ranks, nodes)
+    net = nc.net_fill_us if nc.net_fill_us is not None else nc.fill_us
+    return 2.0 * math.sqrt(wire * (inside * nc.fill_us + across * net))
 
 
 def candidates(kind: str, ranks: int, nodes: int, nc: Nccl, algo: Optional[str] = None,

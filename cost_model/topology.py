@@ -253,6 +253,7 @@ class Nccl:
     net_overhead_us: float = field(default=1.0, metadata=_positive(False))
     fill_us: float = field(default=0.0, metadata=_positive(False))
     slice_us: float = field(default=0.0, metadata=_positive(False))
+    net_fill_us: Optional[float] = field(default=None, metadata=_positive(False))
     ll_bw_gbps: Optional[float] = field(default=None, metadata=_positive())
     ll128_bw_gbps: Optional[float] = field(default=None, metadata=_positive())
     version: str = "2.20.3"
@@ -385,6 +386,21 @@ class Topology:
                                    lone_library=link(self.lone_library),
                                    p2p_link=link(self.p2p_link),
                                    lone_p2p_link=link(self.lone_p2p_link))
+
+    def with_devices_per_node(self, used: int) -> "Topology":
+        """The same nodes with `used` of their devices in a job (nccl-tests' `2 nodes x 1 GPU`):
+        a node's NICs are its devices' rails, so the job has `used / devices_per_node` of them
+        (NICs, and NCCL's inter-node bandwidth, scaled alike; at least one NIC)."""
+        if not 1 <= used <= self.devices_per_node:
+            raise TopologyError(f"{used} devices per node: must be 1..{self.devices_per_node}")
+        if used == self.devices_per_node:
+            return self
+        share = used / self.devices_per_node
+        inter = self.inter and dataclasses.replace(self.inter,
+                                                   nics=max(1, round(self.inter.nics * share)))
+        nc = self.nccl and dataclasses.replace(self.nccl,
+                                               bw_inter_gbps=self.nccl.bw_inter_gbps * share)
+        return dataclasses.replace(self, devices_per_node=used, inter=inter, nccl=nc)
 
     def with_nodes(self, nodes: int) -> "Topology":
         if nodes < 1:

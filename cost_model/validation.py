@@ -34,8 +34,9 @@ from .workload import simulate_collective
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-          "all_gather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0,
-          "reduce": lambda n: 1.0}
+          "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+          "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+SPLITS = ("fit", "check")  # what a point is for: fitting the system's constants, or checking them
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,17 @@ class Point:
     source: str
     date: str
     note: str
+    split: str = "fit"  # SPLITS: chosen before any fit (`check_split`), kept in the data
 
     @property
     def series(self) -> str:
-        """The curve this point belongs to: collective, GPUs, nodes and forced algorithm."""
+        """The curve this point belongs to: collective, GPUs, nodes and forced algorithm, and the
+        run's machine where the `gpu` column names one in parentheses (two runs of one system)."""
         algo = f", {self.algo} forced" if self.algo else ""
         nodes = f" x {self.nodes} nodes" if self.nodes > 1 else ""
-        return f"{self.collective} ({self.gpus} GPUs{nodes}{algo})"
+        run = (f" [{self.gpu[self.gpu.index('(') + 1:self.gpu.rindex(')')]}]"
+               if "(" in self.gpu and ")" in self.gpu else "")
+        return f"{self.collective} ({self.gpus} GPUs{nodes}{algo}){run}"
 
 
 @dataclass(frozen=True)
@@ -80,18 +85,35 @@ def published(path: Optional[Path] = None) -> list[Point]:
                           nodes=int(row["nodes"]), nccl_version=row["nccl_version"],
                           collective=row["collective"], algo=row["algo"],
                           bytes=int(row["bytes"]), busbw_gbps=float(row["busbw_gbps"]),
-                          source=row["source"], date=row["date"], note=row["note"])
+                          source=row["source"], date=row["date"], note=row["note"],
+                          split=row["split"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path.name} line {i}: {e}") from None
             if p.collective not in FACTOR or (p.algo and p.algo not in NCCL_ALGOS) or \
-                    p.gpus < 1 or p.bytes < 1 or p.busbw_gbps <= 0 or not p.source:
+                    p.gpus < 1 or p.bytes < 1 or p.busbw_gbps <= 0 or not p.source or \
+                    p.split not in SPLITS or p.gpus % p.nodes:
                 raise ValueError(f"{path.name} line {i}: bad point {row}")
             points.append(p)
     return points
 
 
+def check_split(points: list[Point]) -> list[str]:
+    """The rule the data's `split` column was drawn by, before any fit: per system, its points in
+    file order, every third from the first is `check` (so ceil(n / 3) of n points, at least a
+    third, spread over its curves and sizes); the others `fit`."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in points:
+        k = seen.get(p.system, 0)
+        seen[p.system] = k + 1
+        out.append("check" if k % 3 == 0 else "fit")
+    return out
+
+
 def topology_for(p: Point) -> Topology:
-    topo = load_topology(p.system, nodes=p.nodes)
+    """The system's topology for the point: its nodes, with the point's GPUs a node of them in
+    the job (`Topology.with_devices_per_node`) and its forced algorithm."""
+    topo = load_topology(p.system, nodes=p.nodes).with_devices_per_node(p.gpus // p.nodes)
     return dataclasses.replace(topo, algo=p.algo) if p.algo else topo
 
 
@@ -105,7 +127,8 @@ def predict(kind: str, nbytes: int, ranks: int, topo: Topology, des: bool = True
     spec = CollSpec(kind, int(nbytes), tuple(range(ranks)))
     algo = choose(spec, topo)
     t = simulate_collective(spec, topo, algo).time_us if des else collective_us(spec, algo, topo)
-    call = nccl_call(spec, topo, algo) if topo.nccl is not None else None
+    call = (nccl_call(spec, topo, algo) if topo.nccl is not None and kind in nccl.KINDS
+            else None)  # all_to_all: NCCL's P2P, modelled on the links (collectives.py)
     return Prediction(t, busbw_gbps(kind, nbytes, t, ranks), algo, call.proto if call else "")
 
 
@@ -118,52 +141,83 @@ def error(pred: Prediction, p: Point) -> float:
     return pred.busbw_gbps / p.busbw_gbps - 1.0
 
 
-FITTED = ("fill_us", "slice_us", "ll_bw_gbps", "ll128_bw_gbps")
+FITTED = ("fill_us", "slice_us", "ll_bw_gbps", "ll128_bw_gbps", "net_fill_us")
+OPTIONAL = ("ll_bw_gbps", "ll128_bw_gbps", "net_fill_us")  # fitted only where the file gives them
+GRIDS = {"fill_us": (0.0, 5.0, 0.01), "slice_us": (0.0, 10.0, 0.01),
+         "ll_bw_gbps": (0.5, 40.0, 0.05), "ll128_bw_gbps": (0.5, 40.0, 0.05),
+         "net_fill_us": (0.0, 100.0, 0.05)}  # (lowest, highest, step)
 
 
-def _depends_on(algo: str, proto: str) -> Optional[str]:
-    """Which fitted constant a call's time depends on (`nccl.parts`; None: none)."""
+def _depends_on(algo: str, proto: str, nodes: int) -> Optional[str]:
+    """Which fitted constant a call's time depends on, beyond those fitted before it
+    (`nccl.time_us`; None: none): NVLS tree across nodes on `net_fill_us` (its `fill_us` part
+    fitted first, on the calls inside one node)."""
     if algo == "ring":
         return {"Simple": "slice_us", "LL": "ll_bw_gbps", "LL128": "ll128_bw_gbps"}[proto]
+    if algo == "nvls_tree" and nodes > 1:
+        return "net_fill_us"
     return "fill_us" if algo.startswith(("nvls", "collnet")) else None
 
 
+def training_points(system: str, points: Optional[list[Point]] = None) -> list[Point]:
+    """The points a system's constants are fitted on: its `split=fit` points, and only those."""
+    return [p for p in (points or published()) if p.system == system and p.split == "fit"]
+
+
 def fit_pipeline(system: str, points: Optional[list[Point]] = None) -> dict:
-    """The system's fitted constants ({name: value} for `FITTED`): `fill_us` and `slice_us` on a
-    0.01 us grid (0 .. 5, 0 .. 10), the ring's LL / LL128 rates per channel on a 0.05 GB/s grid up
-    to NCCL's tables (only those the topology file gives; None otherwise), each with the least
-    sum of squared relative busbw errors over the system's published points. The tuner's pick
-    does not depend on them and each call's time depends on one of them at most, so each is
-    fitted over its own points alone (exactly the joint least squares)."""
-    mine = [p for p in (points or published()) if p.system == system]
-    if not mine:
-        raise ValueError(f"no published points for {system}")
+    """The system's fitted constants ({name: value} for `FITTED`), each on its grid (`GRIDS`)
+    with the least sum of squared relative busbw errors over the system's training points
+    (`training_points`: split=fit; the check split is never seen by a fit); an OPTIONAL one only
+    where the topology file gives it (None otherwise). The tuner's pick does not depend on them
+    and each call's time depends on one of them beyond those fitted before it (`_depends_on`), so
+    they are fitted in two rounds over their own points: first those of calls inside a node,
+    then `net_fill_us` with `fill_us` in place. Nothing is fitted per point."""
+    mine = [p for p in training_points(system, points) if p.collective in nccl.KINDS]
+    if not mine:  # all_to_all: NCCL's P2P, modelled on the links, no fitted constant
+        raise ValueError(f"no published points to fit {system} on")
     base = load_topology(system).nccl
-    grids = {"fill_us": np.round(np.arange(0, 5.0 + 1e-9, 0.01), 2),
-             "slice_us": np.round(np.arange(0, 10.0 + 1e-9, 0.01), 2),
-             "ll_bw_gbps": np.round(np.arange(0.5, 40.0 + 1e-9, 0.05), 2),
-             "ll128_bw_gbps": np.round(np.arange(0.5, 40.0 + 1e-9, 0.05), 2)}
-    squares = {k: np.zeros(g.size) for k, g in grids.items()}
-    for p in mine:
-        topo = topology_for(p)
-        ranks, nodes = nccl.communicator(topo, range(p.gpus))
-        a, pr = nccl.pick(p.collective, float(p.bytes), ranks, nodes, topo.nccl, p.algo or None,
-                          topo.proto).label.split("/")
-        name = _depends_on(a, pr)
-        if name is None or (name.endswith("bw_gbps") and getattr(base, name) is None):
-            continue
-        factor = p.bytes * FACTOR[p.collective](ranks) / 1e3 / p.busbw_gbps
-        for i, value in enumerate(grids[name]):
-            nc = dataclasses.replace(topo.nccl, **{name: float(value)})
-            t = nccl.time_us(p.collective, p.bytes, a, pr, ranks, nodes, nc).time_us
-            squares[name][i] += (factor / t - 1.0) ** 2
-    out = {}
-    for name in FITTED:
-        if name.endswith("bw_gbps") and getattr(base, name) is None:
-            out[name] = None
-        else:
-            out[name] = float(grids[name][int(np.argmin(squares[name]))])
+    out = {name: None for name in FITTED}
+    for names in (FITTED[:4], FITTED[4:]):
+        fixed = {k: v for k, v in out.items() if v is not None}
+        for name in names:
+            if name in OPTIONAL and getattr(base, name) is None:
+                continue
+            lo, hi, step = GRIDS[name]
+            grid = np.round(np.arange(lo, hi + 1e-9, step), 2)
+            squares, used = np.zeros(grid.size), 0
+            for p in mine:
+                topo = topology_for(p)
+                ranks, nodes = nccl.communicator(topo, range(p.gpus))
+                a, pr = nccl.pick(p.collective, float(p.bytes), ranks, nodes, topo.nccl,
+                                  p.algo or None, topo.proto).label.split("/")
+                if _depends_on(a, pr, nodes) != name:
+                    continue
+                used += 1
+                factor = p.bytes * FACTOR[p.collective](ranks) / 1e3 / p.busbw_gbps
+                for i, value in enumerate(grid):
+                    nc = dataclasses.replace(topo.nccl, **fixed, **{name: float(value)})
+                    t = nccl.time_us(p.collective, p.bytes, a, pr, ranks, nodes, nc).time_us
+                    squares[i] += (factor / t - 1.0) ** 2
+            out[name] = float(grid[int(np.argmin(squares))]) if used else getattr(base, name)
     return out
+
+
+LIMIT_MEDIAN, LIMIT_LARGE = 8.0, 15.0  # %, on the check split: the median, and every point ...
+LARGE_FROM = 16 << 20  # ... of 16 MiB and up
+
+
+def split_summary(errors: list[tuple[int, float]]) -> dict:
+    """{points, median_pct, max_pct, max_large_pct, ok} of (bytes, error %) pairs: `ok` where the
+    median |error| is at most LIMIT_MEDIAN and every point from LARGE_FROM up within
+    LIMIT_LARGE (the thresholds the check split is held to); empty: {points: 0, ok: None}."""
+    if not errors:
+        return {"points": 0, "median_pct": None, "max_pct": None, "max_large_pct": None,
+                "ok": None}
+    absolute = sorted(abs(e) for _, e in errors)
+    median = float(np.median(absolute))
+    large = max((abs(e) for b, e in errors if b >= LARGE_FROM), default=0.0)
+    return {"points": len(errors), "median_pct": median, "max_pct": absolute[-1],
+            "max_large_pct": large, "ok": median <= LIMIT_MEDIAN and large <= LIMIT_LARGE}
 
 
 def paper_results(path: Optional[Path] = None) -> list[dict]:

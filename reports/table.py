@@ -57,7 +57,7 @@ COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_siz
            "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
            "memory_bytes", "memory_cap_bytes", "speedup_gloo", "speedup_gloo_lo",
            "speedup_gloo_hi", "library_ms", "probe_ms", "comm_probe_ms", "host_us", "graphed",
-           "graph_reason")
+           "graph_reason", "split")
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
