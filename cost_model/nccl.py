@@ -62,7 +62,8 @@ from typing import Optional
 
 from .topology import NCCL_ALGOS, PROTOCOLS, Nccl, Topology
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+TUNED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")  # the tuner's
+KINDS = TUNED + ("all_to_all",)  # and NCCL's alltoall: grouped send/recv to every peer (`p2p`)
 LL, LL128, SIMPLE = PROTOCOLS
 
 # baseLat [algorithm][LL, LL128, Simple], us
@@ -105,7 +106,7 @@ SLICE_STEPS = {"all_reduce": 2, "reduce_scatter": 2, "all_gather": 2, "broadcast
 NVLS_PROTOCOL = 15 / 16  # NVLS's share of its channels' rate: 5/6 = 15/16 x 8/9 at 8 GPUs
 ALGOS_FOR = {"all_reduce": NCCL_ALGOS, "reduce_scatter": ("ring", "nvls", "collnet_direct"),
              "all_gather": ("ring", "nvls", "collnet_direct"), "broadcast": ("ring",),
-             "reduce": ("ring",)}
+             "reduce": ("ring",), "all_to_all": ("p2p",)}
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ def communicator(topo: Topology, group) -> tuple[int, int]:
 
 def enabled(kind: str, ranks: int, nodes: int, nc: Nccl) -> list[tuple[str, str]]:
     """The (algorithm, protocol) pairs NCCL enables for the collective on this communicator."""
+    if kind == "all_to_all":
+        return [("p2p", SIMPLE)]
     out = []
     for algo in ALGOS_FOR[kind]:
         if algo == "nvls" and not (nc.nvls and nodes == 1):  # no NVLS across nodes w/o CollNet
@@ -167,7 +170,9 @@ def bandwidth_gbps(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc:
     # across nodes NCCL's graph runs each channel at the NIC's share (its search gives the
     # channels of a multi-node graph bwIntra = bwInter), so one node's bandwidth is bw_intra's
     bw = nc.bw_intra_gbps if nodes == 1 or collnet else nc.bw_inter_gbps
-    channels = nc.channels
+    if algo == "tree" and nodes == 2:  # the tree graph's bwIntra, which the tuner takes at <= 2
+        bw = min(nc.bw_intra_gbps, 2 * nc.bw_inter_gbps)  # nodes: search.cc raises it up to 2x
+    channels = nc.channels                                 # bwInter for trees (2 nodes, CollNet)
     if algo == "nvls":
         bw, channels = nc.nvls_bw_gbps, nc.nvls_channels
     elif algo == "nvls_tree":
@@ -301,10 +306,28 @@ def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: in
     return lat + wire, 0.0, 0.0, lat, bw  # LL, LL128, tree: NCCL's estimate as it stands
 
 
+def alltoall(nbytes: float, ranks: int, nodes: int, nc: Nccl) -> Call:
+    """NCCL's alltoall of `nbytes` a rank (nccl-tests' size): a send and a receive of
+    nbytes / ranks with every peer at once, over the GPU's NVLink channels to the peers on its
+    node (channels x bw_intra) and over its share of the node's NICs to the others (channels x
+    bw_inter / GPUs a node), the two at the same time; the latency of one Simple hop (and of the
+    network's, across nodes)."""
+    ppn = ranks // nodes
+    lat = BASE_LAT_US["ring"][2] + HW_LAT_US[nc.intra_link]["ring"][2]
+    if nodes > 1:
+        lat += HW_LAT_US["net"]["ring"][2]
+    intra = nbytes * (ppn - 1) / ranks / (1000.0 * nc.channels * nc.bw_intra_gbps)
+    inter = nbytes * (ranks - ppn) / ranks / (1000.0 * nc.channels * nc.bw_inter_gbps / ppn)
+    wire = max(intra, inter)
+    return Call("p2p", SIMPLE, lat + wire, lat, nbytes / (1000.0 * wire) if wire > 0 else math.inf)
+
+
 def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
             nc: Nccl) -> Call:
     """One call's time: NCCL's estimate (ncclTopoGetAlgoTime) at the channels the call uses,
     plus its pipeline's cost (the fill, or the Simple ring's slices)."""
+    if kind == "all_to_all":
+        return alltoall(nbytes, ranks, nodes, nc)
     fixed, wire, b, lat, bw = parts(kind, nbytes, algo, proto, ranks, nodes, nc)
     return Call(algo, proto, fixed + fill_us_of(kind, algo, ranks, nodes, wire, nc)
                 + b * nc.slice_us, lat, bw)
@@ -339,6 +362,9 @@ def pick(kind: str, nbytes: float, ranks: int, nodes: int, nc: Nccl,
     """The tuner: the enabled (algorithm, protocol) of least estimate (NCCL's lat + bytes / bw),
     within a forced algorithm / protocol where the collective has it; the call's time is then
     what it takes (`time_us`: at the channels it uses, with its pipeline's cost)."""
+    if kind == "all_to_all":
+        return alltoall(nbytes, ranks, nodes, nc)
+
     def nccl_us(pair):
         lat, bw = estimate(kind, nbytes, pair[0], pair[1], ranks, nodes, nc)
         return lat + nbytes / (1000.0 * bw)

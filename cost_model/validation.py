@@ -127,8 +127,7 @@ def predict(kind: str, nbytes: int, ranks: int, topo: Topology, des: bool = True
     spec = CollSpec(kind, int(nbytes), tuple(range(ranks)))
     algo = choose(spec, topo)
     t = simulate_collective(spec, topo, algo).time_us if des else collective_us(spec, algo, topo)
-    call = (nccl_call(spec, topo, algo) if topo.nccl is not None and kind in nccl.KINDS
-            else None)  # all_to_all: NCCL's P2P, modelled on the links (collectives.py)
+    call = nccl_call(spec, topo, algo) if topo.nccl is not None else None
     return Prediction(t, busbw_gbps(kind, nbytes, t, ranks), algo, call.proto if call else "")
 
 
@@ -172,8 +171,8 @@ def fit_pipeline(system: str, points: Optional[list[Point]] = None) -> dict:
     and each call's time depends on one of them beyond those fitted before it (`_depends_on`), so
     they are fitted in two rounds over their own points: first those of calls inside a node,
     then `net_fill_us` with `fill_us` in place. Nothing is fitted per point."""
-    mine = [p for p in training_points(system, points) if p.collective in nccl.KINDS]
-    if not mine:  # all_to_all: NCCL's P2P, modelled on the links, no fitted constant
+    mine = [p for p in training_points(system, points) if p.collective in nccl.TUNED]
+    if not mine:  # all_to_all: NCCL's send/recv, no fitted constant
         raise ValueError(f"no published points to fit {system} on")
     base = load_topology(system).nccl
     out = {name: None for name in FITTED}
