@@ -11,6 +11,9 @@
 - Symmetric DES at scale (`--scale-nodes`, default 8192 dgx_h100 nodes: 65,536 GPUs): every
   adam_fusion schedule at `--elements`, folded (one simulated rank per class), wall seconds per
   schedule and the process's peak resident memory. Target: under 10 s a schedule, under 4 GB.
+- At the largest clusters' scale (`--largest-nodes`, default 16,384 dgx_h100_fattree nodes:
+  131,072 GPUs on a rail-optimized three-tier fat tree, 7:1 above its 512-node zones): every
+  adam_fusion schedule, wall seconds each and NCCL's picks. Target: under 1 s a schedule.
 - Symmetric against full DES (`--check-nodes`, default 128 and 512 dgx_h100 nodes: 1,024 and
   4,096 GPUs): every schedule simulated both ways, the relative difference. Target: within 1%.
 """
@@ -96,6 +99,7 @@ def main(argv=None) -> None:
     ap.add_argument("--evaluations", type=int, default=1000)
     ap.add_argument("--scale-nodes", type=int, default=8192)
     ap.add_argument("--check-nodes", type=int, nargs="*", default=[128, 512])
+    ap.add_argument("--largest-nodes", type=int, default=16384)
     a = ap.parse_args(argv)
     secs, ms, rows = des_seconds(a.nodes, a.elements)
     print(f"DES: fuse(RS-C-AG) Adam, {a.elements} elements, {a.nodes * 16} GPUs (dgx2): "
@@ -111,6 +115,9 @@ def main(argv=None) -> None:
         print(f"symmetric DES, {a.scale_nodes * 8} GPUs (dgx_h100), {a.elements} elements, "
               f"{name}: {secs:.2f} s wall, predicted {ms:.3f} ms, peak memory "
               f"{peak_rss_gb():.2f} GB (targets < 10 s, < 4 GB)")
+    for name, secs, ms, _ in at_scale(a.largest_nodes, a.elements, "dgx_h100_fattree"):
+        print(f"{a.largest_nodes * 8} GPUs (dgx_h100_fattree), {a.elements} elements, {name}: "
+              f"{secs:.2f} s wall, predicted {ms:.3f} ms (target < 1 s)")
 
 
 if __name__ == "__main__":

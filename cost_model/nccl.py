@@ -51,15 +51,18 @@ time into its fixed part and the coefficients of `sqrt(fill_us)` and `slice_us` 
 input). `p2p_us` is a send/recv (NCCL's Simple protocol over the GPU's NVLink channels inside a
 node, over its NIC rail across nodes). `ports(per_node, group)` are the DES resources a collective
 call holds: every member's switch ports and, across nodes, each node's NIC rails. Units: us, bytes,
-GB/s (1e9 B/s).
+GB/s (1e9 B/s). Across nodes, `call` gives the call's flows their share of the NICs through the
+fabric's tiers (`cost_model.fabric`; the tuner picks without seeing it, as NCCL's does).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
 
+from . import fabric
 from .topology import NCCL_ALGOS, PROTOCOLS, Nccl, Topology
 
 TUNED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")  # the tuner's
@@ -380,7 +383,12 @@ def call(kind: str, nbytes: float, group, topo: Topology, algo: Optional[str] = 
     forced = algo or topo.algo or (topo.algorithm if topo.algorithm in NCCL_ALGOS else None)
     if ranks == 1:
         return Call("none", SIMPLE, 0.0, 0.0, math.inf)
-    return pick(kind, float(nbytes), ranks, nodes, topo.nccl, forced, topo.proto)
+    made = pick(kind, float(nbytes), ranks, nodes, topo.nccl, forced, topo.proto)
+    share = fabric.share(topo, fabric.pattern_of(made.algo), nodes) if nodes > 1 else 1.0
+    if share < 1.0:  # the tuner does not see the fabric; the call's flows get its share
+        slowed = dataclasses.replace(topo.nccl, bw_inter_gbps=topo.nccl.bw_inter_gbps * share)
+        return time_us(kind, float(nbytes), made.algo, made.proto, ranks, nodes, slowed)
+    return made
 
 
 def p2p_us(topo: Topology, src: int, dst: int, nbytes: float) -> float:

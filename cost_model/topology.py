@@ -41,7 +41,9 @@ message and kernel sizes in bytes.
   the node takes in turn: loopback TCP between the processes of one CPU, whose copies share its
   cores and memory).
 - `InterNode`: `nics` NICs per node (rails: device d uses NIC d * nics // devices_per_node), each a
-  `nic` link class; the spine is non-blocking unless `spine_oversubscription` > 1.
+  `nic` link class; the spine is non-blocking unless `spine_oversubscription` > 1. `tiers`: the
+  fabric as a rail-optimized fat tree, leaves first, each tier's nodes per switch and its
+  oversubscription (`cost_model.fabric`: what NCCL's calls across nodes get of their NICs).
 - `library`: where the runtime leaves a collective to its library (gloo on CPU) and that library
   reaches another bandwidth than point-to-point transfers, its achieved link class; it serves the
   kinds in `library_kinds`. `ring_work_on_compute`: the runtime's rings do their local work on
@@ -233,10 +235,19 @@ class IntraNode:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FabricTier:
+    """One tier of a rail-optimized fat tree (`cost_model.fabric`): a switch of it joins `nodes`
+    nodes on each rail, its downlinks carry `oversubscription` times what its uplinks do."""
+    nodes: int = field(metadata={"min": 1})
+    oversubscription: float = field(default=1.0, metadata={"min": 1.0})
+
+
+@dataclass(frozen=True, kw_only=True)
 class InterNode:
     nics: int = field(metadata={"min": 1})
     nic: LinkClass
     spine_oversubscription: float = field(default=1.0, metadata={"min": 1.0})
+    tiers: List[FabricTier] = field(default_factory=list)  # leaves first (cost_model.fabric)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -452,6 +463,9 @@ def _check_consistency(t: Topology, where: str) -> None:
             if len(e) != 3 or not (0 <= e[0] < n and 0 <= e[1] < n) or e[0] == e[1] or e[2] < 1:
                 raise TopologyError(f"{where}.intra.mesh[{i}]={e}: must be [a, b, links] with "
                                     f"a != b in 0..{n - 1} and links >= 1")
+    tiers = [tier.nodes for tier in t.inter.tiers] if t.inter else []
+    if any(b <= a for a, b in zip(tiers, tiers[1:])):
+        raise TopologyError(f"{where}.inter.tiers: nodes {tiers} must grow from the leaves up")
     if t.nodes > 1 and t.inter is None:
         raise TopologyError(f"{where}.nodes={t.nodes}: several nodes need an inter section (NICs)")
     if t.library_kinds and t.library is None:

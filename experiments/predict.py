@@ -50,6 +50,7 @@ from typing import Optional
 
 from codegen.lower import lower
 from codegen.plan import Collective, Compute
+from cost_model.fabric import describe as describe_fabric
 from cost_model.median import step_median
 from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import Topology, curve_us, load_topology
@@ -276,6 +277,7 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
             results[name] = (plan, step_median(plan, forced.get(name, topo)))
         base_ms = results["baseline"][1].time_ms
         gloo_ms = results[GLOO_BASELINE][1].time_ms if gloo is not None else None
+        fabric = describe_fabric(topo, -(-world_size // topo.devices_per_node))
         for name, (plan, r) in results.items():
             compute, comm, hidden = _split(r)
             picked = choices(plan, on.get(name) or forced.get(name, topo))
@@ -288,7 +290,8 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
                          "compute_ms": round(compute, 6), "comm_ms": round(comm, 6),
                          "overlapped_ms": round(hidden, 6),
                          "algo": ";".join(a for _, a, _ in picked),
-                         "proto": ";".join(p for _, _, p in picked), **over_gloo})
+                         "proto": ";".join(p for _, _, p in picked), **over_gloo,
+                         **({"note": fabric} if fabric else {})})
         if show:
             best = max((n for n in results if n not in ("baseline", GLOO_BASELINE)),
                        key=lambda n: base_ms / results[n][1].time_ms)
@@ -341,6 +344,24 @@ def sim_setting(exp: Experiment, topo: Topology, scale: str, world_size: int,
     return world, exp.paper.points[scale], exp.paper.dtype
 
 
+def dividing(programs: dict, points: list[dict], world: int, show=None) -> list[dict]:
+    """The points every program lowers at on `world` ranks (a size that does not divide among
+    them, e.g. 2^10 elements on 131,072 GPUs, has no step there: skipped, and said so)."""
+    def lowers(b):
+        try:
+            for p in programs.values():
+                lower(p, b, world)
+        except Exception:  # noqa: BLE001 - dsl.ShapeError and the lowering's own refusals
+            return False
+        return True
+    kept = [b for b in points if lowers(b)]
+    if show and len(kept) < len(points):
+        skipped = [", ".join(f"{k}={v}" for k, v in b.items()) for b in points if b not in kept]
+        show(f"  skipped {len(skipped)} points that do not divide among {world} ranks: "
+             f"{'; '.join(skipped)}")
+    return kept
+
+
 def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[dict]:
     """The predicted rows of one run (see the module doc and experiments.PredictSettings)."""
     topo, chosen = settings.topology, settings.schedules
@@ -353,6 +374,7 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
             exp.schedules(dtype))
         progs = {n: p for n, p in every.items()
                  if chosen is None or n in chosen or n in published(exp)}
+        pts = dividing(progs, pts, world, show)
         rows = predict(exp, topo, pts, world, dtype, schedules=progs, show=show)
         if not settings.paper:
             return rows

@@ -348,9 +348,12 @@ def predicted_section(df, experiment: str, out_dir: Path) -> str:
             fig = breakdown_figure(part, experiment,
                                    out_dir / "figures" / f"{experiment}_{topo}_breakdown.png",
                                    source="predicted")
+            notes = part.note.dropna().astype(str) if "note" in part else []
+            fabric = next((n for n in notes if n.startswith("fabric: ")), "")
             text += [f"Where the time goes on {topo} (predicted; compute, communication hidden "
                      "behind it, communication exposed; the algorithm and protocol NCCL's tuner "
                      "picks for each collective):", "", breakdown_table(df, experiment, topo),
+                     *([fabric[0].upper() + fabric[1:] + ".", ""] if fabric else []),
                      f"![{topo} breakdown](figures/{fig.name})", ""]
     text += [paper_section(df, experiment), authors_section(df, experiment, out_dir)]
     return "\n".join(text + _accuracy_section(df, experiment, out_dir, rows)) + "\n"
