@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 
 from cost_model import validation
+from cost_model.topology import load_topology
 
 from .api import Experiment
 from .registry import register
@@ -57,8 +58,35 @@ def curve_rows(p: validation.Point) -> list[dict]:
     return out
 
 
+SCALING = ("dgx_h100", "dgx_b200", "dgx_b200_roce")  # predicted across nodes, beyond the data
+SCALING_NODES = (2, 4, 8, 16)
+SCALING_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def scaling_rows(systems=SCALING, nodes=SCALING_NODES, kinds=SCALING_KINDS) -> list[dict]:
+    """Each system's collectives over 2, 4, 8 and 16 whole nodes, 1 KiB .. 16 GiB, with the
+    algorithm and protocol NCCL's tuner picks at each size (`row_kind=nodes`; no published
+    point: predictions where the data end)."""
+    rows = []
+    for system in systems:
+        for n in nodes:
+            topo = load_topology(system, nodes=n)
+            for kind in kinds:
+                for b in CURVE_SIZES:
+                    pred = validation.predict(kind, b, topo.devices, topo)
+                    rows.append({"experiment": NAME, "schedule": f"{kind} ({n} nodes x "
+                                 f"{topo.devices_per_node})", "source": "predicted",
+                                 "backend": "sim", "topology": system,
+                                 "world_size": topo.devices, "size": b, "shape": f"[{b}]",
+                                 "dtype": "", "busbw_gbps": round(pred.busbw_gbps, 3),
+                                 "time_ms": round(pred.time_us / 1e3, 6), "algo": pred.algo,
+                                 "proto": pred.proto, "nodes": n, "row_kind": "nodes"})
+    return rows
+
+
 def predict(settings) -> list[dict]:
-    """Every published point and its prediction, and each series' predicted curve."""
+    """Every published point and its prediction, each series' predicted curve, and the
+    predictions across nodes (`scaling_rows`)."""
     points = validation.published()
     rows, seen = [], set()
     for p in points:
@@ -66,7 +94,7 @@ def predict(settings) -> list[dict]:
         if (p.system, p.series) not in seen:
             seen.add((p.system, p.series))
             rows += curve_rows(p)
-    return rows
+    return rows + scaling_rows()
 
 
 def summary(rows: list[dict]) -> list[dict]:

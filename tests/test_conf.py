@@ -22,7 +22,7 @@ def test_every_group_has_options():
     assert {o for g, o in OPTIONS if g == "backend"} == {"cpu", "sim", "cuda"}
     assert {o for g, o in OPTIONS if g == "topology"} == {
         "local", "dgx2", "dgx_a100", "dgx_h100", "dgx_b200", "dgx1_v100", "dgx_h100_fattree",
-        "aws_p4de", "aws_p5", "abci_v100", "abci_a100", "oci_h100_roce"}
+        "aws_p4de", "aws_p5", "abci_v100", "abci_a100", "oci_h100_roce", "dgx_b200_roce"}
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)
