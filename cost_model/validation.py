@@ -35,6 +35,7 @@ from .workload import simulate_collective
 DATA_DIR = Path(__file__).resolve().parent / "data"
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
           "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+          "sendrecv": lambda n: 1.0,
           "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
 SPLITS = ("fit", "check")  # what a point is for: fitting the system's constants, or checking them
 
@@ -123,7 +124,11 @@ def busbw_gbps(kind: str, nbytes: float, time_us: float, ranks: int) -> float:
 
 def predict(kind: str, nbytes: int, ranks: int, topo: Topology, des: bool = True) -> Prediction:
     """One call of the collective on the first `ranks` devices, as nccl-tests times it (the
-    DES, or with des=False the closed form)."""
+    DES, or with des=False the closed form; sendrecv: every rank's send to the next at once,
+    `nccl.p2p_us`, the slowest pair's time)."""
+    if kind == "sendrecv":  # nccl-tests' ring of pairs: each rank sends to the next at once
+        t = max(nccl.p2p_us(topo, r, (r + 1) % ranks, nbytes) for r in range(ranks))
+        return Prediction(t, busbw_gbps(kind, nbytes, t, ranks), "p2p", "Simple")
     spec = CollSpec(kind, int(nbytes), tuple(range(ranks)))
     algo = choose(spec, topo)
     t = simulate_collective(spec, topo, algo).time_us if des else collective_us(spec, algo, topo)

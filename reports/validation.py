@@ -31,8 +31,12 @@ WHY = {
     "dgx_a100": "the check points outside are NDm A100 v4's jobs of one GPU a node (2 x 1: "
                 "all_reduce +22%): a GPU alone on its node reaches 62-75% of its 200 Gb/s NIC "
                 "in all three collectives published (15.5-18.7 GB/s), where 8 GPUs reach 92-94%; "
-                "the model gives every NIC the same rate. The 1 KiB all_to_all across 2 nodes "
-                "(+93%, a fit point) is NCCL's per-peer cost of 15 sends, which it does not carry.",
+                "the model gives every NIC the same rate. sendrecv (8 GPUs, each sending to the "
+                "next) reaches 195 GB/s where the model's send runs on all 12 ring channels "
+                "(240): NCCL gives a peer fewer channels than a ring (+23%; the 128 MiB point, "
+                "the run's first, took 1.2 ms where 256 MiB took 1.4). The 1 KiB all_to_all "
+                "across 2 nodes (+93%, a fit point) is NCCL's per-peer cost of 15 sends, which "
+                "it does not carry.",
     "dgx_b200": "its one published point (an 8-GPU NVLS all_reduce, a user's \"830+\") is a "
                 "check point: nothing is fitted on B200, whose NVLS rate is the datasheet's "
                 "(40.1 GB/s a link), 8% above the report.",
