@@ -41,13 +41,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator, Optional, Sequence
 
+from .cache import cache_dir
 from .plan import Kernel
 from .render import RenderError
 from .render_cpp import CppRenderer
 
 CFLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
-REPO = Path(__file__).resolve().parent.parent
 
 _LOADED: dict[str, ModuleType] = {}
 
@@ -62,7 +62,7 @@ class BuildError(Exception):
 
 def cache_dir() -> Path:
     """Where compiled modules live (created on first use)."""
-    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or REPO / ".cache" / "torch_extensions")
+    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache_dir() / "torch_extensions")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -46,6 +46,7 @@ from cupy.cuda import nvrtc
 
 from . import render_symm
 from .build import BuildError
+from .cache import cache_dir
 from .plan import Kernel
 from .render import RenderError
 from .render_cuda import CudaRenderer, Launch
@@ -53,13 +54,12 @@ from .symm_fuse import SymmStep
 
 OPTIONS = ("--std=c++17", "--fmad=false")
 DEFAULT_ARCHS = ("sm_80", "sm_90")
-REPO = Path(__file__).resolve().parent.parent
 RENDERER = CudaRenderer()
 _ARCH = re.compile(r"^sm_\d+$")
 
 
 def cache_dir() -> Path:
-    path = REPO / ".cache" / "cuda"
+    path = cache_dir() / "cuda"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

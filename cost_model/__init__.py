@@ -1,7 +1,7 @@
 """The cost model: simulate a Plan on a Topology (SimPy DES), with a closed-form oracle.
 
 Layers, as in ASTRA-sim:
-- `topology`: validated, frozen hardware data (conf/topology/*.yaml or a calibrated file):
+- `topology`: validated, frozen hardware data (suite/conf/topology/*.yaml or a calibrated file):
   `load_topology(name, nodes, path) -> Topology`, `Topology.from_dict`, `dump_topology`;
   `TopologyError` names the field at fault.
 - `nccl`: NCCL's own cost model and tuner (NCCL 2.20.3's tuning.cc: algorithm x protocol ->

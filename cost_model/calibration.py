@@ -222,7 +222,7 @@ def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
 
 def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "",
         cores: Optional[int] = None) -> Topology:
-    """The base topology (conf/topology/local.yaml) with every fitted figure replaced: its links
+    """The base topology (suite/conf/topology/local.yaml) with every fitted figure replaced: its links
     fitted at the communication kinds' means (`at_means`), `lone_link`, `lone_library` and
     `lone_p2p_link` at their medians (`Topology.lone`); `cores`: the cores the calibration's
     `world_size` ranks shared (`Topology.cores`; None: unknown, the step overhead as measured)."""

@@ -117,7 +117,7 @@ message and kernel sizes in bytes.
 at both ends; an empty map is 1.0. `Topology.from_dict(d)` validates a plain dict (unknown keys,
 types, ranges: `cost_model.schema`) and raises `TopologyError` naming the field
 (`topology.intra.link.bandwidth_gbps=-1: must be > 0`); `load_topology(name, nodes, path)` reads
-`conf/topology/<name>.yaml` or a file; `hydra_schema(cls)` (from `cost_model.schema`) mirrors a
+`suite/conf/topology/<name>.yaml` or a file; `hydra_schema(cls)` (from `cost_model.schema`) mirrors a
 schema class as the mutable dataclass Hydra composes against.
 """
 from __future__ import annotations
@@ -130,7 +130,9 @@ from typing import Any, Dict, List, Optional, Union
 
 from .schema import TopologyError, build, hydra_schema  # noqa: F401  (hydra_schema re-exported)
 
-CONF_TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "conf" / "topology"
+# the topology files the suite ships: its Hydra group `topology` (suite/conf/topology, package
+# data of suite beside this package; cost_model imports nothing of suite)
+CONF_TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "suite" / "conf" / "topology"
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 ALGORITHMS = ("ring", "tree", "hierarchical")
 NCCL_ALGOS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain")
@@ -475,7 +477,7 @@ def _check_consistency(t: Topology, where: str) -> None:
 # -- files and Hydra -----------------------------------------------------------------------------
 def load_topology(name: str = "local", nodes: Optional[int] = None,
                   path: Optional[Union[str, Path]] = None) -> Topology:
-    """The topology in `path` (a calibrated file) or conf/topology/<name>.yaml; `nodes` overrides."""
+    """The topology in `path` (a calibrated file) or suite/conf/topology/<name>.yaml; `nodes` overrides."""
     import yaml
 
     file = Path(path) if path else CONF_TOPOLOGY_DIR / f"{name}.yaml"

@@ -2,7 +2,7 @@
 the paper's headline results (both in `cost_model/data/`, each row with its source).
 
 `published()` reads `data/published_collectives.csv`: one row per published point (system: a
-topology name in conf/topology; gpus, nodes, NCCL version, collective, forced algorithm or empty
+topology name in suite/conf/topology; gpus, nodes, NCCL version, collective, forced algorithm or empty
 for NCCL's default, bytes as nccl-tests counts them, busbw in GB/s, source URL, date, note).
 `predict_point(p)` simulates that collective alone on the first `gpus` devices of the system's
 topology (the DES, the tuner's pick or the forced algorithm, as nccl-tests times one call) and

@@ -103,7 +103,7 @@ class BaselineContext:
 @dataclass(frozen=True, kw_only=True)
 class PaperSetting:
     """Where the paper ran the experiment: predicted beside every run, and scaled to any topology."""
-    topologies: tuple[tuple[str, Optional[int]], ...]  # (conf/topology name, nodes)
+    topologies: tuple[tuple[str, Optional[int]], ...]  # (suite/conf/topology name, nodes)
     world_size: int
     dtype: object  # dsl dtype
     points: Mapping[str, list]  # scale -> size bindings

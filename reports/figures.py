@@ -11,7 +11,9 @@ import os
 import zlib
 from pathlib import Path
 
-_CACHE = Path(__file__).resolve().parent.parent / ".cache"
+# the suite's cache (codegen.cache, which suite exports as COCONET_CACHE_DIR), else the checkout's
+_CACHE = Path(os.environ.get("COCONET_CACHE_DIR") or
+              Path(__file__).resolve().parent.parent / ".cache")
 os.environ.setdefault("MPLCONFIGDIR", str(_CACHE / "matplotlib"))
 
 import matplotlib  # noqa: E402

@@ -47,10 +47,12 @@ def job(cfg: DictConfig) -> int:
 
 
 def plugins_on_path() -> None:
-    """Hydra finds launchers only in the `hydra_plugins` namespace, by walking sys.path; an
-    editable install maps the project's packages with an import hook that walk cannot see, so
-    the checkout (where `hydra_plugins/coconet_suite`, the SLURM launcher, lives) goes on the path."""
-    if str(PROJECT_ROOT) not in sys.path:
+    """Hydra finds launchers only in the `hydra_plugins` namespace, by walking sys.path. An
+    installed package puts `hydra_plugins/coconet_suite` (the SLURM launcher) in site-packages,
+    where that walk finds it; an editable install maps the packages with an import hook the walk
+    cannot see, so there (only) the checkout that holds the plugin goes on the path."""
+    if (PROJECT_ROOT / "hydra_plugins").is_dir() and (PROJECT_ROOT / "pyproject.toml").exists() \
+            and str(PROJECT_ROOT) not in sys.path:
         sys.path.append(str(PROJECT_ROOT))
 
 

@@ -18,7 +18,7 @@ is checked before it is used (`cached`): fingerprint.json carries its layout's v
 an older one is calibrated again) and the topology files' checksums; a file that is not as it
 was written, a fingerprint.json that does not parse, a topology that does not load end the run
 before any work with one line naming the fix. `calibration=refresh` calibrates again and replaces the cache;
-`calibration=off` uses the shipped figures (conf/topology/local.yaml, uncalibrated).
+`calibration=off` uses the shipped figures (suite/conf/topology/local.yaml, uncalibrated).
 With comm=shm the calibration also measures the shared-memory collectives and the run predicts
 with the topology fitted to them (topology_shm.yaml, beside topology.yaml; a cached calibration
 without it is measured again); the library baseline on gloo, which such a run times too, is
@@ -167,7 +167,7 @@ def describe(found: Optional[Calibration], cfg, fitted: Optional[Path] = None) -
         return f"topology.path={cfg.topology.path} (given)"
     if found is None:
         return (f"none (calibration={cfg.calibration}): the shipped figures of "
-                f"conf/topology/{cfg.topology.name}.yaml")
+                f"suite/conf/topology/{cfg.topology.name}.yaml")
     how = f"measured by this run in {found.took_s:.0f} s" if found.fresh else "cached"
     return f"{found.key} ({how}, {found.created}): {found.path}"
 

@@ -9,11 +9,11 @@ output is several lines long (and a traceback without HYDRA_FULL_ERROR's help), 
 Commands that only ask Hydra for information (`--help`, `--info`, ...) or read configuration
 from elsewhere (`--config-dir`, `--config-path`) are left to Hydra.
 
-A user's experiment has no file in conf/experiment/: `user_experiment_overrides(argv)` turns
+A user's experiment has no file in suite/conf/experiment/: `user_experiment_overrides(argv)` turns
 `experiment=NAME` into `experiment.name=NAME` when `experiment.module=SPEC` is given (SPEC: a
 dotted module on the Python path or a .py file that registers NAME), and adds
 `experiment.name=NAME` when the module is given alone and registers exactly one experiment.
-The experiment option is checked against conf/experiment/ and the registry (after the module).
+The experiment option is checked against suite/conf/experiment/ and the registry (after the module).
 """
 from __future__ import annotations
 

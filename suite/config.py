@@ -1,13 +1,13 @@
 """The configuration's schema: keyword-only dataclasses registered in Hydra's ConfigStore.
 
-`conf/config.yaml` lists `config_schema` first in its defaults, so every value composed on top of
-it (the group files in `conf/<group>/`, command-line overrides) is checked against these types at
+`suite/conf/config.yaml` lists `config_schema` first in its defaults, so every value composed on top of
+it (the group files in `suite/conf/<group>/`, command-line overrides) is checked against these types at
 compose time: an unknown key or a value of the wrong type fails before anything runs.
 
 One config group per axis of variation:
 - `experiment`: which experiment (`experiment.name`, a registered one: `experiments.names()`,
   or a user's, registered by `experiment.module`), plus per-experiment knobs;
-  `conf/experiment/<name>.yaml` are deltas (`# @package _global_`).
+  `suite/conf/experiment/<name>.yaml` are deltas (`# @package _global_`).
 - `scale`: smoke | default | paper, how much work (repeats, sizes, verification trials).
 - `backend`: cpu | sim | cuda, what measures (gloo ranks, the cost model only, NCCL on GPUs).
 - `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx_b200 | dgx1_v100, the hardware predicted on
@@ -122,7 +122,7 @@ _importable(TopologyConf)
 
 @dataclass(kw_only=True)
 class ExtraTopology:
-    """A topology to predict on besides the run's own (`predict_also`): `conf/topology/<name>`
+    """A topology to predict on besides the run's own (`predict_also`): `suite/conf/topology/<name>`
     at `nodes` nodes (null: the file's), in the experiment's paper setting scaled to it."""
     name: str = MISSING
     nodes: Optional[int] = None
@@ -145,7 +145,7 @@ class Config:
     seed: int = 0
     # The ranks' transport, short for backend.comm: gloo (backend.comm=ring) | shm | library
     # on cpu, nccl | symm on cuda;
-    # null: the backend's own (conf/backend/*.yaml). backend.comm given as well wins.
+    # null: the backend's own (suite/conf/backend/*.yaml). backend.comm given as well wins.
     comm: Optional[str] = None
     # The experiment an experiment made from another works on (experiment=autotune target=NAME).
     target: Optional[str] = None
@@ -191,12 +191,12 @@ TAKES = {"cpu": "gloo|shm|library", "cuda": "nccl|symm"}  # comm=NAME it takes, 
 
 def transport(comm: Optional[str], default: str) -> str:
     """backend.comm from the top-level `comm` (the resolver `${coconet.comm:${comm},DEFAULT}` in
-    conf/backend/*.yaml): the backend's default where comm is null."""
+    suite/conf/backend/*.yaml): the backend's default where comm is null."""
     return default if comm is None else COMM_ALIASES.get(comm, comm)
 
 
 def register() -> None:
-    """Register the schema as `config_schema`, the first entry of conf/config.yaml's defaults,
+    """Register the schema as `config_schema`, the first entry of suite/conf/config.yaml's defaults,
     and the `coconet.comm` resolver."""
     ConfigStore.instance().store(name="config_schema", node=Config)
     if not OmegaConf.has_resolver("coconet.comm"):

@@ -2,7 +2,7 @@
 
     python -m suite experiment=paper [scale=smoke|default|paper] [backend=cpu|sim]
 
-Runs the experiments `experiment.runs` lists (conf/experiment/paper.yaml: each a name and its
+Runs the experiments `experiment.runs` lists (suite/conf/experiment/paper.yaml: each a name and its
 typical share of the whole in seconds at default scale, for the ETA), in that order, each as a
 complete run of its own (`run_one`, suite.run's, passed in) into `out_dir/<name>/` (report.md,
 report.html, results.csv, figures/, tables/, kernels/), each also predicted on `predict_also`:

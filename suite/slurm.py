@@ -4,7 +4,7 @@
     python -m suite -m hydra/launcher=submitit_slurm hydra.launcher.nodes=2 experiment=adam_fusion
 
 `hydra/launcher=submitit_slurm` is the schema `SuiteSlurmConf` registered here in place of the
-plugin's own (`conf/hydra/launcher/slurm.yaml`, the same, spells its options out):
+plugin's own (`suite/conf/hydra/launcher/slurm.yaml`, the same, spells its options out):
 hydra-submitit-launcher's SLURM
 options (partition, account, timeout_min, nodes, tasks_per_node, gpus_per_node, cpus_per_task,
 mem_gb, additional_parameters, setup, ...) plus `rendezvous_timeout_s` and `rendezvous_port` for
@@ -65,7 +65,7 @@ OWN = ("rendezvous_timeout_s", "rendezvous_port")  # ours, not sbatch's
 
 
 def register_launcher() -> None:
-    """Make hydra/launcher=submitit_slurm ours (conf/hydra/launcher/slurm.yaml spells it out).
+    """Make hydra/launcher=submitit_slurm ours (suite/conf/hydra/launcher/slurm.yaml spells it out).
     Hydra's plugin scan executes every plugin module again, the submitit plugin's config too,
     which registers its own submitit_slurm: so the scan first (once per process), then ours."""
     Plugins.instance()

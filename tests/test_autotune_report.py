@@ -68,9 +68,9 @@ def test_unmeasured_points_choose_the_predicted_best(tmp_path):
 
 def test_autotune_ranks_on_the_calibrated_local_topology(tmp_path, monkeypatch):
     """backend=cpu: the calibration is found before the schedules are ranked (once), and the
-    ranking's topology is the calibrated one, not conf/topology/local.yaml's figures."""
+    ranking's topology is the calibrated one, not suite/conf/topology/local.yaml's figures."""
     topo = tmp_path / "topology.yaml"
-    text = (PROJECT_ROOT / "conf" / "topology" / "local.yaml").read_text()
+    text = (PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_text()
     topo.write_text(text.replace("name: local", "name: local_calibrated", 1))
     calls = []
 

@@ -65,7 +65,7 @@ def test_segments_belong_to_their_plan_step():
 
 
 def test_segments_and_the_model_on_two_ranks(capsys):
-    topo = Path(__file__).resolve().parents[1] / "conf" / "topology" / "local.yaml"
+    topo = Path(__file__).resolve().parents[1] / "suite" / "conf" / "topology" / "local.yaml"
     main(["--experiment", "lamb_fusion", "--schedules", "fuse(RS-C-AG)+as_slice,AR-C",
           "--size", "N=4K", "--rounds", "2", "--segments", "--topology", str(topo)])
     out = capsys.readouterr().out

@@ -48,7 +48,7 @@ from suite.calibration import (FINGERPRINT, SCHEMA, TOPOLOGY, cached, fingerprin
                                local_calibration)
 from suite.errors import SuiteError  # noqa: E402
 
-LOCAL = (PROJECT_ROOT / "conf" / "topology" / "local.yaml").read_text()
+LOCAL = (PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_text()
 
 
 def _cache(where, topology: str = LOCAL, schema: int = SCHEMA, fp: str = ""):

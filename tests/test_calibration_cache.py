@@ -32,7 +32,7 @@ def test_fingerprint_names_the_machine_and_the_code():
 def test_auto_reuses_a_cached_calibration(tmp_path, monkeypatch):
     where = tmp_path / key_of(fingerprint())
     where.mkdir()
-    text = (calibration.PROJECT_ROOT / "conf" / "topology" / "local.yaml").read_bytes()
+    text = (calibration.PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
     (where / "topology.yaml").write_bytes(text)
     (where / "fingerprint.json").write_text(json.dumps({
         "created": "then", "schema": calibration.SCHEMA,

@@ -118,7 +118,7 @@ def test_resume_skips_the_points_measured_and_keeps_every_earlier_file(tmp_path)
     assert after[:len(before)] == before  # the earlier rows, as they were
     assert _measured(tmp_path, "results.1.csv") == before  # the interrupted file, kept
     # python -m suite.report rebuilds the report of this cpu run (its config has the
-    # coconet.comm resolver of conf/backend/cpu.yaml)
+    # coconet.comm resolver of suite/conf/backend/cpu.yaml)
     (tmp_path / "report.md").unlink()
     rebuilt = subprocess.run([sys.executable, "-m", "suite.report", str(tmp_path)], cwd=ROOT,
                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,

@@ -89,7 +89,7 @@ def _cfg(comm):
 def _write_cache(folder, created: str, *files: str) -> None:
     """A cached calibration as `suite.calibration` writes it: the topology files (the shipped
     local topology's text) and a fingerprint.json naming their checksums."""
-    text = (calibration.PROJECT_ROOT / "conf" / "topology" / "local.yaml").read_bytes()
+    text = (calibration.PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
     for name in files:
         (folder / name).write_bytes(text)
     sums = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
