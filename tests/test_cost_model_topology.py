@@ -18,7 +18,7 @@ NAMES = sorted(p.stem for p in CONF_TOPOLOGY_DIR.glob("*.yaml"))
 @pytest.mark.parametrize("name", NAMES)
 def test_every_topology_loads(name):
     t = load_topology(name)
-    assert t.name == name and t.devices >= 8
+    assert t.name == name and t.devices >= 4  # ABCI's V nodes hold 4
     assert t.device.memory_bandwidth_gbps > 0 and t.intra.link.bandwidth_gbps > 0
 
 
