@@ -206,24 +206,6 @@ def fit_pipeline(system: str, points: Optional[list[Point]] = None) -> dict:
     return out
 
 
-LIMIT_MEDIAN, LIMIT_LARGE = 8.0, 15.0  # %, on the check split: the median, and every point ...
-LARGE_FROM = 16 << 20  # ... of 16 MiB and up
-
-
-def split_summary(errors: list[tuple[int, float]]) -> dict:
-    """{points, median_pct, max_pct, max_large_pct, ok} of (bytes, error %) pairs: `ok` where the
-    median |error| is at most LIMIT_MEDIAN and every point from LARGE_FROM up within
-    LIMIT_LARGE (the thresholds the check split is held to); empty: {points: 0, ok: None}."""
-    if not errors:
-        return {"points": 0, "median_pct": None, "max_pct": None, "max_large_pct": None,
-                "ok": None}
-    absolute = sorted(abs(e) for _, e in errors)
-    median = float(np.median(absolute))
-    large = max((abs(e) for b, e in errors if b >= LARGE_FROM), default=0.0)
-    return {"points": len(errors), "median_pct": median, "max_pct": absolute[-1],
-            "max_large_pct": large, "ok": median <= LIMIT_MEDIAN and large <= LIMIT_LARGE}
-
-
 def paper_results(path: Optional[Path] = None) -> list[dict]:
     """The paper's headline results (data/paper_results.csv unless `path`), one dict per row."""
     return _typed(Path(path) if path else DATA_DIR / "paper_results.csv",

@@ -12,7 +12,7 @@ report draws through the published points. `schedule` is the series: the collect
 nodes and forced algorithm (`all_reduce (8 GPUs, ring forced)`); `topology` the system.
 Each point row carries its `split` (fit: the system's constants were fitted on it; check: no fit
 saw it). `summary(rows)` gives per system and split the points, the median and largest |error|,
-and the thresholds the check split is held to (`validation.split_summary`: median |error| <= 8%,
+and the thresholds the check split is held to (`reports.validation.split_summary`: median |error| <= 8%,
 every point of 16 MiB and up within 15%).
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 
 from cost_model import validation
+from reports.validation import split_summary
 from cost_model.topology import load_topology
 
 from .api import Experiment
@@ -105,7 +106,7 @@ def summary(rows: list[dict]) -> list[dict]:
     for system in dict.fromkeys(r["topology"] for r in pts):
         mine = [r for r in pts if r["topology"] == system]
         out.append({"system": system, **{
-            split: validation.split_summary([(int(r["size"]), float(r["error_pct"]))
+            split: split_summary([(int(r["size"]), float(r["error_pct"]))
                                              for r in mine if r["split"] == split])
             for split in validation.SPLITS}})
     return out

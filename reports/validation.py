@@ -3,7 +3,7 @@
 From the results table alone (rows of `experiments/validate.py`): per point the published and
 predicted busbw, the error, the algorithm/protocol the model picked and its split (fit: a fitted
 constant saw it; check: none did); per system the check split's median and largest |error|
-against the thresholds (`cost_model.validation.split_summary`: median <= 8%, every point of
+against the thresholds (`split_summary`: median <= 8%, every point of
 16 MiB and up within 15%) with the fit split's beside it, and the check points outside them
 named; one figure per system (`figures/validate_<system>.png`): busbw
 against size, published as points, predicted as lines, the line's markers coloured by the
@@ -11,6 +11,7 @@ algorithm/protocol the tuner picks along it.
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -20,7 +21,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .figures import _save  # noqa: E402
 
-from cost_model.validation import LARGE_FROM, LIMIT_LARGE, LIMIT_MEDIAN, split_summary  # noqa: E402
 # Why a system's points can fall outside: the model's structure, not the data (printed where
 # that system has points outside the thresholds).
 WHY = {
@@ -57,6 +57,24 @@ WHY = {
                  "its NICs' rate.",
 }
 MIB = 1 << 20
+LIMIT_MEDIAN, LIMIT_LARGE = 8.0, 15.0  # %, on the check split: the median, and every point ...
+LARGE_FROM = 16 << 20  # ... of 16 MiB and up
+
+
+def split_summary(errors: list[tuple[int, float]]) -> dict:
+    """{points, median_pct, max_pct, max_large_pct, ok} of (bytes, error %) pairs: `ok` where the
+    median |error| is at most LIMIT_MEDIAN and every point from LARGE_FROM up within
+    LIMIT_LARGE (the thresholds the check split is held to); empty: {points: 0, ok: None}."""
+    if not errors:
+        return {"points": 0, "median_pct": None, "max_pct": None, "max_large_pct": None,
+                "ok": None}
+    absolute = sorted(abs(e) for _, e in errors)
+    median = float(statistics.median(absolute))
+    large = max((abs(e) for b, e in errors if b >= LARGE_FROM), default=0.0)
+    return {"points": len(errors), "median_pct": median, "max_pct": absolute[-1],
+            "max_large_pct": large, "ok": median <= LIMIT_MEDIAN and large <= LIMIT_LARGE}
+
+
 
 
 def _size(n: int) -> str:

@@ -11,7 +11,7 @@ from cost_model import validation
 from cost_model.topology import load_topology
 from experiments import validate
 from reports.table import read_table
-from reports.validation import validation_section
+from reports.validation import LARGE_FROM, LIMIT_LARGE, LIMIT_MEDIAN, validation_section
 
 
 def test_every_published_point_names_its_source_and_a_known_system():
@@ -50,8 +50,8 @@ def test_predictions_against_the_published_points():
     summary = {s["system"]: s for s in validate.summary(rows)}
     for system in MEETS:  # on the check split, which no fit saw
         assert summary[system]["check"]["ok"], summary[system]
-        assert summary[system]["check"]["median_pct"] <= validation.LIMIT_MEDIAN
-        assert summary[system]["check"]["max_large_pct"] <= validation.LIMIT_LARGE
+        assert summary[system]["check"]["median_pct"] <= LIMIT_MEDIAN
+        assert summary[system]["check"]["max_large_pct"] <= LIMIT_LARGE
     plateau = [r for r in points if r["topology"] == "dgx_a100" and r["size"] >= 256 << 20
                and r["schedule"] == "all_reduce (8 GPUs) [Azure ND A100 v4]"]
     assert len(plateau) >= 3
@@ -113,7 +113,7 @@ def test_the_report_section_tables_figures_and_misses(tmp_path):
         assert (tmp_path / "figures" / f"validate_{system}.png").stat().st_size > 0
     # every check point outside the thresholds is named; fit points are not held to them
     outside = [r for r in validate.predict(None) if r.get("error_pct") is not None and
-               r["size"] >= validation.LARGE_FROM and abs(r["error_pct"]) > validation.LIMIT_LARGE]
+               r["size"] >= LARGE_FROM and abs(r["error_pct"]) > LIMIT_LARGE]
     for r in outside:
         named = f"{r['topology']}, {r['schedule']} at {_size(int(r['size']))}:" in text
         assert named == (r["split"] == "check"), r
