@@ -10,8 +10,8 @@ Contract
 - The module's name is `<name or "coconet">_<hash>`, the hash covering the source, the compiler
   flags, the CPU that `-march=native` resolves to, and the torch version: identical sources reuse
   the compiled module, in this process (a dict) and across processes (the build cache).
-- The build cache is `$TORCH_EXTENSIONS_DIR` if set, else `<repo>/.cache/torch_extensions`; each
-  module builds in its own folder there (`<cache>/<module>/`, with `main.cpp`, the `.so`, and
+- The build cache is `$TORCH_EXTENSIONS_DIR` if set, else `torch_extensions/` in the suite's
+  cache (`codegen.cache.cache_dir`); each module builds in its own folder there (`<cache>/<module>/`, with `main.cpp`, the `.so`, and
   `build.log` when a build fails).
 - Flags: `-O3 -fno-math-errno -ffp-contract=off -fopenmp` (+ `-march=native` where the compiler
   accepts it); `-fno-math-errno` lets gcc vectorise sqrt, `-ffp-contract=off` keeps f32/f64
@@ -41,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator, Optional, Sequence
 
-from .cache import cache_dir
+from . import cache
 from .plan import Kernel
 from .render import RenderError
 from .render_cpp import CppRenderer
@@ -62,7 +62,7 @@ class BuildError(Exception):
 
 def cache_dir() -> Path:
     """Where compiled modules live (created on first use)."""
-    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache_dir() / "torch_extensions")
+    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache.cache_dir() / "torch_extensions")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

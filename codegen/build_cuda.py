@@ -46,7 +46,7 @@ from cupy.cuda import nvrtc
 
 from . import render_symm
 from .build import BuildError
-from .cache import cache_dir
+from . import cache
 from .plan import Kernel
 from .render import RenderError
 from .render_cuda import CudaRenderer, Launch
@@ -59,7 +59,7 @@ _ARCH = re.compile(r"^sm_\d+$")
 
 
 def cache_dir() -> Path:
-    path = cache_dir() / "cuda"
+    path = cache.cache_dir() / "cuda"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

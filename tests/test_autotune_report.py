@@ -66,6 +66,7 @@ def test_unmeasured_points_choose_the_predicted_best(tmp_path):
     assert "Nothing was measured" in text and "measured best" not in text.split("\n")[2]
 
 
+@pytest.mark.slow
 def test_autotune_ranks_on_the_calibrated_local_topology(tmp_path, monkeypatch):
     """backend=cpu: the calibration is found before the schedules are ranked (once), and the
     ranking's topology is the calibrated one, not suite/conf/topology/local.yaml's figures."""

@@ -81,6 +81,7 @@ def _refused(line: str) -> str:
     return message
 
 
+@pytest.mark.slow
 def test_at_least_60_bad_command_lines_are_refused_with_one_line(files):
     lines = STATIC + [f.format(d=files) for f in FILES]
     assert len(lines) >= 60
@@ -108,6 +109,7 @@ def test_the_messages_name_the_problem(files):
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(st.integers(max_value=0), st.integers(min_value=1 << 40)),
        st.sampled_from(["N", "X", "n"]))
+@pytest.mark.slow
 def test_drawn_bad_sizes_are_refused(value, symbol):
     _refused(f"experiment.sizes=[{{{symbol}:{value}}}]")
 
@@ -115,6 +117,7 @@ def test_drawn_bad_sizes_are_refused(value, symbol):
 @pytest.mark.parametrize("line", ["experiment.schedules=[]", "experiment.sizes=[{N:-4}]",
                                   "seed=-1", "hydra.run.dir=/proc/x", "world_size=3",
                                   "experiment=paper world_size=1"])
+@pytest.mark.slow
 def test_through_the_entry_point(line):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "suite", *line.split()], cwd=ROOT, env=env,

@@ -1,6 +1,7 @@
 """benchmarks.one_rank runs on one gloo rank: every Adam schedule timed beside the baseline, and
 the profile of the fused one (its figures are the benchmark's to report, not asserted); with
 --graph each line adds the host time per step and why the step ran eagerly (the CPU: no graphs)."""
+import pytest
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_one_rank_times_every_schedule_and_profiles_the_fused_one():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,6 +29,7 @@ def test_the_sum_of_tailed_parts_lies_above_the_sum_of_their_medians():
     assert "all_gather 0.3" in line  # each part's tail share, 0.28-0.32 here
 
 
+@pytest.mark.slow
 def test_a_small_run_on_two_ranks(capsys):
     main(["--schedules", "RS-C-AG,AR-C", "--size", "N=4K", "--rounds", "2"])
     out = capsys.readouterr().out
@@ -64,6 +65,7 @@ def test_segments_belong_to_their_plan_step():
         _owner("99:Compute nothing c0", owners)
 
 
+@pytest.mark.slow
 def test_segments_and_the_model_on_two_ranks(capsys):
     topo = Path(__file__).resolve().parents[1] / "suite" / "conf" / "topology" / "local.yaml"
     main(["--experiment", "lamb_fusion", "--schedules", "fuse(RS-C-AG)+as_slice,AR-C",

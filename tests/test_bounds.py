@@ -247,6 +247,7 @@ def test_a_dropped_residual_is_caught(experiment):
                                  trials=1, bindings=b)
 
 
+@pytest.mark.slow
 def test_a_dropped_residual_is_caught_at_default_scale():
     program = model_parallel.program()
     ins, base, sched = layer_runs(program, DEFAULT, seed=3)
@@ -257,6 +258,7 @@ def test_a_dropped_residual_is_caught_at_default_scale():
     assert bad > 0.5 * base.size  # most elements, not a borderline few
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU (CUDA) on this machine")
 def test_the_baselines_dropout_on_a_gpu_is_the_cpus():
     # a CUDA baseline's mask is made on its GPU (made on the CPU it failed there: "Expected all

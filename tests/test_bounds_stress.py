@@ -54,6 +54,7 @@ def _layer_cases():
                                    ",".join(f"{k}={v}" for k, v in b.items()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mod,bindings,seeds", list(_layer_cases()))
 def test_layer_checks_never_fail_falsely(mod, bindings, seeds):
     program = mod.program()
@@ -134,6 +135,7 @@ def _dp_run(opt, n, seed):
     return program, w, grads, _torch_steps(opt, w, grads), _allowed_steps(program, w, grads, n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt,n,seeds", list(_dp_cases()))
 def test_optimizer_checks_never_fail_falsely(opt, n, seeds):
     failures = checks = 0

@@ -274,6 +274,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ranks_building_one_module_at_once(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     code = CHILD.format(repo=str(Path(__file__).resolve().parent.parent))

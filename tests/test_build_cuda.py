@@ -190,6 +190,7 @@ def _suite(tmp_path, *args):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 @needs_nvrtc
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the run measures")
 def test_python_m_suite_backend_cuda_without_a_gpu(tmp_path):
@@ -201,6 +202,7 @@ def test_python_m_suite_backend_cuda_without_a_gpu(tmp_path):
     assert len(said) == 1 and "backend cuda" in said[0]
 
 
+@pytest.mark.slow
 def test_an_unknown_arch_is_a_one_line_error(tmp_path):
     out = _suite(tmp_path, "backend.archs=[sm80]")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "sm80" in out.stderr
@@ -235,6 +237,7 @@ def run_emulated(mod, plan, program, given: dict, rank: int = 0, chunks: int = 1
             .numpy() for name, bid in plan.outputs}
 
 
+@pytest.mark.slow
 @needs_cxx
 @pytest.mark.parametrize("op, dt", CASES, ids=IDS)
 def test_emulated_op_matches_interpret(plans, emulated, op, dt):
@@ -297,6 +300,7 @@ def test_emulated_optimizers_at_world_size_1(plans, emulated, key, rtol):
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------
+@pytest.mark.cuda
 @needs_gpu
 @needs_nvrtc
 def test_python_m_suite_backend_cuda_measures_on_the_gpu(tmp_path):

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from test_suite_cli import PROJECT_ROOT
 
 BUILD = """
@@ -27,6 +29,7 @@ def _build(cache) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_zero_byte_cached_module_is_built_again(tmp_path):
     first = _build(tmp_path)
     assert first.returncode == 0 and "built 1" in first.stdout, first.stderr
@@ -42,7 +45,6 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-import pytest  # noqa: E402
 
 from suite.calibration import (FINGERPRINT, SCHEMA, TOPOLOGY, cached, fingerprint, key_of,  # noqa: E402
                                local_calibration)

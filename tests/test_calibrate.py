@@ -53,6 +53,7 @@ def _adds_and_copies(w: float, sizes, launch_us: float = 5.0) -> list[Measuremen
     return [m for b in sizes for m in (at("add", b, 2 + w), at("copy", b, 3))]
 
 
+@pytest.mark.slow
 def test_the_fit_reads_the_in_place_write_weight_from_adds_and_copies():
     """copy / add = 3 / (2 + w) at the sizes whose traffic streams from memory; cache-resident
     sizes (here with w = 1: their writes cost nothing extra) do not count; 1 without such sizes,
@@ -72,6 +73,7 @@ def test_the_fit_reads_the_in_place_write_weight_from_adds_and_copies():
     assert fit(synthetic(truth()), load_topology("local"), 2).device.inplace_write_weight == 1.0
 
 
+@pytest.mark.slow
 def test_the_fit_reads_how_much_faster_collectives_run_among_collectives_only():
     """alone_scale: the geometric mean of alone_<kind> over <kind> at the same size and ranks;
     an alone_<kind> without its pair does not count; 1 without any; within ALONE_RANGE; the
@@ -102,6 +104,7 @@ def test_the_fit_reads_how_much_faster_collectives_run_among_collectives_only():
     assert predict_ms(got, m) == pytest.approx(0.9 * predict_ms(got, plain), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_the_topology_that_made_the_measurements():
     t = truth()
     got = fit(synthetic(t), load_topology("local"), 2)
@@ -125,6 +128,7 @@ def test_the_fit_recovers_the_topology_that_made_the_measurements():
         assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=0.1), m
 
 
+@pytest.mark.slow
 def test_communication_is_fitted_at_its_means_and_the_rest_at_its_medians():
     """Medians made by one topology, means by another whose links are slower and whose memory
     is faster: the fit takes the links from the means, the device from the medians, keeps the
@@ -148,6 +152,7 @@ def test_communication_is_fitted_at_its_means_and_the_rest_at_its_medians():
     assert old.intra.link.bandwidth_gbps == pytest.approx(2.0, rel=0.02)
 
 
+@pytest.mark.slow
 def test_a_wake_longer_than_every_exchange_is_fitted_as_its_lower_bound():
     """`wake_us`: where the first chunk's wait ends with the whole exchange at every size, the
     fit keeps the largest lower bound it has (above 0, below the truth); without the kinds, the
@@ -187,6 +192,7 @@ def test_a_short_noisy_kernel_sweep_still_fits_a_bandwidth():
     assert got.launch_us < 12.0 and got.memory_bandwidth_gbps > 0
 
 
+@pytest.mark.slow
 def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
     exp = experiments.get("calibrate")
     settings = MeasureSettings(scale="smoke", max_elements=1 << 16, world_size=2, warmup=1,
@@ -216,6 +222,7 @@ def test_calibrate_runs_on_local_ranks_and_writes_a_topology(tmp_path):
     assert len(pred) == len(rows) and all(r["source"] == "predicted" for r in pred)
 
 
+@pytest.mark.slow
 def test_the_matmul_rate_is_fitted_by_size_from_the_medians():
     """A CPU's matmul is faster where its operands fit the caches: the fit keeps the rate by
     flops (each size's median; the best is the peak), so the model times each size as measured
@@ -233,6 +240,7 @@ def test_the_matmul_rate_is_fitted_by_size_from_the_medians():
     assert dev.matmul_us(1 << 20, 1 << 30, "f32") > dev.matmul_us(1 << 20, 1 << 29, "f32") * 2
 
 
+@pytest.mark.slow
 def test_a_stalled_small_size_bends_neither_the_latency_nor_the_link_curve():
     """A share of gloo's two-way exchanges stalls for a 4 ms scheduler tick; a size whose
     measurement caught it (here 8 KiB of the exchange, 16 KiB of the reduce-scatter: +4 ms) is
@@ -302,6 +310,7 @@ def _long_bench(rank, world):
     return seen
 
 
+@pytest.mark.slow
 def test_a_long_bench_is_sampled_without_an_untimed_call_before_it():
     """As the rounds' (`experiments.rounds.needs_untimed`): a bench of LONG_CALL_MS a call and
     more takes its samples at once, a round a call."""
@@ -310,6 +319,7 @@ def test_a_long_bench_is_sampled_without_an_untimed_call_before_it():
         assert seen == [1, 1, 1, 1]  # warm-up, then 3 rounds of one sample each
 
 
+@pytest.mark.slow
 def test_a_bench_with_min_calls_takes_that_many_calls_per_sample_however_long_they_are():
     """The library steps a run's memory scale divides by (`library_steps`) are sampled as the
     median of LIBRARY_CALLS calls at least, not one call a round."""
@@ -329,6 +339,7 @@ def _waited(rank, world):
     return bench.kinds, bench.extra, bench.sample(3)
 
 
+@pytest.mark.slow
 def test_the_first_chunks_wait_is_timed_with_the_whole_exchange_on_real_ranks():
     """`exchange_first` / `exchange_last` (`_benches.waited`): 4 chunks posted at once over
     gloo; the wait for the first ends no later than the whole exchange."""

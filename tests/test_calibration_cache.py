@@ -53,6 +53,7 @@ def test_no_calibration_where_none_applies(tmp_path, cfg, exp):
     assert ("given" in text) if cfg.topology.path else ("shipped figures" in text)
 
 
+@pytest.mark.slow
 def test_refresh_calibrates_for_real_and_replaces_the_cache(tmp_path, capfd):
     where = tmp_path / key_of(fingerprint())
     where.mkdir()

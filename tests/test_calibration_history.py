@@ -39,6 +39,7 @@ def test_pool_takes_each_benchmarks_median_over_the_calibrations_that_measured_i
     assert len(got) == 4
 
 
+@pytest.mark.slow
 def test_identical_calibrations_pool_to_the_same_fit_and_an_outlier_moves_it_less():
     ms = [dataclasses.asdict(m) for m in synthetic(truth())]
     one = fit(ms, load_topology("local"), 2)

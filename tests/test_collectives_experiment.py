@@ -66,6 +66,7 @@ def test_gpu_measurements_are_not_predicted_on_the_cpu_topology(tmp_path):
     assert {r["topology"] for r in collectives.predict(settings("cpu"))} == {"local"}
 
 
+@pytest.mark.slow
 def test_measured_on_local_ranks(tmp_path):
     settings = MeasureSettings(scale="smoke", max_elements=1 << 12, world_size=2, warmup=1,
                                repeats=2, csv_path=tmp_path / "results.csv",
@@ -75,6 +76,7 @@ def test_measured_on_local_ranks(tmp_path):
     assert all(r["verified"] and r["busbw_gbps"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_shm_and_gloo_interleaved_in_one_run(tmp_path):
     """comm=shm: every (collective, size) timed on gloo and on shared memory in the same rounds;
     the shm row's speedup is over gloo, paired per round, with its interval."""

@@ -89,6 +89,7 @@ def _with_steps(topo, overhead_us, curves):
         topo.device, library_steps_us=curves))
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_the_step_overhead_and_the_library_steps():
     t = _with_steps(truth(), 2500.0, {"adam": {1 << 20: 900.0, 1 << 22: 4000.0},
                                       "lamb": {1 << 20: 20000.0, 1 << 22: 90000.0}})
@@ -238,6 +239,7 @@ def test_a_megatron_baseline_times_its_matmul_as_the_schedules_do():
         (2, shape): 30.0}
 
 
+@pytest.mark.slow
 def test_the_step_overhead_is_the_paired_extra_when_measured():
     """With `sequence_extra` (sequence - comm - compute, paired call by call), the step overhead
     is its median over sizes, whatever the medians of the three parts say; never negative."""

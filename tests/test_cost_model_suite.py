@@ -2,6 +2,7 @@
 experiment, and bad settings as one-line errors (subprocesses, as users run them)."""
 from __future__ import annotations
 
+import pytest
 import csv
 
 from test_suite_cli import assert_one_line_error, suite_cmd
@@ -11,6 +12,7 @@ def rows(run_dir):
     return list(csv.DictReader((run_dir / "results.csv").open()))
 
 
+@pytest.mark.slow
 def test_adam_predicted_on_dgx2_nodes(tmp_path):
     proc = suite_cmd("experiment=adam_fusion", "backend=sim", "topology=dgx2", "topology.nodes=2",
                      "scale=smoke", f"hydra.run.dir={tmp_path}")
@@ -31,6 +33,7 @@ def test_adam_predicted_on_dgx2_nodes(tmp_path):
     assert (tmp_path / "figures" / "adam_fusion_dgx2_breakdown.png").exists()
 
 
+@pytest.mark.slow
 def test_collectives_on_a_dgx_a100(tmp_path):
     proc = suite_cmd("experiment=collectives", "backend=sim", "topology=dgx_a100", "scale=smoke",
                      f"hydra.run.dir={tmp_path}")
@@ -42,11 +45,13 @@ def test_collectives_on_a_dgx_a100(tmp_path):
     assert (tmp_path / "figures" / "busbw.png").exists()
 
 
+@pytest.mark.slow
 def test_calibrate_needs_the_cpu_backend(tmp_path):
     proc = suite_cmd("experiment=calibrate", "backend=sim", f"hydra.run.dir={tmp_path}")
     assert_one_line_error(proc, "experiment calibrate measures this machine")
 
 
+@pytest.mark.slow
 def test_pipeline_needs_two_nodes_of_a_dgx_a100(tmp_path):
     proc = suite_cmd("experiment=pipeline_parallel", "backend=sim", "topology=dgx_a100",
                      "scale=smoke", f"hydra.run.dir={tmp_path}")

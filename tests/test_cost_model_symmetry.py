@@ -10,6 +10,7 @@ from cost_model.topology import load_topology
 from cost_model.workload import simulate
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nodes", [128, 512])
 def test_symmetric_des_within_one_percent_of_the_full_des(nodes):
     rows = symmetric_vs_full(nodes, elements=1 << 20)

@@ -26,6 +26,7 @@ def test_the_docs_have_scripts():
     assert scripts()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", scripts())
 def test_a_documented_script_runs_and_checks_out(script, tmp_path):
     path = tmp_path / "example.py"

@@ -2,6 +2,7 @@
 public harness: every schedule's w, m, v after one step equal the library's
 (torch.optim.Adam(fused=True); the torch LAMB), a wrong schedule and a wrong baseline are caught,
 rows land in results.csv as measured, and torchrun runs the same harness."""
+import pytest
 import csv
 import os
 import subprocess
@@ -21,6 +22,7 @@ def _settings(tmp_path, **kw):
                            **kw)
 
 
+@pytest.mark.slow
 def test_adam_and_lamb_match_the_library(tmp_path):
     for name in ("adam_fusion", "lamb_fusion"):
         rows = harness.measure(experiments.get(name), _settings(tmp_path))
@@ -45,6 +47,7 @@ def test_adam_and_lamb_match_the_library(tmp_path):
     assert list((tmp_path / "kernels").glob("*.cpp"))
 
 
+@pytest.mark.slow
 def test_a_wrong_schedule_and_a_wrong_baseline_are_not_verified(tmp_path):
     adam, lamb = experiments.get("adam_fusion"), experiments.get("lamb_fusion")
     rows = harness.measure(adam, _settings(tmp_path, points=[{"N": 1 << 12}],
@@ -59,6 +62,7 @@ def test_a_wrong_schedule_and_a_wrong_baseline_are_not_verified(tmp_path):
     assert rows and not any(r["verified"] for r in rows)  # the baseline is not the program
 
 
+@pytest.mark.slow
 def test_torchrun_runs_the_same_harness(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

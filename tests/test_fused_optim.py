@@ -155,6 +155,7 @@ def ranks():
     return launch(_rank, 2, timeout_s=600)
 
 
+@pytest.mark.slow
 def test_compile_runs_the_generated_step_on_the_callers_tensors(ranks):
     for r in ranks:
         assert r["compile"]["agree"] and r["compile"]["in_place"]

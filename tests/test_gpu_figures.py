@@ -29,6 +29,7 @@ def _script(*args):
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_it_lists_its_checks_and_refuses_cleanly_without_a_gpu():
     out = _script("--list")
     assert out.returncode == 0, out.stderr
@@ -53,6 +54,7 @@ def _checks_on_cpu(rank, world):
                                            ("adam_kernel", g.adam_kernel))}
 
 
+@pytest.mark.slow
 def test_the_checks_run_end_to_end_on_a_cpu_rank():
     got = launch(_checks_on_cpu, 1, timeout_s=300)[0]
     for name, figures in got.items():

@@ -77,6 +77,7 @@ def _ended(proc: subprocess.Popen, ranks: set) -> tuple[int, str]:
     return proc.returncode, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_stops_the_ranks_keeps_the_rows_and_writes_the_report(tmp_path, sig, status):
     proc, ranks = _run_until_measured(tmp_path, SCHEDULES)
@@ -93,6 +94,7 @@ def test_a_signal_stops_the_ranks_keeps_the_rows_and_writes_the_report(tmp_path,
     assert "## Measured" in report
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_run_with_exit_3_and_the_rows_kept(tmp_path):
     proc, ranks = _run_until_measured(tmp_path, SCHEDULES)
     os.kill(max(ranks), signal.SIGKILL)  # a rank (the parent's children are the ranks)
@@ -104,6 +106,7 @@ def test_a_killed_rank_ends_the_run_with_exit_3_and_the_rows_kept(tmp_path):
     assert (tmp_path / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_resume_skips_the_points_measured_and_keeps_every_earlier_file(tmp_path):
     proc, ranks = _run_until_measured(tmp_path, SCHEDULES)
     proc.send_signal(signal.SIGINT)
@@ -131,6 +134,7 @@ def test_resume_skips_the_points_measured_and_keeps_every_earlier_file(tmp_path)
         and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_kernel_that_does_not_compile_ends_the_run_with_exit_3(tmp_path):
     """A compiler that fails (CXX a script that prints an error, a fresh build cache so nothing
     is loaded from it): the run started, so exit 3 (not 2, bad input), one line naming the
@@ -152,6 +156,7 @@ def test_a_kernel_that_does_not_compile_ends_the_run_with_exit_3(tmp_path):
     assert (run_dir / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_an_interrupted_paper_run_writes_the_report_of_the_runs_so_far(tmp_path):
     """experiment=paper (two runs here, to be short) stopped by SIGINT during its first run:
     that run's report and rows are kept, the reproduction report is written from them, one line

@@ -41,6 +41,7 @@ def _ranks(case: str, world: int = 2, only=None) -> list[dict]:
     return results
 
 
+@pytest.mark.slow
 def test_rank_zero_leads_and_every_rank_runs_fn():
     lead, serve = _ranks("ok")
     assert lead["value"] == "led" and "error" not in lead and "error" not in serve
@@ -48,6 +49,7 @@ def test_rank_zero_leads_and_every_rank_runs_fn():
     assert lead["first"] == [[0, 2, 30.0, [2, 1]], [1, 2, 30.0, [2, 1]]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [1, 0])
 def test_a_ranks_failure_ends_every_rank_with_that_ranks_error(bad):
     start = time.monotonic()
@@ -58,6 +60,7 @@ def test_a_ranks_failure_ends_every_rank_with_that_ranks_error(bad):
     assert time.monotonic() - start < 60  # the waiting peer stopped at once, not at its timeout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [0, 1])
 def test_rendezvous_times_out_with_one_line(rank):
     start = time.monotonic()

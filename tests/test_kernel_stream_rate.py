@@ -45,6 +45,7 @@ def measured():
     return list(csv.DictReader((FIXTURE / "measured.csv").open()))
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_the_streaming_rate_from_kernel_stream():
     base = load_topology("local")
     t = truth()
@@ -60,6 +61,7 @@ def test_the_fit_recovers_the_streaming_rate_from_kernel_stream():
     assert without.device.stream_memory_gbps == base.device.stream_memory_gbps == 0.0
 
 
+@pytest.mark.slow
 def test_the_streaming_rate_is_read_where_the_calls_stream_from_memory():
     """Small `kernel_stream` calls partly served from the caches (here 16 GB/s, against 8 from
     memory) do not pull the rate up: it comes from the calls from STREAM_FROM bytes and the

@@ -2,6 +2,7 @@
 both on this host with a loopback c10d rendezvous, against the suite's own single-node launch; and
 the SLURM launcher's configuration (its two spellings; a job of tasks as ranks checked before it
 is submitted). A SLURM job whose tasks are the ranks runs in tests/test_slurm.py."""
+import pytest
 import os
 import socket
 import subprocess
@@ -31,6 +32,7 @@ def _env() -> dict:
     return env
 
 
+@pytest.mark.slow
 def test_two_node_torchrun_measures_what_one_node_does(tmp_path):
     port, two, one = _free_port(), tmp_path / "two", tmp_path / "one"
     cmd = [str(TORCHRUN), "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
@@ -77,6 +79,7 @@ def test_submitit_slurm_is_the_suites_launcher_and_slurm_the_same():
         assert key in a
 
 
+@pytest.mark.slow
 def test_a_job_of_tasks_as_ranks_needs_world_size_tasks_before_submitting(tmp_path):
     r = subprocess.run([sys.executable, "-m", "suite", "-m", "hydra/launcher=submitit_slurm",
                         "hydra.launcher.nodes=2", "experiment=adam_fusion", "backend=sim",

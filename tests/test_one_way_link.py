@@ -24,6 +24,7 @@ def _sends(topo, P=2) -> list[Measurement]:
     return [dataclasses.replace(m, time_ms=predict_ms(topo, m)) for m in ms]
 
 
+@pytest.mark.slow
 def test_the_fit_takes_one_way_messages_from_send_and_keeps_the_ring_link():
     """Measurements made by a topology whose one-way link is faster than its ring's: the fit
     recovers both, predicts the sends back, and keeps the medians' one-way link for lone
@@ -72,6 +73,7 @@ def test_a_pipelines_send_costs_what_the_one_way_link_says_in_both_models():
     assert plan_us(plan, slow) - plan_us(plan, t) == pytest.approx(extra, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_more_ranks_than_cores_pay_the_step_overhead_that_many_times():
     """The overhead is stated at one rank a core: a 4-rank plan on 2 cores pays it twice, on
     4 cores (or cores unknown) once; a calibration of 2 ranks on 1 core is halved by the fit."""

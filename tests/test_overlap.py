@@ -43,6 +43,7 @@ def _rank(rank, world, cases, inputs, kernels):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_overlap_exact_for_every_dividing_chunk_count(world):
     cases = _plans(world)

@@ -49,6 +49,7 @@ class Sections(HTMLParser):
             self.sections.setdefault(self.current, {"table": [], "img": []})
 
 
+@pytest.mark.slow
 def test_report_html_embeds_every_figure_and_has_a_table_per_experiment(paper_run):
     out, _ = paper_run
     page, html = Sections(), (out / "report.html").read_text()
@@ -111,6 +112,7 @@ def _report(run_dir) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_suite_report_rebuilds_a_paper_run(paper_run, tmp_path):
     """python -m suite.report on an experiment=paper run: every run's report, then the
     reproduction report with the checks the run recorded (on a copy of the run)."""
@@ -133,6 +135,7 @@ def test_suite_report_rebuilds_a_paper_run(paper_run, tmp_path):
     assert after.count("## ") == before.count("## ")
 
 
+@pytest.mark.slow
 def test_suite_report_on_a_paper_run_with_a_broken_environment_is_one_line(paper_run, tmp_path):
     copy = _copy(paper_run, tmp_path)
     (copy / "environment.json").write_text("{not json")

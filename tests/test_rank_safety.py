@@ -3,6 +3,7 @@ store, `codegen.runtime.rendezvous.serve_store`, and gloo's own sockets), and a 
 answering ends the run, named, after its peers' collective timeout."""
 from __future__ import annotations
 
+import pytest
 import os
 from pathlib import Path
 
@@ -50,6 +51,7 @@ def _sockets(rank, world, parent):
     return mine + (listening([parent]) if rank == 0 else [])
 
 
+@pytest.mark.slow
 def test_nothing_listens_beyond_loopback_during_a_run():
     got = launch(_sockets, 2, args=(os.getpid(),))
     every = [a for per_rank in got for a in per_rank]
@@ -67,6 +69,7 @@ def _stop_rank_one(rank, world):
     dist.all_reduce(torch.ones(4))
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_ends_the_run_named_after_the_collective_timeout():
     """Bounded work: a rank suspended by SIGSTOP (alive, silent) is named once its peers'
     collective times out (`collective_timeout_s`), not at the run's end."""
@@ -82,7 +85,6 @@ def test_a_stopped_rank_ends_the_run_named_after_the_collective_timeout():
     assert time.monotonic() - start < 60
 
 
-import pytest  # noqa: E402
 
 from test_suite_cli import assert_one_line_error, suite_cmd  # noqa: E402
 
@@ -93,6 +95,7 @@ from test_suite_cli import assert_one_line_error, suite_cmd  # noqa: E402
     ("scale.long_budget_s=inf", "must be >= 0 and finite"),
     ("collective_timeout_s=0", "must be > 0 and finite"),
 ])
+@pytest.mark.slow
 def test_unbounded_work_is_refused_before_it_starts(override, says, tmp_path):
     assert_one_line_error(suite_cmd("experiment=adam_fusion", "scale=smoke", override,
                                     f"hydra.run.dir={tmp_path}"), says)

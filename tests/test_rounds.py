@@ -48,6 +48,7 @@ def _orders(rank, world):
     return seen, r.rounds, r.calls
 
 
+@pytest.mark.slow
 def test_every_rank_runs_the_same_fresh_order_each_round():
     (a, rounds, calls), (b, _, _) = launch(_orders, 2, timeout_s=120)
     assert a == b  # the same order on both ranks
@@ -68,6 +69,7 @@ def _sleepy(rank, world, budget):
     (Budget(warmup=1, min_rounds=5, max_rounds=200, budget_s=30.0, ci_pct=10.0), "converged"),
     (Budget(warmup=1, min_rounds=5, max_rounds=10_000, budget_s=0.5, ci_pct=1e-9), "budget"),
 ])
+@pytest.mark.slow
 def test_a_known_speedup_and_the_stop_reasons(budget, stopped):
     (x, how, rounds), (x1, how1, rounds1) = launch(_sleepy, 2, args=(budget,), timeout_s=120)
     assert (x, how, rounds) == (x1, how1, rounds1)  # every rank decided alike
@@ -75,6 +77,7 @@ def test_a_known_speedup_and_the_stop_reasons(budget, stopped):
     assert 1.5 < x.median < 2.3 and x.lo <= x.median <= x.hi
 
 
+@pytest.mark.slow
 def test_a_long_step_point_goes_on_past_the_budget_to_long_rounds():
     """Rounds of these two sleeps take 36 ms and more: 0.2 s holds at most 5, so the point goes
     on past budget_s until it has long_rounds (well inside long_budget_s)."""
@@ -114,6 +117,7 @@ def _stamped(rank, world):
     return got, spans
 
 
+@pytest.mark.slow
 def test_a_sample_times_each_call_alone_after_a_barrier():
     """Never back to back: each call of a sample starts after every rank ended the one before
     (a barrier between), is timed alone, and the sample is the median of those times."""
@@ -132,6 +136,7 @@ def _collectives_alone(rank, world):
     return r.stopped, r.time("a").median, r.time("b").median, r.calls
 
 
+@pytest.mark.slow
 def test_times_without_a_baseline_converge_on_their_own_intervals():
     (stopped, a, b, calls), _ = launch(_collectives_alone, 2, timeout_s=120)
     assert stopped == "converged"
@@ -176,6 +181,7 @@ def _first_call_slow(rank, world):
     return r.times_ms, r.calls, calls
 
 
+@pytest.mark.slow
 def test_a_sample_never_takes_the_first_call_after_another_function():
     """Each sample follows an untimed call of its own function: a step's first call after another
     schedule ran slower, and a one-call sample (a step of 5 ms and more) always took it."""
@@ -202,6 +208,7 @@ def _long_calls(rank, world, short_s):
     return r.calls, calls
 
 
+@pytest.mark.slow
 def test_a_point_of_long_calls_is_sampled_without_untimed_calls():
     """Calls of LONG_CALL_MS and more have no slow first call to leave out: where every function
     of a point is that long, samples follow no untimed call (half the time a round)."""
@@ -212,6 +219,7 @@ def test_a_point_of_long_calls_is_sampled_without_untimed_calls():
     assert needs_untimed(LONG_CALL_MS - 1) and not needs_untimed(LONG_CALL_MS)
 
 
+@pytest.mark.slow
 def test_a_point_with_a_short_call_keeps_the_untimed_calls_of_all_its_functions():
     """One rule for a point: a short function beside a long one, and both take an untimed call
     before each sample, so that their paired samples are taken alike."""

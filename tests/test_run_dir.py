@@ -40,6 +40,7 @@ def earlier(tmp_path_factory):
     ("backend.comm=nope",),  # a bad setting
     ("experiment=lamb_fusion", "resume=true"),  # a resume the earlier settings refuse
 ])
+@pytest.mark.slow
 def test_a_refused_command_leaves_the_earlier_run_as_it_was(earlier, extra):
     before = digest(earlier)
     args = [a for a in SIM if not a.startswith(tuple(e.split("=")[0] + "=" for e in extra))]
@@ -48,12 +49,14 @@ def test_a_refused_command_leaves_the_earlier_run_as_it_was(earlier, extra):
     assert digest(earlier) == before
 
 
+@pytest.mark.slow
 def test_an_empty_run_dir_is_refused_and_nothing_is_written(tmp_path):
     proc = suite_cmd(*SIM, "hydra.run.dir=", cwd=tmp_path)
     assert_one_line_error(proc, "hydra.run.dir is empty")
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_refused_run_into_a_new_dir_leaves_no_dir(tmp_path):
     proc = suite_cmd("experiment=adam_fusion", "scale=smoke", "experiment.sizes=[{N:7}]",
                      f"hydra.run.dir={tmp_path / 'new'}")
@@ -82,6 +85,7 @@ def test_snapshot_takes_back_what_hydra_wrote(tmp_path):
     assert not new.exists()
 
 
+@pytest.mark.slow
 def test_existing_aside_moves_the_earlier_run_whole(tmp_path):
     run = tmp_path / "a"
     assert suite_cmd(*SIM, f"hydra.run.dir={run}").returncode == 0
@@ -97,6 +101,7 @@ def _small_disk():
     resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
 
 
+@pytest.mark.slow
 def test_a_full_disk_ends_the_run_with_one_line_and_exit_3(tmp_path):
     """A file size limit (RLIMIT_FSIZE) stands in for a full disk: results.csv reaches it."""
     proc = subprocess.run([sys.executable, "-m", "suite", *SIM, f"hydra.run.dir={tmp_path}"],
@@ -140,6 +145,7 @@ def test_resume_reads_whole_rows_of_complete_points_only(tmp_path):
     assert [(r["size"], r["schedule"]) for r in kept] == [(4096, "baseline"), (4096, "AR-C")]
 
 
+@pytest.mark.slow
 def test_suite_report_on_a_copied_run_remakes_its_report_byte_for_byte(earlier, tmp_path):
     """The report is a function of the run directory's results.csv and settings.json (the
     checks and the calibration it recorded) and its configuration."""

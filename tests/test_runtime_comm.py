@@ -227,6 +227,7 @@ def results():
 
 @pytest.mark.parametrize("world,c", [(w, c) for w in CASES for c in CASES[w]],
                          ids=[f"w{w}-{c['id']}" for w in CASES for c in CASES[w]])
+@pytest.mark.slow
 def test_primitive_matches_reference(results, world, c):
     per_rank = results(world)
     for rank in range(world):
@@ -284,6 +285,7 @@ def wait_for_silent_peer(rank: int, world: int):
     comm.reduce_scatter(torch.ones(4), torch.empty(2), group=short)
 
 
+@pytest.mark.slow
 def test_collective_waits_honour_the_group_timeout():
     start = time.monotonic()
     with pytest.raises(RankError, match=r"^rank 0 failed: .*(?i:timed out|timeout)") as info:
@@ -311,6 +313,7 @@ def test_rank_dying_is_reported_with_exit_code():
     assert info.value.exitcode == 3
 
 
+@pytest.mark.slow
 def test_hung_run_ends_at_deadline_naming_unfinished_ranks():
     start = time.monotonic()
     # 20 s: rank 1 must have started and finished by then even on a loaded 2-core machine
@@ -321,6 +324,7 @@ def test_hung_run_ends_at_deadline_naming_unfinished_ranks():
     assert "sleep_on_rank0" in info.value.remote_traceback  # where the hung rank was
 
 
+@pytest.mark.slow
 def test_torchrun_joins_ranks_through_run_ranks():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -363,6 +367,7 @@ def _sleep_and_say_pid(rank, world, folder):
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_ranks_end_when_their_parent_is_killed(tmp_path):
     """A parent killed with SIGKILL runs no cleanup: its ranks notice and exit on their own."""
     import signal

@@ -89,6 +89,7 @@ def _check(cases, comm, world, workdir):
             assert dsl.runs_agree(got, expect[rank], bounds[rank]), (label, comm, rank)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("comm", ["ring", "library", "shm"])
 @pytest.mark.parametrize("world", [2, 4])
 def test_plans_match_interpreter(world, comm, tmp_path):
@@ -116,6 +117,7 @@ def bf16_program() -> dsl.Program:
     return b.build()
 
 
+@pytest.mark.slow
 def test_bf16_program_runs_on_the_cpu_runner(tmp_path):
     prog = bf16_program()
     fused = fuse(reorder(split(prog)))

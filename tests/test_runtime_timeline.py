@@ -33,6 +33,7 @@ def _marked(rank, world, comm, plans, inputs, kernel_list):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("comm", ["ring", "shm"])
 def test_timeline_keeps_results_and_names_the_plans_steps(comm):
     cases = _cases(2)
@@ -65,6 +66,7 @@ def _lamb_labels(rank, world, kernel_list, plan):
     return runs
 
 
+@pytest.mark.slow
 def test_lamb_fused_step_segments_in_the_order_it_runs():
     exp = experiments.get("lamb_fusion")
     plan = lower(exp.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 4096}, 2, fused_chunks=4)

@@ -53,6 +53,7 @@ def test_fit_shm_recovers_the_shared_memory_links():
     assert got.peer_reads and not fitted.peer_reads  # at the device's (fitted) streaming rate
 
 
+@pytest.mark.slow
 def test_the_fused_step_streams_at_the_concurrent_rate_not_the_lone_sweeps():
     """The peer reads stream at the device's stream_memory_gbps, kernel_stream's rate (every
     rank at once, beyond the caches), not the kernel sweep's best (cached) one, and the fused
@@ -122,6 +123,7 @@ def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp
     assert asked == ["shm"] and not again.fresh and again.gloo_path == where / "topology.yaml"
 
 
+@pytest.mark.slow
 def test_calibrate_with_comm_shm_writes_the_shm_topology(tmp_path):
     exp = experiments.get("calibrate")
     settings = MeasureSettings(scale="smoke", max_elements=1 << 16, world_size=2, warmup=1,

@@ -101,6 +101,7 @@ def _collectives(rank, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])  # 3: slices of unequal size, two peers per member
 def test_every_collective_and_p2p_gives_the_exact_result(no_leaks, world):
     res = launch(_collectives, world, timeout_s=180)
@@ -138,6 +139,7 @@ def _one_skips(rank, world):
         time.sleep(30)
 
 
+@pytest.mark.slow
 def test_a_peer_that_never_comes_is_a_timeout_not_a_hang(no_leaks):
     start = time.monotonic()
     with pytest.raises(RankError, match=r"rank 0 failed: ShmTimeout: shm: member 0 waited "
@@ -156,6 +158,7 @@ def _killed(rank, world, where):
     c.all_reduce(torch.ones(1 << 16), "sum")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["after", "setup"])
 def test_a_killed_rank_ends_the_run_and_leaves_no_segment(no_leaks, where):
     with pytest.raises(RankError, match="rank 1 failed: killed by signal SIGKILL"):
@@ -180,6 +183,7 @@ def test_sweep_removes_the_segments_of_ports_no_socket_uses_and_keeps_the_others
             left.unlink()
 
 
+@pytest.mark.slow
 def test_a_launcher_killed_outright_leaves_segments_the_next_launch_sweeps(no_leaks):
     code = textwrap.dedent("""
         from codegen.runtime.launch import launch
@@ -244,6 +248,7 @@ def _peer_adam(rank, world, plan, inputs):
     return sorted(runner.peer_steps), runner.outputs()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,n", [(2, 1 << 12), (3, 3 << 10)])
 def test_fused_adam_over_shared_memory_matches_the_interpreter(no_leaks, world, n):
     b = {"N": n}

@@ -44,6 +44,7 @@ def _rows(sweep: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_sweep_of_two_experiments(cluster, tmp_path):
     sweep = tmp_path / "sweep"
     r = _sweep(cluster, sweep, "experiment=adam_fusion,model_parallel", "backend=sim",
@@ -60,6 +61,7 @@ def test_sweep_of_two_experiments(cluster, tmp_path):
         assert "predicted" in results and (sweep / sub / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_cancelled_job_is_reported_with_its_id_and_state(cluster, tmp_path):
     sweep = tmp_path / "sweep"
     proc = _sweep(cluster, sweep, "experiment=adam_fusion", "backend=sim", "scale=smoke",
@@ -103,6 +105,7 @@ def _measured(run_dir: Path):
     return df[df.source == "measured"]
 
 
+@pytest.mark.slow
 def test_one_job_whose_tasks_are_the_ranks(cluster, ranks_sweep):
     sweep, r = ranks_sweep
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -125,6 +128,7 @@ def test_one_job_whose_tasks_are_the_ranks(cluster, ranks_sweep):
           f"{len(m)} measured rows in {run}")
 
 
+@pytest.mark.slow
 def test_resumed_sweep_skips_each_jobs_measured_points(cluster, ranks_sweep):
     sweep, first = ranks_sweep
     assert first.returncode == 0
@@ -142,6 +146,7 @@ def test_resumed_sweep_skips_each_jobs_measured_points(cluster, ranks_sweep):
           f"{row['points_resumed']}, measured {row['points_measured']}")
 
 
+@pytest.mark.slow
 def test_a_failed_rendezvous_ends_the_job_with_its_error(cluster, tmp_path):
     with socket.socket() as taken:  # rank 0 cannot serve on this port
         taken.bind(("", 0))
@@ -157,6 +162,7 @@ def test_a_failed_rendezvous_ends_the_job_with_its_error(cluster, tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_ranks_failure_ends_the_job_with_that_ranks_error(cluster, tmp_path):
     sweep = tmp_path / "sweep"
     module = ROOT / "tests" / "fixtures" / "user_experiments" / "rank1_fails.py"

@@ -186,6 +186,7 @@ def test_tune_on_sim_searches_nccls_algorithm(tmp_path):
 from test_suite_cli import assert_one_line_error, suite_cmd as suite  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_runtime_pipelines_no_kernel_after_an_all_gather(tmp_path):
     """fuse(RS-AG-C) (in the space, not named by the paper) loops its kernels over the gathered
     tensor: run chunk by chunk like fuse(RS-C-AG) it read chunks not yet gathered (measured NOT
@@ -250,6 +251,7 @@ def test_the_cost_model_times_fuse_rs_ag_c_step_by_step(topology):
             assert times[1] != pytest.approx(in_order[1], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_autotune_experiment_on_sim(tmp_path):
     out = tmp_path / "run"
     proc = suite("experiment=autotune", "target=pipeline_parallel", "backend=sim",
@@ -290,6 +292,7 @@ def _section(text: str, heading: str) -> str:
 @pytest.mark.parametrize("args", [
     ("target=model_parallel", "topology=dgx_h100"),
     ("target=pipeline_parallel", "topology=dgx2", "experiment.sizes=[{S:2048,B:16,H:12288}]")])
+@pytest.mark.slow
 def test_autotune_sim_picks_pass_the_suites_checks(tmp_path, args):
     """The suite checks every schedule at the verification bindings (B=1) on verify.world_sizes
     and, on sim, at the target's own sweep on the run's ranks (B=1 on 2 ranks): a pick split
@@ -306,6 +309,7 @@ def test_autotune_sim_picks_pass_the_suites_checks(tmp_path, args):
         assert n >= 105 and f"| 105 | {n} | {n} in " in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_autotune_needs_a_target_with_a_program(tmp_path):
     assert_one_line_error(suite("experiment=autotune", "backend=sim",
                                 f"hydra.run.dir={tmp_path}"), "needs target=NAME")

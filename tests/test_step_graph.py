@@ -118,6 +118,7 @@ def test_a_step_graph_has_a_graph_or_a_reason():
         StepGraph(_Runner(backends.CpuBackend()), _Graph(), "why")
 
 
+@pytest.mark.slow
 def test_measured_rows_say_whether_the_step_was_a_graph_and_its_host_time(tmp_path):
     assert {"host_us", "graphed", "graph_reason"} <= set(COLUMNS)
     adam = experiments.get("adam_fusion")

@@ -50,6 +50,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> 
 
 
 # -- bad input, end to end --------------------------------------------------------------------
+@pytest.mark.slow
 def test_unknown_experiment(tmp_path):
     proc = suite_cmd("experiment=nope", f"hydra.run.dir={tmp_path}")
     assert_one_line_error(proc, "unknown experiment 'nope'", KNOWN)
@@ -63,24 +64,29 @@ def test_unknown_experiment(tmp_path):
     ("world_size=0", "world size 0 is impossible"),
     ("scale=huge", "unknown scale 'huge'"),
 ])
+@pytest.mark.slow
 def test_bad_override(override, expected):
     assert_one_line_error(suite_cmd(override), expected)
 
 
+@pytest.mark.slow
 def test_unknown_option_flag():
     assert_one_line_error(suite_cmd("--bogus"), "--bogus")
 
 
+@pytest.mark.slow
 def test_runs_from_another_directory(tmp_path):
     assert_one_line_error(suite_cmd("experiment=nope", cwd=tmp_path), KNOWN)
 
 
+@pytest.mark.slow
 def test_help_is_hydras():
     proc = suite_cmd("--help")
     assert proc.returncode == 0 and "experiment: " in proc.stdout
 
 
 # -- a run with the toy experiment ------------------------------------------------------------
+@pytest.mark.slow
 def test_run_writes_report_into_run_dir(tmp_path):
     out = tmp_path / "run"
     proc = suite_cmd("scale=smoke", f"hydra.run.dir={out}", toy_run=True)
@@ -94,6 +100,7 @@ def test_run_writes_report_into_run_dir(tmp_path):
     assert (out / ".hydra" / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_failed_verification_exits_1_with_a_report(tmp_path):
     proc = suite_cmd("scale=smoke", f"hydra.run.dir={tmp_path}", toy_run=True, wrong=True)
     assert proc.returncode == 1
@@ -138,6 +145,7 @@ def test_unknown_schedule():
 # -- the real experiments ---------------------------------------------------------------------
 @pytest.mark.parametrize("experiment", ["adam_fusion", "lamb_fusion", "model_parallel",
                                         "pipeline_parallel"])
+@pytest.mark.slow
 def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
     exp = experiments.get(experiment)
     proc = suite_cmd(f"experiment={experiment}", "scale=smoke", f"hydra.run.dir={tmp_path}")
@@ -160,6 +168,7 @@ def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
             assert r["library_ms"] == "", r
 
 
+@pytest.mark.slow
 def test_real_pipeline_rejects_odd_world_size(tmp_path):
     proc = suite_cmd("experiment=pipeline_parallel", "verify.world_sizes=[3]",
                      f"hydra.run.dir={tmp_path}")

@@ -286,6 +286,7 @@ def test_comm_symm_selects_the_symm_backend_and_refuses_unknown_comms():
         assert "\n" not in be.cannot_run()
 
 
+@pytest.mark.slow
 @needs_nvrtc
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_python_m_suite_backend_comm_symm_without_a_gpu(tmp_path):

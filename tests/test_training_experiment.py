@@ -62,6 +62,7 @@ def measured(tmp_path_factory):
     return out, rows
 
 
+@pytest.mark.slow
 def test_measured_rows_losses_memory_and_timing(measured):
     out, rows = measured
     df = pd.read_csv(out / "results.csv")

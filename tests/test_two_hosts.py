@@ -46,6 +46,7 @@ def two_hosts():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_a_two_host_run_binds_to_the_named_interface_and_verifies(two_hosts, tmp_path):
     head = two_hosts["cc54a"][0]
     with socket.socket() as s:

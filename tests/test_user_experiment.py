@@ -18,6 +18,7 @@ SGD = FIXTURES / "sgd_momentum.py"
 SCHEDULES = ["AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)", "fuse(RS-C-AG)+as_slice"]
 
 
+@pytest.mark.slow
 def test_sgd_momentum_runs_through_the_suite(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "suite", "experiment=sgd_momentum", f"experiment.module={SGD}",
@@ -53,6 +54,7 @@ def test_a_dotted_module_on_the_python_path_registers_too(monkeypatch):
     assert "sgd_momentum" not in experiments.names()
 
 
+@pytest.mark.slow
 def test_a_module_that_cannot_load_is_one_line(tmp_path):
     proc = suite_cmd("experiment=sgd_momentum", "experiment.module=no_such_module",
                      f"hydra.run.dir={tmp_path}")

@@ -38,6 +38,7 @@ def test_the_fitted_constants_are_the_ones_the_topology_states(system):
     assert validation.fit_pipeline(system) == {k: getattr(nc, k) for k in validation.FITTED}
 
 
+@pytest.mark.slow
 def test_predictions_against_the_published_points():
     rows = validate.predict(None)
     points = [r for r in rows if r["source"] == "predicted" and r["row_kind"] == "point"]
@@ -73,6 +74,7 @@ def test_the_check_split_was_drawn_by_its_rule_and_holds_a_third_of_every_system
     assert {"fit", "check"} <= {p.split for p in multi if p.system == "dgx_h100"}
 
 
+@pytest.mark.slow
 def test_a_fit_never_sees_the_check_split():
     """Moving every check point's busbw changes no fitted constant; moving a fit point does."""
     import dataclasses
@@ -96,6 +98,7 @@ def test_a_forced_algorithm_is_what_the_published_run_forced():
     assert validation.predict_point(free).algo == "nvls"
 
 
+@pytest.mark.slow
 def test_the_report_section_tables_figures_and_misses(tmp_path):
     from reports.validation import _size
     from reports.table import append_row
@@ -127,6 +130,7 @@ def test_the_paper_results_are_data_with_source_and_caveat():
         assert r["caveat"] and r["where"] and 1.0 <= r["speedup_min"] <= r["speedup_max"]
 
 
+@pytest.mark.slow
 def test_python_m_suite_experiment_validate(tmp_path):
     """As users run it: a run directory with report.md (per-system errors), results.csv and one
     figure per system."""
