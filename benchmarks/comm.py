@@ -11,6 +11,7 @@ the bus bandwidth (nccl-tests' definition: all-reduce 2(P-1)/P, the others (P-1)
 over time). `vs gloo` is gloo's reduce-scatter (or all-gather) time over this row's time: above 1
 the ring wins.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,15 +57,25 @@ def _cases(size: int, P: int, dtype, chunks: list[int]):
     full.normal_()  # fresh values after the in-place sums
     yield "gloo reduce_scatter", "rs", lambda: comm.library_reduce_scatter(full, out)
     for c in chunks:
-        yield (f"ring reduce_scatter c{c}", "rs",
-               lambda c=c: comm.reduce_scatter(full, out, "sum", c))
+        yield (
+            f"ring reduce_scatter c{c}",
+            "rs",
+            lambda c=c: comm.reduce_scatter(full, out, "sum", c),
+        )
     yield "gloo all_gather", "ag", lambda: comm.library_all_gather(part, gathered)
     for c in chunks:
         yield f"ring all_gather c{c}", "ag", lambda c=c: comm.all_gather(part, gathered, c)
 
 
-def bench_rank(rank: int, world: int, sizes: list[int], dtype_name: str, chunks: list[int],
-               warmup: int, repeats: int) -> list[dict]:
+def bench_rank(
+    rank: int,
+    world: int,
+    sizes: list[int],
+    dtype_name: str,
+    chunks: list[int],
+    warmup: int,
+    repeats: int,
+) -> list[dict]:
     """Body of each rank; returns rows (identical on every rank, times are max over ranks)."""
     dtype = getattr(torch, dtype_name)
     rows = []
@@ -73,23 +84,37 @@ def bench_rank(rank: int, world: int, sizes: list[int], dtype_name: str, chunks:
             raise ValueError(f"size {size} is not a multiple of world*chunks={world * max(chunks)}")
         for name, kind, run in _cases(size, world, dtype, chunks):
             times = _time_ms(run, warmup, repeats)
-            rows.append({"size": size, "nbytes": size * dtype.itemsize, "op": name,
-                         "kind": kind, "median_ms": statistics.median(times),
-                         "min_ms": min(times), "max_ms": max(times)})
+            rows.append(
+                {
+                    "size": size,
+                    "nbytes": size * dtype.itemsize,
+                    "op": name,
+                    "kind": kind,
+                    "median_ms": statistics.median(times),
+                    "min_ms": min(times),
+                    "max_ms": max(times),
+                }
+            )
     return rows
 
 
 def format_table(rows: list[dict], world: int) -> str:
     base = {(r["size"], r["kind"]): r["median_ms"] for r in rows if r["op"].startswith("gloo")}
     factor = {"ar": 2 * (world - 1) / world, "rs": (world - 1) / world, "ag": (world - 1) / world}
-    lines = [(f"{'elements':>10} {'MB':>7}  {'operation':<22} {'median ms':>10} {'min ms':>8} "
-              f"{'busbw GB/s':>10} {'vs gloo':>8}")]
+    lines = [
+        (
+            f"{'elements':>10} {'MB':>7}  {'operation':<22} {'median ms':>10} {'min ms':>8} "
+            f"{'busbw GB/s':>10} {'vs gloo':>8}"
+        )
+    ]
     for r in rows:
         busbw_gbps = r["nbytes"] * factor[r["kind"]] / (r["median_ms"] * 1e-3) / 1e9
         ratio = base.get((r["size"], r["kind"]), float("nan")) / r["median_ms"]
         vs = f"{ratio:8.2f}x" if r["kind"] != "ar" else f"{'':>9}"
-        lines.append(f"{r['size']:>10} {r['nbytes'] / 2**20:>7.0f}  {r['op']:<22} "
-                     f"{r['median_ms']:>10.2f} {r['min_ms']:>8.2f} {busbw_gbps:>10.2f} {vs}")
+        lines.append(
+            f"{r['size']:>10} {r['nbytes'] / 2**20:>7.0f}  {r['op']:<22} "
+            f"{r['median_ms']:>10.2f} {r['min_ms']:>8.2f} {busbw_gbps:>10.2f} {vs}"
+        )
     return "\n".join(lines)
 
 
@@ -105,10 +130,16 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     chunks = [int(c) for c in args.chunks.split(",")]
-    rows = launch(bench_rank, args.world, (sizes, args.dtype, chunks, args.warmup, args.repeats),
-                  timeout_s=args.timeout_s)[0]
-    print(f"{args.world} ranks, {args.dtype}, median of {args.repeats} (warm-up {args.warmup}), "
-          "max over ranks")
+    rows = launch(
+        bench_rank,
+        args.world,
+        (sizes, args.dtype, chunks, args.warmup, args.repeats),
+        timeout_s=args.timeout_s,
+    )[0]
+    print(
+        f"{args.world} ranks, {args.dtype}, median of {args.repeats} (warm-up {args.warmup}), "
+        "max over ranks"
+    )
     print(format_table(rows, args.world))
 
 

@@ -10,6 +10,7 @@ read g, w, m, v and write w, m, v (28 bytes per f32 element). Prints the median 
 generated / torch (<= 1: the generated kernel is at least as fast), and the largest difference
 between the two after one step from the same state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,10 @@ import time
 
 import torch
 
-from dsl import Builder, Replicated, f32, sym
-
 from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import Compute
+from dsl import Builder, Replicated, f32, sym
 
 HYPER = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
 
@@ -56,8 +56,11 @@ class Generated:
         by_id = {}
         for name, bid in plan.inputs:
             x = given.get(name)
-            by_id[bid] = x if x is not None else torch.tensor(program.input(name).default,
-                                                              dtype=torch.float32)
+            by_id[bid] = (
+                x
+                if x is not None
+                else torch.tensor(program.input(name).default, dtype=torch.float32)
+            )
         self.args = [by_id[i] for i in self.kernel.args()]
 
     def step(self) -> None:
@@ -74,8 +77,9 @@ def _state(n: int, seed: int = 0):
 def _torch_adam(g, w, m, v):
     p = torch.nn.Parameter(w.clone())
     p.grad = g.clone()
-    opt = torch.optim.Adam([p], lr=HYPER["lr"], betas=(HYPER["beta1"], HYPER["beta2"]),
-                           eps=HYPER["eps"], fused=True)
+    opt = torch.optim.Adam(
+        [p], lr=HYPER["lr"], betas=(HYPER["beta1"], HYPER["beta2"]), eps=HYPER["eps"], fused=True
+    )
     opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
     return p, opt
 
@@ -101,7 +105,9 @@ def check(n: int = 1 << 12) -> float:
     opt.step()
     gen = Generated(g.clone(), w.clone(), m.clone(), v.clone(), step=1.0)
     gen.step()
-    return float((gen.args[gen.kernel.args().index(_input_buffer(gen, "w"))] - p.detach()).abs().max())
+    return float(
+        (gen.args[gen.kernel.args().index(_input_buffer(gen, "w"))] - p.detach()).abs().max()
+    )
 
 
 def _input_buffer(gen: Generated, name: str) -> int:
@@ -116,7 +122,9 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=1 << 24)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (0: torch's default)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch/OpenMP threads (0: torch's default)"
+    )
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -127,9 +135,14 @@ def main(argv=None) -> None:
     _, opt = _torch_adam(g, w, m, v)
     gb = 28 * a.n / 1e9
     ours, theirs = _timed_ms([gen.step, opt.step], a.repeats, a.warmup)
-    print(f"Adam step, n={a.n} f32, {torch.get_num_threads()} threads, median of {a.repeats} "
-          f"timed in turns (min..max); generated-kernel build/load {build_s:.2f} s")
-    for label, (med, lo, hi) in (("generated kernel", ours), ("torch.optim.Adam(fused=True)", theirs)):
+    print(
+        f"Adam step, n={a.n} f32, {torch.get_num_threads()} threads, median of {a.repeats} "
+        f"timed in turns (min..max); generated-kernel build/load {build_s:.2f} s"
+    )
+    for label, (med, lo, hi) in (
+        ("generated kernel", ours),
+        ("torch.optim.Adam(fused=True)", theirs),
+    ):
         print(f"  {label:30s} {med:9.3f} ms  ({lo:.3f}..{hi:.3f})  {gb / med * 1e3:6.1f} GB/s")
     print(f"  ratio generated/torch          {ours[0] / theirs[0]:9.3f}")
     print(f"  max |w_generated - w_torch| after one step: {check():.3g}")

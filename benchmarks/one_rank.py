@@ -17,6 +17,7 @@ own time: where the host spends a call (per-chunk library calls, stream switches
 Nothing is asserted; one rank cannot show what overlap gains, only what a step costs before it.
 `scripts/gpu_figures.py` reuses `timed`, `host_us`, `baseline_step` and `schedule_steps`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -108,8 +109,12 @@ def main(argv=None) -> None:
             print(f"N=2^{k}: baseline (all_reduce + fused Adam) {base:.3f} ms", flush=True)
             for name, (step, eager) in schedule_steps(1 << k, args.backend, args.graph).items():
                 t = timed(step, sync, reps=args.reps)
-                extra = (f"  host {host_us(step, sync, args.reps):.1f} us "
-                         f"{'graph' if eager is None else 'eager: ' + eager}" if args.graph else "")
+                extra = (
+                    f"  host {host_us(step, sync, args.reps):.1f} us "
+                    f"{'graph' if eager is None else 'eager: ' + eager}"
+                    if args.graph
+                    else ""
+                )
                 print(f"  {name:24s} {t:8.3f} ms  x{base / t:.2f}{extra}", flush=True)
                 if name == FUSED and profiled is None:
                     profiled = step

@@ -17,6 +17,7 @@ each schedule's speedup over it printed too, measured and predicted. E.g.
         --topology-path .cache/calibration/KEY/topology_shm.yaml \\
         --gloo-topology-path .cache/calibration/KEY/topology.yaml
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,12 +41,21 @@ def predicted(run: Path, measured: list[dict], topology_path, gloo_topology_path
     run's gloo baseline, and each row's speedup_gloo, on the gloo topology)."""
     exp = registry.get(measured[0]["experiment"])
     topo = load_topology("local", path=topology_path)
-    settings = PredictSettings(scale="default", backend="cpu", topology=topo,
-                               world_size=int(measured[0]["world_size"]), max_elements=1 << 40,
-                               measured=measured, out_dir=run,
-                               gloo_topology=load_topology("local", path=gloo_topology_path))
-    return {(r["shape"], r["schedule"]): r for r in predictions(exp, settings)
-            if r["source"] == "predicted" and r["topology"] == "local"}
+    settings = PredictSettings(
+        scale="default",
+        backend="cpu",
+        topology=topo,
+        world_size=int(measured[0]["world_size"]),
+        max_elements=1 << 40,
+        measured=measured,
+        out_dir=run,
+        gloo_topology=load_topology("local", path=gloo_topology_path),
+    )
+    return {
+        (r["shape"], r["schedule"]): r
+        for r in predictions(exp, settings)
+        if r["source"] == "predicted" and r["topology"] == "local"
+    }
 
 
 def main(argv=None) -> None:
@@ -57,8 +67,10 @@ def main(argv=None) -> None:
     rows = rows_of(a.run)
     pred = predicted(a.run, rows, a.topology_path, a.gloo_topology_path)
     gloo = any(r["schedule"] == GLOO_BASELINE for r in rows)
-    print(f"{'shape':>12} {'schedule':<24} {'measured':>9} {'predicted':>9} {'pred/meas':>9}"
-          + ("   over gloo's baseline: measured predicted pred/meas" if gloo else ""))
+    print(
+        f"{'shape':>12} {'schedule':<24} {'measured':>9} {'predicted':>9} {'pred/meas':>9}"
+        + ("   over gloo's baseline: measured predicted pred/meas" if gloo else "")
+    )
     for r in rows:
         shape, name = r["shape"], r["schedule"]
         if name == GLOO_BASELINE:
@@ -68,8 +80,7 @@ def main(argv=None) -> None:
         line = f"{shape:>12} {name:<24} x{r['speedup']:8.3f} x{s_p:8.3f} {s_p / r['speedup']:9.3f}"
         if gloo:
             g_p = p.get("speedup_gloo", float("nan"))
-            line += (f"   x{r['speedup_gloo']:8.3f} x{g_p:8.3f} "
-                     f"{g_p / r['speedup_gloo']:9.3f}")
+            line += f"   x{r['speedup_gloo']:8.3f} x{g_p:8.3f} {g_p / r['speedup_gloo']:9.3f}"
         print(line)
 
 

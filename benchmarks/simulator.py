@@ -17,6 +17,7 @@
 - Symmetric against full DES (`--check-nodes`, default 128 and 512 dgx_h100 nodes: 1,024 and
   4,096 GPUs): every schedule simulated both ways, the relative difference. Target: within 1%.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,9 @@ def symmetric_vs_full(nodes: int, elements: int = 1 << 24, topology: str = "dgx_
         full = simulate(plan, topo, fold=False)
         t2 = time.perf_counter()
         assert sym.folded and not full.folded
-        out.append((name, sym.time_ms, full.time_ms, sym.time_us / full.time_us - 1.0,
-                    t1 - t0, t2 - t1))
+        out.append(
+            (name, sym.time_ms, full.time_ms, sym.time_us / full.time_us - 1.0, t1 - t0, t2 - t1)
+        )
     return out
 
 
@@ -102,22 +104,30 @@ def main(argv=None) -> None:
     ap.add_argument("--largest-nodes", type=int, default=16384)
     a = ap.parse_args(argv)
     secs, ms, rows = des_seconds(a.nodes, a.elements)
-    print(f"DES: fuse(RS-C-AG) Adam, {a.elements} elements, {a.nodes * 16} GPUs (dgx2): "
-          f"{secs:.2f} s wall for {rows} tasks; predicted step {ms:.3f} ms (target < 10 s)")
+    print(
+        f"DES: fuse(RS-C-AG) Adam, {a.elements} elements, {a.nodes * 16} GPUs (dgx2): "
+        f"{secs:.2f} s wall for {rows} tasks; predicted step {ms:.3f} ms (target < 10 s)"
+    )
     secs, n = closed_form_seconds(a.nodes, a.evaluations)
     print(f"closed form: {n} schedule evaluations in {secs:.3f} s (target < 1 s)")
     for nodes in a.check_nodes:
         for name, sym, full, rel, ts, tf in symmetric_vs_full(nodes):
-            print(f"symmetric vs full DES, {nodes * 8} GPUs (dgx_h100), 2^24, {name}: "
-                  f"{sym:.4f} vs {full:.4f} ms ({rel:+.2e}; {ts:.2f} s vs {tf:.2f} s wall; "
-                  f"target within 1%)")
+            print(
+                f"symmetric vs full DES, {nodes * 8} GPUs (dgx_h100), 2^24, {name}: "
+                f"{sym:.4f} vs {full:.4f} ms ({rel:+.2e}; {ts:.2f} s vs {tf:.2f} s wall; "
+                f"target within 1%)"
+            )
     for name, secs, ms, folded in at_scale(a.scale_nodes, a.elements):
-        print(f"symmetric DES, {a.scale_nodes * 8} GPUs (dgx_h100), {a.elements} elements, "
-              f"{name}: {secs:.2f} s wall, predicted {ms:.3f} ms, peak memory "
-              f"{peak_rss_gb():.2f} GB (targets < 10 s, < 4 GB)")
+        print(
+            f"symmetric DES, {a.scale_nodes * 8} GPUs (dgx_h100), {a.elements} elements, "
+            f"{name}: {secs:.2f} s wall, predicted {ms:.3f} ms, peak memory "
+            f"{peak_rss_gb():.2f} GB (targets < 10 s, < 4 GB)"
+        )
     for name, secs, ms, _ in at_scale(a.largest_nodes, a.elements, "dgx_h100_fattree"):
-        print(f"{a.largest_nodes * 8} GPUs (dgx_h100_fattree), {a.elements} elements, {name}: "
-              f"{secs:.2f} s wall, predicted {ms:.3f} ms (target < 1 s)")
+        print(
+            f"{a.largest_nodes * 8} GPUs (dgx_h100_fattree), {a.elements} elements, {name}: "
+            f"{secs:.2f} s wall, predicted {ms:.3f} ms (target < 1 s)"
+        )
 
 
 if __name__ == "__main__":

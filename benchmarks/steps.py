@@ -34,6 +34,7 @@ steps here ran 1.4-1.5x the runs' times); `--no-keep-awake` lets them halt.
 Sizes: the program's size symbols, suffixes K = 2^10, M = 2^20. Nothing here is asserted: the
 machine is shared and these are its measurements.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,9 @@ def _owner(segment: str, owners: dict[str, int]) -> int:
     raise ValueError(f"segment {segment!r} names no step of the plan")
 
 
-def rank_main(rank: int, world: int, experiment: str, names: list[str], bindings: dict,
-              rounds: int) -> dict:
+def rank_main(
+    rank: int, world: int, experiment: str, names: list[str], bindings: dict, rounds: int
+) -> dict:
     exp = experiments.get(experiment)
     every = exp.schedules()
     runners = {n: runner(every[n], bindings, rank, world) for n in names}
@@ -133,8 +135,15 @@ def rank_main(rank: int, world: int, experiment: str, names: list[str], bindings
                 whole[n].append(total)
                 (first if call == 0 else later)[n].append(total)
     kinds = {n: [_kind(s) for s in r.plan.steps] for n, r in runners.items()}
-    return {"parts": parts, "whole": whole, "first": first, "later": later, "kinds": kinds,
-            "labels": labels, "pieces": {n: np.array(p) for n, p in pieces.items()}}
+    return {
+        "parts": parts,
+        "whole": whole,
+        "first": first,
+        "later": later,
+        "kinds": kinds,
+        "labels": labels,
+        "pieces": {n: np.array(p) for n, p in pieces.items()},
+    }
 
 
 def _kind(step) -> str:
@@ -147,27 +156,38 @@ def _kind(step) -> str:
 def summary(res: dict, names: list[str], seed: int = 0, model: Optional[dict] = None) -> str:
     """One line per schedule (see the module); `model`: {schedule: (median, lone, means)} ms."""
     rng = np.random.default_rng(seed)
-    lines = [f"{'schedule':26} {'step':>7} {'sum of parts':>13} {'independent':>12} "
-             f"{'pieces':>7} {'first':>7} {'later':>7}"
-             + (f" {'model':>7}" if model else "")
-             + "   collectives' tail (share > median + 1 ms)"]
+    lines = [
+        f"{'schedule':26} {'step':>7} {'sum of parts':>13} {'independent':>12} "
+        f"{'pieces':>7} {'first':>7} {'later':>7}"
+        + (f" {'model':>7}" if model else "")
+        + "   collectives' tail (share > median + 1 ms)"
+    ]
     for n in names:
         P = [np.array(p) for p in res["parts"][n]]
         med = [float(np.median(p)) for p in P]
         drawn = sum(rng.choice(p, 20000) for p in P)
         pieces = res.get("pieces", {}).get(n)
         sum_pieces = float(np.median(pieces, axis=0).sum()) if pieces is not None else sum(med)
-        tails = [f"{k.split()[-1]} {np.mean(p > m + 1.0):.2f}"
-                 for k, p, m in zip(res["kinds"][n], P, med)
-                 if k.startswith(("Collective", "FusedCollective"))]
-        lines.append(f"{n:26} {statistics.median(res['whole'][n]):7.2f} {sum(med):13.2f} "
-                     f"{float(np.median(drawn)):12.2f} {sum_pieces:7.2f} "
-                     f"{statistics.median(res['first'][n]):7.2f} "
-                     f"{statistics.median(res['later'][n]):7.2f}"
-                     + (f" {model[n][0]:7.2f}" if model else "") + "   " + ", ".join(tails))
+        tails = [
+            f"{k.split()[-1]} {np.mean(p > m + 1.0):.2f}"
+            for k, p, m in zip(res["kinds"][n], P, med)
+            if k.startswith(("Collective", "FusedCollective"))
+        ]
+        lines.append(
+            f"{n:26} {statistics.median(res['whole'][n]):7.2f} {sum(med):13.2f} "
+            f"{float(np.median(drawn)):12.2f} {sum_pieces:7.2f} "
+            f"{statistics.median(res['first'][n]):7.2f} "
+            f"{statistics.median(res['later'][n]):7.2f}"
+            + (f" {model[n][0]:7.2f}" if model else "")
+            + "   "
+            + ", ".join(tails)
+        )
     if model:
-        lines += [f"  model, {n}: on the lone links {model[n][1]:.2f}, on the links at the means "
-                  f"{model[n][2]:.2f}" for n in names]
+        lines += [
+            f"  model, {n}: on the lone links {model[n][1]:.2f}, on the links at the means "
+            f"{model[n][2]:.2f}"
+            for n in names
+        ]
     return "\n".join(lines) + "\n(ms; rank 0)"
 
 
@@ -177,13 +197,13 @@ def segments_table(res: dict, name: str) -> str:
     lines = [f"{name}: {len(seg)} calls", f"  {'segment':62} {'median':>7} {'mean':>7} {'p90':>7}"]
     for i, s in enumerate(res["labels"][name]):
         col = seg[:, i]
-        lines.append(f"  {s[:62]:62} {np.median(col):7.3f} {np.mean(col):7.3f} "
-                     f"{np.percentile(col, 90):7.3f}")
+        lines.append(
+            f"  {s[:62]:62} {np.median(col):7.3f} {np.mean(col):7.3f} {np.percentile(col, 90):7.3f}"
+        )
     return "\n".join(lines)
 
 
-def predicted(experiment: str, names: list[str], bindings: dict, world: int,
-              path: str) -> dict:
+def predicted(experiment: str, names: list[str], bindings: dict, world: int, path: str) -> dict:
     """{schedule: (the step's predicted median, on the lone links, at the means)} in ms, on the
     topology.yaml at `path`."""
     topo = load_topology("local", path=path)
@@ -191,8 +211,11 @@ def predicted(experiment: str, names: list[str], bindings: dict, world: int,
     out = {}
     for n in names:
         plan = lower(every[n], bindings, world, fused_chunks=FUSED_CHUNKS)
-        out[n] = (step_median(plan, topo).time_ms, simulate(plan, topo.lone()).time_ms,
-                  simulate(plan, topo).time_ms)
+        out[n] = (
+            step_median(plan, topo).time_ms,
+            simulate(plan, topo.lone()).time_ms,
+            simulate(plan, topo).time_ms,
+        )
     return out
 
 
@@ -219,8 +242,12 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--segments", action="store_true", help="each schedule's segments too")
     ap.add_argument("--topology", default=None, help="a topology.yaml: the model beside it")
-    ap.add_argument("--no-keep-awake", dest="keep_awake", action="store_false",
-                    help="let idle CPUs halt (the suite keeps them awake: keep_awake=true)")
+    ap.add_argument(
+        "--no-keep-awake",
+        dest="keep_awake",
+        action="store_false",
+        help="let idle CPUs halt (the suite keeps them awake: keep_awake=true)",
+    )
     a = ap.parse_args(argv)
     bindings = {k: parse_size(v) for k, v in (kv.split("=") for kv in a.size.split(","))}
     names = schedule_names(a.schedules)
@@ -229,13 +256,15 @@ def main(argv=None) -> None:
     every = experiments.get(a.experiment).schedules()
     unknown = [n for n in names if n not in every]
     if unknown or not names:
-        ap.error(f"{a.experiment} has no schedule {unknown[0] if unknown else ''!r}; schedules: "
-                 f"{', '.join(every)}")
-    model = (predicted(a.experiment, names, bindings, a.world, a.topology) if a.topology
-             else None)
+        ap.error(
+            f"{a.experiment} has no schedule {unknown[0] if unknown else ''!r}; schedules: "
+            f"{', '.join(every)}"
+        )
+    model = predicted(a.experiment, names, bindings, a.world, a.topology) if a.topology else None
     with keep_awake(a.keep_awake):
-        res = launch(rank_main, a.world, args=(a.experiment, names, bindings, a.rounds),
-                     timeout_s=1800)[0]
+        res = launch(
+            rank_main, a.world, args=(a.experiment, names, bindings, a.rounds), timeout_s=1800
+        )[0]
     print(f"{a.experiment} at {a.size} on {a.world} ranks, {a.rounds} rounds of {CALLS} calls")
     print(summary(res, names, model=model))
     if a.segments:

@@ -15,6 +15,7 @@ schedules are in `coconet.programs` (the experiments use them too).
 Layering: suite -> experiments -> coconet -> cost_model -> codegen -> dsl (coconet imports
 codegen and dsl only).
 """
+
 from .optim import FusedAdam, FusedLAMB, FusedOptimizer
 from .step import Step, compile, compile_many
 

@@ -10,6 +10,7 @@ fused chunks, so that every rank's slice N/P divides into the chunks); the paddi
 which every optimizer here leaves at zero (zero gradient, zero weight: zero update, and nothing
 added to LAMB's norms).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Optional, Sequence
 @dataclass(frozen=True)
 class Slot:
     """One parameter's place in its bucket."""
+
     param: int  # the parameter's id (its index across all groups)
     offset: int  # first element in the bucket
     numel: int
@@ -39,8 +41,9 @@ def _padded(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-def layout(groups: Sequence[Sequence[int]], cap_numel: Optional[int],
-           multiple: int) -> tuple[BucketLayout, ...]:
+def layout(
+    groups: Sequence[Sequence[int]], cap_numel: Optional[int], multiple: int
+) -> tuple[BucketLayout, ...]:
     """The buckets of `groups` (parameter sizes per group), in order (see the module doc)."""
     if cap_numel is not None and cap_numel < 1:
         raise ValueError(f"bucket cap must be a positive element count or None, got {cap_numel}")

@@ -34,6 +34,7 @@ Contract
 - Not supported (ValueError): Adam's `weight_decay` (the program has none), `amsgrad`, params of
   another dtype, param groups added after construction.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -64,7 +65,7 @@ class _Bucket:
 
     def view(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         s = self.spec.slots[k]
-        return flat[s.offset:s.offset + s.numel].view_as(self.params[k])
+        return flat[s.offset : s.offset + s.numel].view_as(self.params[k])
 
     def gather_grads(self) -> None:
         """Each p.grad into the bucket (nothing to do where it already is a view of it), and
@@ -81,9 +82,17 @@ class _Bucket:
 class FusedOptimizer(torch.optim.Optimizer):
     """The base of FusedAdam and FusedLAMB (see the module doc); `program` the optimizer's."""
 
-    def __init__(self, params, defaults: dict, program, *, group=None,
-                 bucket_cap_numel: Optional[int] = 1 << 22, chunks: int = 4,
-                 backend="cpu"):
+    def __init__(
+        self,
+        params,
+        defaults: dict,
+        program,
+        *,
+        group=None,
+        bucket_cap_numel: Optional[int] = 1 << 22,
+        chunks: int = 4,
+        backend="cpu",
+    ):
         self._buckets: list[_Bucket] = []
         super().__init__(params, defaults)
         self._group = Group.world() if group is None else Group.of(group)
@@ -91,8 +100,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         flat = [p for g in self.param_groups for p in g["params"]]
         for p in flat:
             if p.dtype != torch.float32:
-                raise ValueError(f"{type(self).__name__}: parameters must be float32, "
-                                 f"got {p.dtype}")
+                raise ValueError(
+                    f"{type(self).__name__}: parameters must be float32, got {p.dtype}"
+                )
         sizes = [[p.numel() for p in g["params"]] for g in self.param_groups]
         specs = layout(sizes, bucket_cap_numel, P * chunks)
         device = flat[0].device if flat else torch.device("cpu")
@@ -105,16 +115,25 @@ class FusedOptimizer(torch.optim.Optimizer):
                 for k, p in enumerate(b.params):
                     p.data = b.view(b.w, k)
                     p.grad = b.view(b.g, k)
-        items = [(program, programs.sliced_schedule, {"N": b.spec.numel},
-                  {"w": b.w, "g": b.g, "m": b.m, "v": b.v}) for b in self._buckets]
+        items = [
+            (
+                program,
+                programs.sliced_schedule,
+                {"N": b.spec.numel},
+                {"w": b.w, "g": b.g, "m": b.m, "v": b.v},
+            )
+            for b in self._buckets
+        ]
         steps = compile_many(items, group=group, backend=backend, chunks=chunks)
         for b, s in zip(self._buckets, steps):
             b.step = s
 
     def add_param_group(self, param_group: dict) -> None:
         if self._buckets:
-            raise ValueError(f"{type(self).__name__}: param groups cannot be added after "
-                             "construction (the buckets are compiled then)")
+            raise ValueError(
+                f"{type(self).__name__}: param groups cannot be added after "
+                "construction (the buckets are compiled then)"
+            )
         super().add_param_group(param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -153,15 +172,23 @@ class FusedOptimizer(torch.optim.Optimizer):
         gradient buckets) and the state: the Plan's own (the reduced gradient slice, the
         updated slice, ...)."""
         own = {id(t) for b in self._buckets for t in (b.w, b.g, b.m, b.v)}
-        return sum(t.numel() * t.element_size() for b in self._buckets
-                   for t in b.step.runner.bufs.values() if id(t) not in own)
+        return sum(
+            t.numel() * t.element_size()
+            for b in self._buckets
+            for t in b.step.runner.bufs.values()
+            if id(t) not in own
+        )
 
     def _groups_dict(self) -> list[dict]:
         out, pid = [], 0
         for g in self.param_groups:
             n = len(g["params"])
-            out.append({**{k: v for k, v in g.items() if k != "params"},
-                        "params": list(range(pid, pid + n))})
+            out.append(
+                {
+                    **{k: v for k, v in g.items() if k != "params"},
+                    "params": list(range(pid, pid + n)),
+                }
+            )
             pid += n
         return out
 
@@ -174,23 +201,35 @@ class FusedOptimizer(torch.optim.Optimizer):
                 full[name] = torch.empty_like(b.w)
                 b.step.runner.comm.all_gather(part, full[name])
             for k, s in enumerate(b.spec.slots):
-                state[s.param] = {"step": torch.tensor(float(b.t)),
-                                  **{n: b.view(full[n], k).clone() for n in STATE}}
+                state[s.param] = {
+                    "step": torch.tensor(float(b.t)),
+                    **{n: b.view(full[n], k).clone() for n in STATE},
+                }
         return {"state": state, "param_groups": self._groups_dict()}
 
     def sharded_state_dict(self) -> dict:
         """This rank's slices of the state, per bucket, and the layout they belong to (local)."""
-        state = {i: {"step": torch.tensor(float(b.t)), "exp_avg": b.m.clone(),
-                     "exp_avg_sq": b.v.clone()} for i, b in enumerate(self._buckets)}
-        return {"state": state, "param_groups": self._groups_dict(),
-                "sharded": {"world_size": self._group.size, "rank": self._group.me,
-                            "layout": [b.spec for b in self._buckets]}}
+        state = {
+            i: {"step": torch.tensor(float(b.t)), "exp_avg": b.m.clone(), "exp_avg_sq": b.v.clone()}
+            for i, b in enumerate(self._buckets)
+        }
+        return {
+            "state": state,
+            "param_groups": self._groups_dict(),
+            "sharded": {
+                "world_size": self._group.size,
+                "rank": self._group.me,
+                "layout": [b.spec for b in self._buckets],
+            },
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         groups = state_dict["param_groups"]
         if [len(g["params"]) for g in groups] != [len(g["params"]) for g in self.param_groups]:
-            raise ValueError(f"{type(self).__name__}.load_state_dict: the saved param groups do "
-                             "not match this optimizer's")
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: the saved param groups do "
+                "not match this optimizer's"
+            )
         for mine, saved in zip(self.param_groups, groups):
             mine.update({k: v for k, v in saved.items() if k != "params"})
         with torch.no_grad():
@@ -201,11 +240,16 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _load_sharded(self, sd: dict) -> None:
         meta = sd["sharded"]
-        here = {"world_size": self._group.size, "rank": self._group.me,
-                "layout": [b.spec for b in self._buckets]}
+        here = {
+            "world_size": self._group.size,
+            "rank": self._group.me,
+            "layout": [b.spec for b in self._buckets],
+        }
         if meta != here:
-            raise ValueError(f"{type(self).__name__}.load_state_dict: a sharded state of another "
-                             "layout, world size or rank (load the gathered state_dict instead)")
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict: a sharded state of another "
+                "layout, world size or rank (load the gathered state_dict instead)"
+            )
         for i, b in enumerate(self._buckets):
             st = sd["state"][i]
             b.t = int(st["step"])
@@ -217,8 +261,10 @@ class FusedOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             steps = {int(state[s.param]["step"]) for s in b.spec.slots if s.param in state}
             if len(steps) > 1:
-                raise ValueError(f"{type(self).__name__}.load_state_dict: parameters of one bucket "
-                                 f"saved at different steps {sorted(steps)}")
+                raise ValueError(
+                    f"{type(self).__name__}.load_state_dict: parameters of one bucket "
+                    f"saved at different steps {sorted(steps)}"
+                )
             b.t = steps.pop() if steps else 0
             k = b.spec.numel // n
             for name, part in zip(STATE, (b.m, b.v)):
@@ -226,22 +272,39 @@ class FusedOptimizer(torch.optim.Optimizer):
                 for j, s in enumerate(b.spec.slots):
                     if s.param in state:
                         b.view(full, j).copy_(state[s.param][name])
-                part.copy_(full[me * k:(me + 1) * k])
+                part.copy_(full[me * k : (me + 1) * k])
 
 
 class FusedAdam(FusedOptimizer):
     """torch.optim.Adam's update (bias-corrected, no weight decay) as the generated fused step."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, group=None,
-                 bucket_cap_numel: Optional[int] = 1 << 22, chunks: int = 4, backend="cpu"):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        group=None,
+        bucket_cap_numel: Optional[int] = 1 << 22,
+        chunks: int = 4,
+        backend="cpu",
+    ):
         if weight_decay:
-            raise ValueError("FusedAdam: weight_decay is not supported (the Adam program has no "
-                             "L2 term); use FusedLAMB's decoupled weight decay")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
-                                  "weight_decay": 0.0},
-                         programs.adam_program(), group=group, bucket_cap_numel=bucket_cap_numel,
-                         chunks=chunks, backend=backend)
+            raise ValueError(
+                "FusedAdam: weight_decay is not supported (the Adam program has no "
+                "L2 term); use FusedLAMB's decoupled weight decay"
+            )
+        super().__init__(
+            params,
+            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0},
+            programs.adam_program(),
+            group=group,
+            bucket_cap_numel=bucket_cap_numel,
+            chunks=chunks,
+            backend=backend,
+        )
 
     def add_param_group(self, param_group: dict) -> None:
         if param_group.get("weight_decay", 0.0):
@@ -254,13 +317,28 @@ class FusedLAMB(FusedOptimizer):
     step: Adam's bias-corrected direction plus decoupled weight decay, scaled by the trust ratio
     ||w|| / ||u|| of each bucket (by default one bucket per parameter tensor)."""
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01, *, group=None,
-                 bucket_cap_numel: Optional[int] = None, chunks: int = 4, backend="cpu"):
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
-                                  "weight_decay": weight_decay},
-                         programs.lamb_program(), group=group, bucket_cap_numel=bucket_cap_numel,
-                         chunks=chunks, backend=backend)
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        *,
+        group=None,
+        bucket_cap_numel: Optional[int] = None,
+        chunks: int = 4,
+        backend="cpu",
+    ):
+        super().__init__(
+            params,
+            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay},
+            programs.lamb_program(),
+            group=group,
+            bucket_cap_numel=bucket_cap_numel,
+            chunks=chunks,
+            backend=backend,
+        )
 
     def hyper(self, group: dict) -> dict:
         return {**super().hyper(group), "weight_decay": group["weight_decay"]}

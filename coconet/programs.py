@@ -11,6 +11,7 @@ Schedules (Fig. 10): `AR-C` (the program), `RS-C-AG` (split + reorder), `fuse(RS
 schedule `coconet.FusedAdam` and `coconet.FusedLAMB` run). The experiments (adam_fusion,
 lamb_fusion, training) take them from here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,10 @@ def _moments(b: Builder, grad=f32):
     w = b.input("w", f32, [N], Replicated())
     m = b.input("m", f32, [N], Replicated())
     v = b.input("v", f32, [N], Replicated(), init="positive")
-    hp = {k: b.param(k, d) for k, d in (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999),
-                                        ("eps", 1e-8), ("step", 3.0))}
+    hp = {
+        k: b.param(k, d)
+        for k, d in (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("step", 3.0))
+    }
     summed = b.all_reduce(g, name="g.sum")
     g_avg = (summed if grad == f32 else b.cast(summed, f32)) * (1 / P)
     b1, b2 = hp["beta1"], hp["beta2"]

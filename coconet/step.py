@@ -25,6 +25,7 @@ Contract
   `step.compute_ms` the host time spent in kernels so far.
 Only single-stage programs (no pipeline stages) are compiled for a caller's group.
 """
+
 from __future__ import annotations
 
 from numbers import Number
@@ -58,9 +59,11 @@ class Step:
             elif name in self._zero_d and isinstance(value, Number):
                 self.runner.input(name).fill_(value)
             else:
-                raise ValueError(f"{self.plan.name}: input {name!r} takes a tensor"
-                                 + (" or a number" if name in self._zero_d else "")
-                                 + f", got {type(value).__name__}")
+                raise ValueError(
+                    f"{self.plan.name}: input {name!r} takes a tensor"
+                    + (" or a number" if name in self._zero_d else "")
+                    + f", got {type(value).__name__}"
+                )
         self.runner.run()
         return {name: self.runner.bufs[bid] for name, bid in self.plan.outputs}
 
@@ -69,22 +72,33 @@ class Step:
         return self.runner.compute_ms
 
 
-def compile(program: Program, schedule: Schedule, bindings: Mapping[str, int], *,
-            group=None, backend: Union[str, backends.Backend] = "cpu", chunks: int = 4,
-            tensors: Optional[Mapping[str, torch.Tensor]] = None) -> Step:
+def compile(
+    program: Program,
+    schedule: Schedule,
+    bindings: Mapping[str, int],
+    *,
+    group=None,
+    backend: Union[str, backends.Backend] = "cpu",
+    chunks: int = 4,
+    tensors: Optional[Mapping[str, torch.Tensor]] = None,
+) -> Step:
     """Lower, build and set up `schedule(program)` on this rank of `group` (collective);
     `tensors`: inputs bound (aliased) from the start, so their buffers are never allocated."""
-    return compile_many([(program, schedule, bindings, tensors)], group=group, backend=backend,
-                        chunks=chunks)[0]
+    return compile_many(
+        [(program, schedule, bindings, tensors)], group=group, backend=backend, chunks=chunks
+    )[0]
 
 
-def compile_many(items, *, group=None, backend: Union[str, backends.Backend] = "cpu",
-                 chunks: int = 4) -> list[Step]:
+def compile_many(
+    items, *, group=None, backend: Union[str, backends.Backend] = "cpu", chunks: int = 4
+) -> list[Step]:
     """`compile` of several (program, schedule, bindings[, tensors]) at once, their kernels built
     into one module (one compile, not one per item; identical kernels once)."""
     if not dist.is_initialized():
-        raise ValueError("coconet.compile: torch.distributed is not initialised "
-                         "(call torch.distributed.init_process_group first)")
+        raise ValueError(
+            "coconet.compile: torch.distributed is not initialised "
+            "(call torch.distributed.init_process_group first)"
+        )
     members = Group.world() if group is None else Group.of(group)
     target = backends.get(backend) if isinstance(backend, str) else backend
     plans, bound = [], []
@@ -92,11 +106,15 @@ def compile_many(items, *, group=None, backend: Union[str, backends.Backend] = "
         bound.append(tensors[0] if tensors else None)
         scheduled = schedule(program) if schedule is not None else program
         if scheduled.stages != 1:
-            raise ValueError(f"coconet.compile: {scheduled.name} has {scheduled.stages} pipeline "
-                             "stages; only single-stage programs run in a caller's group")
+            raise ValueError(
+                f"coconet.compile: {scheduled.name} has {scheduled.stages} pipeline "
+                "stages; only single-stage programs run in a caller's group"
+            )
         plans.append(lower(scheduled, dict(bindings), members.size, fused_chunks=chunks))
     unique = list({k.name: k for plan in plans for k in plan.kernels()}.values())
     kernels = target.build(unique, plans[0].name if plans else None)
     groups = backends.Groups(members, (members,))
-    return [Step(plan, PlanRunner(plan, members.me, kernels, groups, target, tensors=t))
-            for plan, t in zip(plans, bound)]
+    return [
+        Step(plan, PlanRunner(plan, members.me, kernels, groups, target, tensors=t))
+        for plan, t in zip(plans, bound)
+    ]

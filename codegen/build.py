@@ -26,6 +26,7 @@ Contract
 - `write_sources(kernels, directory, name)` writes the same module source as
   `<directory>/<name>.cpp` (the run's `kernels/` folder) and returns its path.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,13 @@ def native_arch() -> Optional[str]:
     """The CPU `-march=native` resolves to (e.g. "znver3"), or None where it is not accepted."""
     cxx = os.environ.get("CXX", "c++")
     try:
-        out = subprocess.run([cxx, "-march=native", "-Q", "--help=target"], capture_output=True,
-                             text=True, timeout=60, check=False)
+        out = subprocess.run(
+            [cxx, "-march=native", "-Q", "--help=target"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.search(r"^\s*-march=\s*(\S+)", out.stdout, re.M)
@@ -94,8 +100,9 @@ def module_source(kernels: Sequence[Kernel]) -> str:
 def module_name(source: str, name: Optional[str] = None) -> str:
     import torch
 
-    key = "\n".join([source, " ".join(cflags() + list(LDFLAGS)), str(native_arch()),
-                     torch.__version__])
+    key = "\n".join(
+        [source, " ".join(cflags() + list(LDFLAGS)), str(native_arch()), torch.__version__]
+    )
     prefix = re.sub(r"\W", "_", name or "coconet")[:40]
     return f"{prefix}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
@@ -143,9 +150,15 @@ def _load(source: str, mname: str) -> ModuleType:
             if attempt or not _whole(directory / f"{mname}.so"):
                 _drop(directory / f"{mname}.so")  # damaged, or it failed to load: build again
             try:
-                mod = load_inline(mname, [source], extra_cflags=cflags(),
-                                  extra_ldflags=list(LDFLAGS), build_directory=str(directory),
-                                  verbose=False, **extra)
+                mod = load_inline(
+                    mname,
+                    [source],
+                    extra_cflags=cflags(),
+                    extra_ldflags=list(LDFLAGS),
+                    build_directory=str(directory),
+                    verbose=False,
+                    **extra,
+                )
                 break
             except ImportError as e:  # the cached module would not load: once more, rebuilt
                 if attempt:
@@ -166,8 +179,7 @@ def _whole(so: Path) -> bool:
 
 def _drop(so: Path) -> None:
     if so.exists():
-        print(f"the cached build {so} is damaged or would not load: building it again",
-              flush=True)
+        print(f"the cached build {so} is damaged or would not load: building it again", flush=True)
         so.unlink()
 
 
@@ -185,6 +197,8 @@ def _error(mname: str, directory: Path, log: str) -> BuildError:
     log_path = directory / "build.log"
     log_path.write_text(log)
     lines = [ln.strip() for ln in log.splitlines()]
-    first = next((ln for ln in lines if "error" in ln.lower() and ln and "Error building" not in ln),
-                 lines[0] if lines else "unknown error")
+    first = next(
+        (ln for ln in lines if "error" in ln.lower() and ln and "Error building" not in ln),
+        lines[0] if lines else "unknown error",
+    )
     return BuildError(f"building {mname} failed: {first[:300]} (log: {log_path})", log, log_path)

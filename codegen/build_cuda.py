@@ -29,6 +29,7 @@ Contract
 - NVRTC is `cupy.cuda.nvrtc`, which compiles without a GPU or driver (libnvrtc from the
   `nvidia-cuda-nvrtc-cu12` wheel or a CUDA toolkit); CI compiles every generated kernel this way.
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,9 +45,8 @@ from typing import Optional, Sequence
 import cupy
 from cupy.cuda import nvrtc
 
-from . import render_symm
+from . import cache, render_symm
 from .build import BuildError
-from . import cache
 from .plan import Kernel
 from .render import RenderError
 from .render_cuda import CudaRenderer, Launch
@@ -77,12 +77,14 @@ def check_archs(archs: Sequence[str]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def nvrtc_version() -> str:
-    """"NVRTC 12.9" (BuildError when CuPy finds no libnvrtc)."""
+    """ "NVRTC 12.9" (BuildError when CuPy finds no libnvrtc)."""
     try:
         major, minor = nvrtc.getVersion()
     except Exception as e:  # noqa: BLE001 - CuPy raises several types for a missing library
-        raise BuildError(f"NVRTC not found ({type(e).__name__}: {e}): install the gpu extra "
-                         "(pip install -e '.[gpu]', which brings nvidia-cuda-nvrtc-cu12)") from None
+        raise BuildError(
+            f"NVRTC not found ({type(e).__name__}: {e}): install the gpu extra "
+            "(pip install -e '.[gpu]', which brings nvidia-cuda-nvrtc-cu12)"
+        ) from None
     return f"NVRTC {major}.{minor}"
 
 
@@ -125,7 +127,9 @@ def module_name(source: str, name: Optional[str] = None) -> str:
 
 def cache_path(source: str, arch: str) -> Path:
     """Where the compiled module lives: by hash only, so equal sources of any name share it."""
-    return cache_dir() / f"{source_hash(source)}.{arch}.{'cubin' if arch.startswith('sm_') else 'ptx'}"
+    return (
+        cache_dir() / f"{source_hash(source)}.{arch}.{'cubin' if arch.startswith('sm_') else 'ptx'}"
+    )
 
 
 def compile_module(source: str, arch: str, name: Optional[str] = None) -> bytes:
@@ -137,8 +141,10 @@ def compile_module(source: str, arch: str, name: Optional[str] = None) -> bytes:
     mname = module_name(source, name)
     kind, _, number = arch.partition("_")
     if kind not in ("compute", "sm") or f"sm_{number}" not in nvrtc_archs():
-        raise BuildError(f"{nvrtc_version()} cannot target {arch}; it supports "
-                         f"{', '.join(nvrtc_archs())} (as sm_XY or compute_XY)")
+        raise BuildError(
+            f"{nvrtc_version()} cannot target {arch}; it supports "
+            f"{', '.join(nvrtc_archs())} (as sm_XY or compute_XY)"
+        )
     prog = nvrtc.createProgram(source, f"{mname}.cu", [], [])
     try:
         try:
@@ -148,8 +154,11 @@ def compile_module(source: str, arch: str, name: Optional[str] = None) -> bytes:
             log_path = cache_dir() / f"{mname}.{arch}.log"
             log_path.write_text(log)
             first = next((ln for ln in log.splitlines() if "error" in ln), log.strip()[:300])
-            raise BuildError(f"NVRTC could not compile {mname}.cu for {arch}: {first.strip()} "
-                             f"(log: {log_path})", log, log_path) from None
+            raise BuildError(
+                f"NVRTC could not compile {mname}.cu for {arch}: {first.strip()} (log: {log_path})",
+                log,
+                log_path,
+            ) from None
         image = nvrtc.getCUBIN(prog) if kind == "sm" else nvrtc.getPTX(prog).rstrip(b"\0")
     finally:
         nvrtc.destroyProgram(prog)
@@ -175,8 +184,11 @@ def _checked(path: Path) -> Optional[bytes]:
         expected = ""
     if hashlib.sha256(image).hexdigest() == expected:
         return image
-    print(f"cuda cache: {path} does not match its checksum; compiling it again",
-          file=sys.stderr, flush=True)
+    print(
+        f"cuda cache: {path} does not match its checksum; compiling it again",
+        file=sys.stderr,
+        flush=True,
+    )
     path.unlink(missing_ok=True)
     return None
 
@@ -186,8 +198,9 @@ def ptx_arch(arch: str) -> str:
     return "compute_" + arch.split("_", 1)[1]
 
 
-def write_sources(kernels: Sequence[Kernel], directory, name: str,
-                  archs: Sequence[str] = DEFAULT_ARCHS) -> list[Path]:
+def write_sources(
+    kernels: Sequence[Kernel], directory, name: str, archs: Sequence[str] = DEFAULT_ARCHS
+) -> list[Path]:
     """`<name>.cu` and one `<name>.<arch>.ptx` per arch in `directory` (see the module doc)."""
     source = module_source(kernels)
     folder = Path(directory)
@@ -204,6 +217,7 @@ def write_sources(kernels: Sequence[Kernel], directory, name: str,
 @dataclass
 class CudaKernel:
     """One loaded kernel, called as the Kernel interface says (`codegen.runtime.backend`)."""
+
     launch: Launch
     function: object  # cupy.RawKernel
     sms: int
@@ -218,8 +232,10 @@ class CudaKernel:
         args = [begin, end, rank] + [t.data_ptr() for t in bufs]
         if self.launch.sums:
             if workspace is None or workspace.numel() < self.launch.workspace_bytes:
-                raise ValueError(f"{self.launch.name} needs a zeroed workspace of "
-                                 f"{self.launch.workspace_bytes} bytes")
+                raise ValueError(
+                    f"{self.launch.name} needs a zeroed workspace of "
+                    f"{self.launch.workspace_bytes} bytes"
+                )
             args.append(workspace.data_ptr())
         grid = self.launch.grid(end - begin, self.sms)
         self.function((grid,), (self.launch.threads,), tuple(args))
@@ -238,8 +254,9 @@ def device_arch(device: int) -> str:
     return ptx_arch(max(older, key=lambda a: int(a[3:])))
 
 
-def build(kernels: Sequence[Kernel], name: Optional[str] = None,
-          device: int = 0) -> dict[str, CudaKernel]:
+def build(
+    kernels: Sequence[Kernel], name: Optional[str] = None, device: int = 0
+) -> dict[str, CudaKernel]:
     """Compile (or take from the cache) and load all `kernels` on GPU `device`."""
     source = module_source(kernels)
     arch = device_arch(device)
@@ -248,10 +265,14 @@ def build(kernels: Sequence[Kernel], name: Optional[str] = None,
         with cupy.cuda.Device(device):
             module = cupy.RawModule(path=str(cache_path(source, arch)))
             sms = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-            return {n: CudaKernel(info, module.get_function(n), sms)
-                    for n, info in launches(kernels).items()}
+            return {
+                n: CudaKernel(info, module.get_function(n), sms)
+                for n, info in launches(kernels).items()
+            }
     except cupy.cuda.driver.CUDADriverError as e:
-        raise BuildError(f"loading {module_name(source, name)} on cuda:{device} failed: {e}") from None
+        raise BuildError(
+            f"loading {module_name(source, name)} on cuda:{device} failed: {e}"
+        ) from None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -5,6 +5,7 @@ source checkout (their parent folder holds pyproject.toml: an editable install, 
 the checkout), so caches stay inside the project; else (an installed package)
 `$XDG_CACHE_HOME/coconet-suite` (`~/.cache/coconet-suite`). Never inside site-packages.
 """
+
 from __future__ import annotations
 
 import os

@@ -9,6 +9,7 @@ this table into the kernel), so `comm=shm` and `comm=symm` process the same elem
 the same order. Chunk c of an n-element slice is [c*n//C, (c+1)*n//C) (`codegen.runtime.comm`'s
 rule where C divides n; the first chunks are the shorter ones otherwise). Pure: no torch.
 """
+
 from __future__ import annotations
 
 

@@ -7,9 +7,10 @@ Others run their parts one after the other (same result, no overlap), and the co
 them that way. Pure predicates on the Plan's plain data (no torch), so the cost model imports
 this module as it does `codegen.plan`.
 """
+
 from __future__ import annotations
 
-from .plan import Collective, Compute, FusedCollective, MatMul, Overlap, P2P, Plan
+from .plan import P2P, Collective, Compute, FusedCollective, MatMul, Overlap, Plan
 
 
 def is_scalar_sync(plan: Plan, s) -> bool:
@@ -24,29 +25,46 @@ def fusable(plan: Plan, f: FusedCollective) -> bool:
     head = f.steps[0]
     if not (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0):
         return False
-    gathers = [i for i, s in enumerate(f.steps)
-               if isinstance(s, Collective) and s.kind == "all_gather" and s.dim == 0]
-    after_gather = f.steps[min(gathers, default=len(f.steps)):]
-    return (all(isinstance(s, Compute) or is_scalar_sync(plan, s) or i in gathers
-                for i, s in enumerate(f.steps) if i)
-            and not any(isinstance(s, Compute) for s in after_gather))
+    gathers = [
+        i
+        for i, s in enumerate(f.steps)
+        if isinstance(s, Collective) and s.kind == "all_gather" and s.dim == 0
+    ]
+    after_gather = f.steps[min(gathers, default=len(f.steps)) :]
+    return all(
+        isinstance(s, Compute) or is_scalar_sync(plan, s) or i in gathers
+        for i, s in enumerate(f.steps)
+        if i
+    ) and not any(isinstance(s, Compute) for s in after_gather)
 
 
 def _fused_send(plan: Plan, f) -> bool:
     """`P2P, kernels, AG..` with no barrier."""
-    return (isinstance(f, FusedCollective) and isinstance(f.steps[0], P2P)
-            and all(isinstance(s, Compute) or (isinstance(s, Collective) and s.kind == "all_gather")
-                    for s in f.steps[1:]))
+    return (
+        isinstance(f, FusedCollective)
+        and isinstance(f.steps[0], P2P)
+        and all(
+            isinstance(s, Compute) or (isinstance(s, Collective) and s.kind == "all_gather")
+            for s in f.steps[1:]
+        )
+    )
 
 
 def overlappable(plan: Plan, o: Overlap) -> bool:
     """A MatMul feeding a fusable fused collective without a barrier, or a dim-0 reduce-scatter
     feeding a fused send (`ol(RS, fuse(P2P-C-AG))`)."""
     if isinstance(o.producer, MatMul):
-        return (isinstance(o.consumer, FusedCollective) and fusable(plan, o.consumer)
-                and not any(is_scalar_sync(plan, s) for s in o.consumer.steps))
-    return (isinstance(o.producer, Collective) and o.producer.kind == "reduce_scatter"
-            and o.producer.dim == 0 and _fused_send(plan, o.consumer))
+        return (
+            isinstance(o.consumer, FusedCollective)
+            and fusable(plan, o.consumer)
+            and not any(is_scalar_sync(plan, s) for s in o.consumer.steps)
+        )
+    return (
+        isinstance(o.producer, Collective)
+        and o.producer.kind == "reduce_scatter"
+        and o.producer.dim == 0
+        and _fused_send(plan, o.consumer)
+    )
 
 
 __all__ = ["fusable", "is_scalar_sync", "overlappable"]

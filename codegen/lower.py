@@ -18,6 +18,7 @@ tested against it). Steps keep the program's statement order. Lowering:
    rank's slice not above `fused_chunks`) and an overlapped pair into an `Overlap` (its chunk
    count must divide the producer's rows: `ShapeError` otherwise).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,13 +34,27 @@ from dsl.sizes import Size
 from dsl.transforms import check_chunks
 from dsl.types import Replicated, Sliced, TensorType
 
-from .plan import (ITEMSIZE, Access, Buffer, Collective, Compute, Copy, FusedCollective, Kernel,
-                   MatMul, Overlap, P2P, Plan, contiguous_strides)
+from .plan import (
+    ITEMSIZE,
+    P2P,
+    Access,
+    Buffer,
+    Collective,
+    Compute,
+    Copy,
+    FusedCollective,
+    Kernel,
+    MatMul,
+    Overlap,
+    Plan,
+    contiguous_strides,
+)
 
 
 @dataclass
 class _Unit:
     """A kernel under construction, or one non-kernel statement."""
+
     kind: str  # "kernel" | "matmul" | "comm"
     stmts: list[Stmt] = field(default_factory=list)
     group: Optional[int] = None  # index of the fused group, if any
@@ -65,7 +80,11 @@ def _expand(p: Program, bound: Mapping[str, int]) -> tuple[list[Stmt], dict[int,
             if s.op == "norm":
                 sq = Value(next_id, f"{s.out.name}.sq", x.type)
                 tot = Value(next_id + 1, f"{s.out.name}.sum", t0)
-                new = [Stmt(sq, "mul", (x, x)), Stmt(tot, "sum", (sq,)), Stmt(s.out, "sqrt", (tot,))]
+                new = [
+                    Stmt(sq, "mul", (x, x)),
+                    Stmt(tot, "sum", (sq,)),
+                    Stmt(s.out, "sqrt", (tot,)),
+                ]
             else:
                 tot = Value(next_id + 1, f"{s.out.name}.sum", t0)
                 n = float(prod(d.evaluate(bound) for d in x.type.shape))
@@ -128,10 +147,17 @@ def _partition(p: Program, stmts: list[Stmt], origin: dict[int, int]) -> list[_U
             continue
         cur = units[-1] if units else None
         t = s.args[0].type if s.op == "sum" else s.out.type  # what the statement loops over
-        fits = (cur is not None and cur.kind == "kernel" and cur.group == gi
-                and not any(a.id in reduced for a in s.values)
-                and (t.rank == 0 or cur.loop is None
-                     or (cur.loop.shape, cur.loop.layout) == (t.shape, t.layout)))
+        fits = (
+            cur is not None
+            and cur.kind == "kernel"
+            and cur.group == gi
+            and not any(a.id in reduced for a in s.values)
+            and (
+                t.rank == 0
+                or cur.loop is None
+                or (cur.loop.shape, cur.loop.layout) == (t.shape, t.layout)
+            )
+        )
         if not fits:
             cur = _Unit("kernel", [], gi)
             units.append(cur)
@@ -169,7 +195,9 @@ class _Lowering:
         return self.next_step - 1
 
     # -- accesses ---------------------------------------------------------------------------
-    def access(self, value: Value, src: Value, loop: TensorType, slice_dim: Optional[int]) -> Access:
+    def access(
+        self, value: Value, src: Value, loop: TensorType, slice_dim: Optional[int]
+    ) -> Access:
         """How the loop reads `src` (stored in its buffer) as the kernel's operand `value`."""
         L, R = self.shape(loop), loop.rank
         shape = self.shape(src.type)
@@ -181,19 +209,24 @@ class _Lowering:
             if ad < 0 or shape[ad] == 1:
                 continue
             strides[od] = strides_src[ad]
-            reads_slice = (slice_dim == ad) if slice_dim is not None else (
-                od == sliced_od and isinstance(src.type.layout, Replicated))
+            reads_slice = (
+                (slice_dim == ad)
+                if slice_dim is not None
+                else (od == sliced_od and isinstance(src.type.layout, Replicated))
+            )
             if reads_slice and shape[ad] == L[od] * self.P:
                 rank_stride += L[od] * strides_src[ad]
             elif shape[ad] != L[od]:
-                raise BindError(f"lowering: {src.name} of shape {shape} cannot be read in a loop of {L}")
+                raise BindError(
+                    f"lowering: {src.name} of shape {shape} cannot be read in a loop of {L}"
+                )
         return Access(value.id, self.buffer(src), tuple(strides), rank_stride)
 
     def global_index(self, t: TensorType) -> Access:
         L = self.shape(t)
         if isinstance(t.layout, Sliced):
             d = t.layout.dim
-            G = L[:d] + (L[d] * self.P,) + L[d + 1:]
+            G = L[:d] + (L[d] * self.P,) + L[d + 1 :]
             gs = contiguous_strides(G)
             return Access(-1, -1, gs, L[d] * gs[d])
         return Access(-1, -1, contiguous_strides(L), 0)
@@ -201,8 +234,9 @@ class _Lowering:
     # -- kernels ----------------------------------------------------------------------------
     def kernel(self, k: int, unit: _Unit, outside: dict[int, bool], absorbed: set[int]) -> Compute:
         inside = {s.out.id for s in unit.stmts}
-        loop = unit.loop or TensorType(unit.stmts[0].out.type.dtype, (), Replicated(),
-                                       unit.stmts[0].out.type.stage)
+        loop = unit.loop or TensorType(
+            unit.stmts[0].out.type.dtype, (), Replicated(), unit.stmts[0].out.type.stage
+        )
         reads: dict[int, Access] = {}
         scalars, writes, reduces, scalar_outs, dropout, body = set(), [], [], [], [], []
         for s in unit.stmts:
@@ -230,9 +264,17 @@ class _Lowering:
                 (scalar_outs if s.out.type.rank == 0 else writes).append(pair)
             if s.op == "dropout":
                 dropout.append((s.out.id, self.global_index(s.out.type)))
-        kern = Kernel("", self.shape(loop), tuple(body), tuple(sorted(scalars)),
-                      tuple(reads.values()), tuple(writes), tuple(reduces), tuple(scalar_outs),
-                      tuple(dropout))
+        kern = Kernel(
+            "",
+            self.shape(loop),
+            tuple(body),
+            tuple(sorted(scalars)),
+            tuple(reads.values()),
+            tuple(writes),
+            tuple(reduces),
+            tuple(scalar_outs),
+            tuple(dropout),
+        )
         # the name says where the kernel comes from and, by a hash of its content, tells apart
         # kernels of other sizes and schedules built into the same module
         digest = hashlib.sha1(repr(kern).encode()).hexdigest()[:10]
@@ -248,7 +290,9 @@ class _Lowering:
         x = s.values[0]
         src, dst = self.buffer(x), self.buffer(s.out)
         if s.op == "p2p":
-            return P2P(self.step_id(), src, dst, x.type.stage, s.attr("dst"), self.buffers[src].nbytes)
+            return P2P(
+                self.step_id(), src, dst, x.type.stage, s.attr("dst"), self.buffers[src].nbytes
+            )
         full = self.buffers[dst] if s.op == "all_gather" else self.buffers[src]
         attrs = {k: v for k, v in s.attrs if k in ("op", "dim", "root", "split_dim", "concat_dim")}
         return Collective(self.step_id(), s.op, src, dst, x.type.stage, full.nbytes, **attrs)
@@ -258,8 +302,18 @@ class _Lowering:
         sa, sb = self.shape(a.type), self.shape(b.type)
         m, k, n = prod(sa[:-1]), sa[-1], sb[-1]
         item = ITEMSIZE[a.type.dtype]
-        return MatMul(self.step_id(), self.buffer(a), self.buffer(b), self.buffer(s.out),
-                      a.type.stage, m, k, n, (m * k + k * n + m * n) * item, 2 * m * k * n)
+        return MatMul(
+            self.step_id(),
+            self.buffer(a),
+            self.buffer(b),
+            self.buffer(s.out),
+            a.type.stage,
+            m,
+            k,
+            n,
+            (m * k + k * n + m * n) * item,
+            2 * m * k * n,
+        )
 
 
 def _updates(p: Program, stmts: list[Stmt], units: list[_Unit], low: _Lowering):
@@ -270,8 +324,11 @@ def _updates(p: Program, stmts: list[Stmt], units: list[_Unit], low: _Lowering):
     for u in (s for s in stmts if s.op == "update"):
         target, v = u.args
         i = unit_of[u.out.id]
-        later = any(unit_of[s.out.id] > i for s in stmts if target.id in {a.id for a in s.values}
-                    and s is not u)
+        later = any(
+            unit_of[s.out.id] > i
+            for s in stmts
+            if target.id in {a.id for a in s.values} and s is not u
+        )
         prod_v = producer.get(v.id)
         if later:  # readers of the old value follow: write a fresh buffer, copy at the end
             low.storage[u.out.id] = low.buffer(u.out)
@@ -279,15 +336,20 @@ def _updates(p: Program, stmts: list[Stmt], units: list[_Unit], low: _Lowering):
             continue
         low.storage[u.out.id] = low.buffer(target)
         single = [s for s in stmts if v.id in {a.id for a in s.values}] == [u]
-        if (prod_v is not None and units[unit_of[v.id]].kind != "kernel" and single
-                and not p.is_output(v.id)):
+        if (
+            prod_v is not None
+            and units[unit_of[v.id]].kind != "kernel"
+            and single
+            and not p.is_output(v.id)
+        ):
             low.storage[v.id] = low.buffer(target)  # the collective writes the input in place
             absorbed.add(u.out.id)
     return absorbed, copies
 
 
-def lower(p: Program, bindings: Optional[Mapping[str, int]], world_size: int,
-          fused_chunks: int = 4) -> Plan:
+def lower(
+    p: Program, bindings: Optional[Mapping[str, int]], world_size: int, fused_chunks: int = 4
+) -> Plan:
     P, bound = bind(p, world_size, bindings)
     check_chunks(p, bound)
     stmts, origin = _expand(p, bound)
@@ -314,11 +376,23 @@ def lower(p: Program, bindings: Optional[Mapping[str, int]], world_size: int,
         else:
             steps.append((u, low.comm(u.stmts[0])))
     final = _compose(p, steps, low, origin)
-    final += [Copy(low.step_id(), s, d, low.buffers[d].stage, low.buffers[d].nbytes) for s, d in copies]
+    final += [
+        Copy(low.step_id(), s, d, low.buffers[d].stage, low.buffers[d].nbytes) for s, d in copies
+    ]
     outputs = tuple((name, low.storage[v.id]) for name, v in p.outputs)
-    return Plan(p.name, p.schedule, world_size, P, p.stages, tuple(sorted(bound.items())),
-                tuple(low.buffers.values()), inputs, outputs, tuple(final),
-                tuple((i.value.name, i.default) for i in p.inputs if i.default is not None))
+    return Plan(
+        p.name,
+        p.schedule,
+        world_size,
+        P,
+        p.stages,
+        tuple(sorted(bound.items())),
+        tuple(low.buffers.values()),
+        inputs,
+        outputs,
+        tuple(final),
+        tuple((i.value.name, i.default) for i in p.inputs if i.default is not None),
+    )
 
 
 def _largest_divisor(n: int, at_most: int) -> int:

@@ -31,6 +31,7 @@ where rank is the tensor-parallel index. This covers same-shape reads (strides =
 strides of L), broadcasting (stride 0) and a replicated tensor read as this rank's slice
 (`rank_stride` = the slice's offset). Dropout's global element index is an Access too.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,8 +41,15 @@ from typing import Optional, Union
 from dsl.ir import Stmt
 from dsl.types import DType, Layout
 
-ITEMSIZE = {DType.f16: 2, DType.bf16: 2, DType.f32: 4, DType.f64: 8, DType.i32: 4, DType.i64: 8,
-            DType.bool: 1}
+ITEMSIZE = {
+    DType.f16: 2,
+    DType.bf16: 2,
+    DType.f32: 4,
+    DType.f64: 8,
+    DType.i32: 4,
+    DType.i64: 8,
+    DType.bool: 1,
+}
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,8 @@ class Access:
         every dimension of extent > 1 (a dimension of extent 1 adds 0, whatever its stride, e.g.
         the micro-batch B=1 of an [S, B, H] activation read with stride 0)."""
         return len(self.strides) == len(loop) and all(
-            s == c for s, c, n in zip(self.strides, contiguous_strides(loop), loop) if n != 1)
+            s == c for s, c, n in zip(self.strides, contiguous_strides(loop), loop) if n != 1
+        )
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,9 @@ class Kernel:
     name: str
     loop: tuple[int, ...]  # the loop shape; the kernel runs over flat elements [begin, end)
     stmts: tuple[Stmt, ...]  # the DSL statements it computes, in program order
-    scalars: tuple[int, ...]  # 0-d buffers read, passed by value (hyper-parameters, reduced scalars)
+    scalars: tuple[
+        int, ...
+    ]  # 0-d buffers read, passed by value (hyper-parameters, reduced scalars)
     reads: tuple[Access, ...]  # tensor operands
     writes: tuple[tuple[int, int], ...]  # (value id, buffer id) written at e, loop-shaped
     reduces: tuple[tuple[int, int], ...]  # (value id, 0-d buffer id) accumulated over the loop (+=)
@@ -131,7 +142,9 @@ class Collective:
     src: int
     dst: int
     stage: Optional[int]
-    nbytes: int  # the whole message as nccl-tests counts it (reduce_scatter/all_gather: the full array)
+    nbytes: (
+        int  # the whole message as nccl-tests counts it (reduce_scatter/all_gather: the full array)
+    )
     op: str = "sum"
     dim: int = 0
     root: int = 0

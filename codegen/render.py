@@ -21,6 +21,7 @@ Targets subclass `Renderer`, set the class attributes (type names, helper names,
 `code_for_op`) and assemble the walk's pieces in `function()`. A missing rule raises `RenderError`
 ("render rule for X not implemented"); `tests/test_render.py` checks none is missing.
 """
+
 from __future__ import annotations
 
 import math
@@ -77,6 +78,7 @@ class RenderError(Exception):
 @dataclass(frozen=True)
 class LoopRead:
     """An operand loaded in the loop: `value` from buffer `buffer` at element `index` (text)."""
+
     value: Value
     buffer: int
     index: str
@@ -88,6 +90,7 @@ class LoopRead:
 @dataclass
 class Walk:
     """The pieces of one kernel function, as lines of text, in the order they run."""
+
     kernel: Kernel
     buffers: dict[int, DType] = field(default_factory=dict)  # buffer id -> dtype (used ones)
     prologue: list[str] = field(default_factory=list)  # scalar loads, 0-d stmts, scalar stores
@@ -124,20 +127,28 @@ class Renderer:
     # op kind -> expression (sum: the accumulation statement; update: the value it writes).
     # Arguments are rendered operands, then the statement's dtype.
     code_for_op: dict[str, Callable[..., str]] = {
-        "add": lambda a, b, dt: f"({a} + {b})", "sub": lambda a, b, dt: f"({a} - {b})",
+        "add": lambda a, b, dt: f"({a} + {b})",
+        "sub": lambda a, b, dt: f"({a} - {b})",
         "mul": lambda a, b, dt: f"({a} * {b})",
         "div": lambda a, b, dt: f"({a} / {b})" if dt.is_float else f"cc_idiv({a}, {b})",
         "pow": lambda a, b, dt: f"std::pow({a}, {b})" if dt.is_float else f"cc_ipow({a}, {b})",
-        "maximum": lambda a, b, dt: f"cc_max({a}, {b})", "minimum": lambda a, b, dt: f"cc_min({a}, {b})",
-        "lt": _cmp("<"), "le": _cmp("<="), "gt": _cmp(">"), "ge": _cmp(">="), "eq": _cmp("=="),
+        "maximum": lambda a, b, dt: f"cc_max({a}, {b})",
+        "minimum": lambda a, b, dt: f"cc_min({a}, {b})",
+        "lt": _cmp("<"),
+        "le": _cmp("<="),
+        "gt": _cmp(">"),
+        "ge": _cmp(">="),
+        "eq": _cmp("=="),
         "ne": _cmp("!="),
-        "neg": lambda a, dt: f"(-{a})", "sqrt": lambda a, dt: f"std::sqrt({a})",
+        "neg": lambda a, dt: f"(-{a})",
+        "sqrt": lambda a, dt: f"std::sqrt({a})",
         "rsqrt": lambda a, dt: f"(1 / std::sqrt({a}))",
         "exp": lambda a, dt: f"std::exp({a})",
         "where": lambda c, a, b, dt: f"({c} ? {a} : {b})",
         "cast": lambda a, ctype, dt: f"static_cast<{ctype}>({a})",
-        "dropout": lambda x, index, seed, threshold, scale, dt:
-            f"cc_dropout({x}, {index}, {seed}u, {threshold}u, {scale})",
+        "dropout": lambda x, index, seed, threshold, scale, dt: (
+            f"cc_dropout({x}, {index}, {seed}u, {threshold}u, {scale})"
+        ),
         "sum": lambda acc, x, dt: f"{acc} += {x};",
         "update": lambda target, value, dt: value,
     }
@@ -205,14 +216,19 @@ class Renderer:
             self._read(w, reads[vid], values[vid], local)
         for vid in sorted(v for v in used if v not in reads and v not in outs):
             if values[vid].type.rank != 0 or vid not in k.scalars:
-                raise RenderError(f"kernel {k.name}: value %{vid} is neither computed, read nor a"
-                                  " scalar argument")
+                raise RenderError(
+                    f"kernel {k.name}: value %{vid} is neither computed, read nor a scalar argument"
+                )
             self._buffer(w, vid, values[vid].type.dtype)
-            w.prologue.append(self._decl(values[vid], self.load(f"b{vid}", "0", values[vid].type.dtype)))
+            w.prologue.append(
+                self._decl(values[vid], self.load(f"b{vid}", "0", values[vid].type.dtype))
+            )
             local.add(vid)
         for s in k.stmts:
             self._stmt(w, s, reads, local)
-        for vid, buf in list(k.scalar_outs) + [(v, b) for v, b in k.writes if values[v].type.rank == 0]:
+        for vid, buf in list(k.scalar_outs) + [
+            (v, b) for v, b in k.writes if values[v].type.rank == 0
+        ]:
             dt = values[vid].type.dtype
             self._buffer(w, buf, dt)
             w.scalar_stores.append(self.store(f"b{buf}", "0", f"v{vid}", dt))
@@ -226,7 +242,9 @@ class Renderer:
 
     def _buffer(self, w: Walk, buf: int, dt: DType) -> None:
         if w.buffers.setdefault(buf, dt) is not dt:
-            raise RenderError(f"kernel {w.kernel.name}: buffer {buf} is used as {w.buffers[buf]} and {dt}")
+            raise RenderError(
+                f"kernel {w.kernel.name}: buffer {buf} is used as {w.buffers[buf]} and {dt}"
+            )
 
     def _decl(self, v: Value, expr: str) -> str:
         return f"const {self.compute_type[v.type.dtype]} v{v.id} = {expr};"
@@ -235,12 +253,17 @@ class Renderer:
         dt = v.type.dtype
         self._buffer(w, a.buffer, dt)
         if not any(a.strides):  # loop-invariant: load once
-            w.prologue.append(self._decl(v, self.load(f"b{a.buffer}", self._rank_term(w, a) or "0", dt)))
+            w.prologue.append(
+                self._decl(v, self.load(f"b{a.buffer}", self._rank_term(w, a) or "0", dt))
+            )
         else:
             index = self.index_expr(w, a)
             w.loads.append(self._decl(v, self.load(f"b{a.buffer}", index, dt)))
-            w.loop_reads.append(LoopRead(v, a.buffer, index, dt, a.is_contiguous(w.kernel.loop),
-                                         self._rank_term(w, a)))
+            w.loop_reads.append(
+                LoopRead(
+                    v, a.buffer, index, dt, a.is_contiguous(w.kernel.loop), self._rank_term(w, a)
+                )
+            )
         local.add(v.id)
 
     def _rank_term(self, w: Walk, a: Access) -> str:
@@ -264,10 +287,10 @@ class Renderer:
         """The loop's multi-index i_d at e, declared once per iteration."""
         if d not in w.index:
             L = w.kernel.loop
-            inner = math.prod(L[d + 1:])
+            inner = math.prod(L[d + 1 :])
             e, u = "e", ""
             pow2 = all(n & (n - 1) == 0 for n in (inner, L[d]))  # shifts and masks vectorise
-            if self.narrow_index and math.prod(L) <= 2 ** 32 and not pow2:  # e fits in 32 bits
+            if self.narrow_index and math.prod(L) <= 2**32 and not pow2:  # e fits in 32 bits
                 e, u = f"static_cast<{self.narrow_index}>(e)", "u"
             expr = "e" if inner == 1 else f"{e} / {inner}{u}"
             if d > 0:
@@ -284,12 +307,16 @@ class Renderer:
         args = [self.const(a.value, cdt) if isinstance(a, Const) else f"v{a.id}" for a in s.args]
         for i, a in enumerate(s.args):
             if isinstance(a, Value) and a.id not in local and not (s.op == "update" and i == 0):
-                raise RenderError(f"kernel {k.name}: {s}: operand %{a.id} is used before it is "
-                                  "computed, read or passed as a scalar")
+                raise RenderError(
+                    f"kernel {k.name}: {s}: operand %{a.id} is used before it is "
+                    "computed, read or passed as a scalar"
+                )
         if s.op == "sum":
             if s.values[0].type.rank > len(k.loop):
-                raise RenderError(f"kernel {k.name}: {s}: sums a rank-{s.values[0].type.rank} "
-                                  f"tensor over a loop of shape {k.loop}")
+                raise RenderError(
+                    f"kernel {k.name}: {s}: sums a rank-{s.values[0].type.rank} "
+                    f"tensor over a loop of shape {k.loop}"
+                )
             acc = f"acc{s.out.id}"
             kind = "float" if s.values[0].type.dtype.is_float else "int"
             buf = dict(k.reduces).get(s.out.id)
@@ -341,5 +368,3 @@ def _used(k: Kernel) -> list[int]:
             if isinstance(a, Value) and not (s.op == "update" and i == 0):
                 seen.setdefault(a.id, None)
     return list(seen)
-
-

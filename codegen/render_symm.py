@@ -30,6 +30,7 @@ Signal pad of a member (uint32 words, `PadLayout`): epoch, exit counter, C chunk
 ready[P], done[P][C]; the launcher zeroes it once. Pointer table (uint64): `table[s*P + j]` =
 member j's address of slot s (`SymmStep.slots`), then the P pads. Units: elements, bytes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ __device__ __forceinline__ bool cc_arrive(uint32_t* count, uint32_t total) {
 @dataclass(frozen=True)
 class PadLayout:
     """Word offsets of a member's signal pad (uint32 words)."""
+
     P: int
     C: int
 
@@ -100,6 +102,7 @@ class PadLayout:
 @dataclass(frozen=True)
 class SymmLaunch:
     """How to launch a rendered SymmStep: `name(rank0, table)` with a grid of (B, members)."""
+
     name: str
     P: int
     table_len: int  # uint64 entries: (len(slots) + 1) * P
@@ -119,6 +122,7 @@ class SymmLaunch:
 class SymmRenderer(CudaRenderer):
     """The walk of a kernel as a device function, called once per chunk; its pointers are not
     `__restrict__` (block `me` of a gather's destination may be the local operand it reads)."""
+
     kernel_prefix = "__device__ __forceinline__ void"
 
     def _params(self, w: Walk, launch) -> list[str]:
@@ -129,8 +133,12 @@ RENDERER = SymmRenderer()
 
 
 def symm_launch(step: SymmStep) -> SymmLaunch:
-    return SymmLaunch(step.name, step.P, (len(step.slots) + 1) * step.P,
-                      PadLayout(step.P, len(step.chunks)).nbytes)
+    return SymmLaunch(
+        step.name,
+        step.P,
+        (len(step.slots) + 1) * step.P,
+        PadLayout(step.P, len(step.chunks)).nbytes,
+    )
 
 
 def _args(step: SymmStep, w: Walk) -> list[str]:
@@ -142,7 +150,9 @@ def _args(step: SymmStep, w: Walk) -> list[str]:
     for b in step.kernel.args():
         t = RENDERER.storage_type[w.buffers[b]] if b in w.buffers else "void"
         if b in peer:
-            out.append(f"reinterpret_cast<{t}*>(cc_ptrs[{slot[step.src] * P + peer[b]}]) + me * {step.n}")
+            out.append(
+                f"reinterpret_cast<{t}*>(cc_ptrs[{slot[step.src] * P + peer[b]}]) + me * {step.n}"
+            )
         elif b in push:
             p, j = push[b]
             out.append(f"reinterpret_cast<{t}*>(cc_ptrs[{slot[p.dst] * P + j}]) + me * {p.numel}")
@@ -161,7 +171,9 @@ def render_step(step: SymmStep) -> str:
     pads = len(step.slots) * P
     table = ", ".join(f"{{{lo}, {hi}}}" for lo, hi in step.chunks)
     args = ",\n      ".join(_args(step, w))
-    return RENDERER.function(w) + f"""
+    return (
+        RENDERER.function(w)
+        + f"""
 // comm=symm: {P} members, the {step.n}-element slice in {C} chunks (codegen.chunk_schedule)
 __device__ const int64_t {step.name}_chunks[{C}][2] = {{{table}}};
 extern "C" __global__ void __launch_bounds__({THREADS})
@@ -191,6 +203,7 @@ extern "C" __global__ void __launch_bounds__({THREADS})
   }}
 }}
 """
+    )
 
 
 def module(kernels: Sequence[Kernel], steps: Sequence[SymmStep]) -> str:
@@ -205,5 +218,12 @@ def module(kernels: Sequence[Kernel], steps: Sequence[SymmStep]) -> str:
     return "\n".join([base, SYMM_HEADER] + [texts[n] for n in sorted(texts)])
 
 
-__all__ = ["PadLayout", "SYMM_HEADER", "SymmLaunch", "SymmRenderer", "module", "render_step",
-           "symm_launch"]
+__all__ = [
+    "PadLayout",
+    "SYMM_HEADER",
+    "SymmLaunch",
+    "SymmRenderer",
+    "module",
+    "render_step",
+    "symm_launch",
+]

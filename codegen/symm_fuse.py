@@ -28,6 +28,7 @@ kernels' sums would need a cross-rank barrier in the kernel), one `peer_step` ca
 more than one kernel (a grid-wide barrier between them), or a kernel with sums.
 Units: elements.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +48,7 @@ class SymmError(Exception):
 class Push:
     """An all-gather as writes: `src` (a plan buffer of `numel` elements) lands in block `me` of
     `dst` in every member; `targets[j]`: the kernel's buffer id for member j's block."""
+
     src: int
     dst: int
     numel: int
@@ -83,33 +85,55 @@ def symm_step(plan: Plan, f: FusedCollective) -> SymmStep:
     if not fusable(plan, f):
         raise SymmError(f"{what}: not a fused all-reduce RS, kernels, AG.. along dim 0")
     if any(is_scalar_sync(plan, s) for s in f.steps):
-        raise SymmError(f"{what}: a 0-d all_reduce inside (a barrier across chunks, LAMB's norms)"
-                        " needs a cross-rank sum inside the kernel, which it does not do yet")
+        raise SymmError(
+            f"{what}: a 0-d all_reduce inside (a barrier across chunks, LAMB's norms)"
+            " needs a cross-rank sum inside the kernel, which it does not do yet"
+        )
     ps = peer_step(plan, f)
     if ps is None:
-        raise SymmError(f"{what}: codegen.shm_fuse.peer_step cannot move its reduction into the "
-                        "kernel (the reduced slice is read more than once, non-contiguously, or "
-                        "after the step)")
+        raise SymmError(
+            f"{what}: codegen.shm_fuse.peer_step cannot move its reduction into the "
+            "kernel (the reduced slice is read more than once, non-contiguously, or "
+            "after the step)"
+        )
     if len(ps.kernels) != 1:
-        raise SymmError(f"{what}: {len(ps.kernels)} kernels need a grid-wide barrier between "
-                        "them inside one kernel")
+        raise SymmError(
+            f"{what}: {len(ps.kernels)} kernels need a grid-wide barrier between "
+            "them inside one kernel"
+        )
     k = ps.kernels[0].kernel
     if k.reduces:
-        raise SymmError(f"{what}: kernel {k.name} sums over the slice (a grid-wide sum per "
-                        "chunk inside the kernel)")
+        raise SymmError(
+            f"{what}: kernel {k.name} sums over the slice (a grid-wide sum per "
+            "chunk inside the kernel)"
+        )
     return _build(plan, f, ps, k)
 
 
 def _build(plan: Plan, f: FusedCollective, ps: PeerStep, k: Kernel) -> SymmStep:
     first = max(ps.peer_buffers + ps.own_blocks) + 1
-    pushes = tuple(Push(g.src, g.dst, plan.buffer(g.src).numel,
-                        tuple(range(first + i * plan.P, first + (i + 1) * plan.P)))
-                   for i, g in enumerate(ps.gathers))
+    pushes = tuple(
+        Push(
+            g.src,
+            g.dst,
+            plan.buffer(g.src).numel,
+            tuple(range(first + i * plan.P, first + (i + 1) * plan.P)),
+        )
+        for i, g in enumerate(ps.gathers)
+    )
     k = push_kernel(k, ps, pushes)
     mine = set(k.args()) - set(ps.peer_buffers) - {t for p in pushes for t in p.targets}
     slots = tuple(sorted(mine | {ps.head.src} | {p.dst for p in pushes}))
-    return SymmStep(f"symm_{k.name}", plan.P, chunk_bounds(k.numel, f.chunks), k, ps.head.src,
-                    ps.peer_buffers, pushes, slots)
+    return SymmStep(
+        f"symm_{k.name}",
+        plan.P,
+        chunk_bounds(k.numel, f.chunks),
+        k,
+        ps.head.src,
+        ps.peer_buffers,
+        pushes,
+        slots,
+    )
 
 
 def push_kernel(k: Kernel, ps: PeerStep, pushes: tuple[Push, ...]) -> Kernel:
@@ -117,8 +141,9 @@ def push_kernel(k: Kernel, ps: PeerStep, pushes: tuple[Push, ...]) -> Kernel:
     every member's block instead; locally only where it is `kept`."""
     # all_gather(k'.out) -> k'' writing out@0 .. out@P-1 (member j's block `me` of dst)
     target = {p.src: p.targets for p in pushes}
-    writes = tuple((v, b) for v, b in k.writes
-                   if b not in ps.own_blocks and (b not in target or b in ps.kept))
+    writes = tuple(
+        (v, b) for v, b in k.writes if b not in ps.own_blocks and (b not in target or b in ps.kept)
+    )
     writes += tuple((v, t) for v, b in k.writes if b in target for t in target[b])
     return dataclasses.replace(k, name=f"{k.name}_push", writes=writes)
 
@@ -128,8 +153,11 @@ def symm_steps(plan: Plan) -> tuple[dict[int, SymmStep], dict[int, str]]:
     all-reduces (steps whose head is a reduce-scatter)."""
     steps, refused = {}, {}
     for f in plan.steps:
-        if isinstance(f, FusedCollective) and isinstance(f.steps[0], Collective) \
-                and f.steps[0].kind == "reduce_scatter":
+        if (
+            isinstance(f, FusedCollective)
+            and isinstance(f.steps[0], Collective)
+            and f.steps[0].kind == "reduce_scatter"
+        ):
             try:
                 steps[f.id] = symm_step(plan, f)
             except SymmError as e:

@@ -27,4 +27,5 @@ Units: microseconds inside (`_us`), milliseconds in results (`time_ms`), bytes, 
 (`_gbps`, 1e9 bytes/s), TFLOP/s. Imports only `codegen.plan` and `dsl` types from the layers
 below (no runtime, no compiler): it runs anywhere.
 """
+
 from .topology import Topology, TopologyError, load_topology  # noqa: F401

@@ -85,6 +85,7 @@ The device's figures (kernel, kernel_stream, matmul, add, copy, library_<routine
 calibration's own predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes,
 topology fields as named (`_us`, `_gbps`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,19 +93,40 @@ import math
 import statistics
 from typing import Iterable, Optional
 
+from .calibration_device import (  # noqa: F401
+    STREAM_FROM,
+    SWEEP_STREAM_FROM,
+    fit_device,
+    inplace_write_weight,
+    stream_memory_gbps,
+)
+from .calibration_device import series as _series
+from .closed_collectives import collective_us
 from .collectives import CollSpec
 from .curves import bulk_rate, fixed_cost, monotone, smooth, solve
-from .closed_collectives import collective_us
-from .network import hop_us
 from .microbench import ALONE, LIBRARY, SHM, Measurement, pool, predict_ms, waited_us  # noqa: F401
-from .calibration_device import (STREAM_FROM, SWEEP_STREAM_FROM, fit_device,  # noqa: F401
-                                 inplace_write_weight, series as _series, stream_memory_gbps)
+from .network import hop_us
 from .topology import LinkClass, Topology
 
-FITTED = ("exchange", "exchange_chunked", "reduce_scatter", "all_gather", "all_reduce", "kernel",
-          "kernel_stream", "matmul", "overlap_kernel", "overlap_exchange",
-          "overlap_inside", "overlap_both", "sequence", "sequence_comm", "sequence_compute",
-          "exchange_first", "send")
+FITTED = (
+    "exchange",
+    "exchange_chunked",
+    "reduce_scatter",
+    "all_gather",
+    "all_reduce",
+    "kernel",
+    "kernel_stream",
+    "matmul",
+    "overlap_kernel",
+    "overlap_exchange",
+    "overlap_inside",
+    "overlap_both",
+    "sequence",
+    "sequence_comm",
+    "sequence_compute",
+    "exchange_first",
+    "send",
+)
 # `exchange_first` within this share of `exchange_last`: its wait ended with the exchange
 # (`wake_us`)
 CAPPED = 0.9
@@ -125,13 +147,22 @@ AT_MEAN = ("exchange", "exchange_chunked", "send", "all_reduce", "reduce_scatter
 def at_means(ms: Iterable[Measurement]) -> list[Measurement]:
     """The measurements with each `AT_MEAN` kind's `time_ms` its mean over rounds, where
     measured (a calibration without `time_ms_mean` is fitted at its medians throughout)."""
-    return [dataclasses.replace(m, time_ms=m.time_ms_mean)
-            if m.time_ms_mean is not None and m.kind.removeprefix(SHM) in AT_MEAN else m
-            for m in ms]
+    return [
+        dataclasses.replace(m, time_ms=m.time_ms_mean)
+        if m.time_ms_mean is not None and m.kind.removeprefix(SHM) in AT_MEAN
+        else m
+        for m in ms
+    ]
 
 
-def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_us: float,
-             rate_by: str = "message", rates_from: Optional[tuple] = None) -> LinkClass:
+def fit_link(
+    ms: list[Measurement],
+    benchmarks: dict,
+    messages: float,
+    overhead_us: float,
+    rate_by: str = "message",
+    rates_from: Optional[tuple] = None,
+) -> LinkClass:
     """A link class that makes each benchmark's closed form `model(link, b)` (us) its measured
     time: benchmarks = {kind: (message_of(b), model)}. The latency is the fixed cost: solved in
     every benchmark at its smallest sizes (the first kind's `messages` serialized messages of
@@ -151,13 +182,14 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
     bulk = bulk_rate([(message_of(b) * messages, t) for b, t in points])
 
     def link(bw: float, latency: float) -> LinkClass:
-        return LinkClass(bandwidth_gbps=bw, latency_us=latency, overhead_us=overhead,
-                         rate_by=rate_by)
+        return LinkClass(
+            bandwidth_gbps=bw, latency_us=latency, overhead_us=overhead, rate_by=rate_by
+        )
 
     fixed = []
     for kind, (_, model) in benchmarks.items():
         series = monotone(_series(ms, kind))
-        for b, t in series[:max(1, min(5, len(series) // 2))]:
+        for b, t in series[: max(1, min(5, len(series) // 2))]:
             fixed.append(solve(lambda lat: model(link(bulk, lat), b), t))
     latency = statistics.median(fixed)
     by_kind: dict[str, dict[int, list[float]]] = {}
@@ -167,7 +199,8 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
                 continue
             per_byte = solve(lambda y: model(link(1.0 / max(y, 1e-12), latency), b), t, 1.0)
             by_kind.setdefault(kind, {}).setdefault(int(size_of(b)), []).append(
-                1.0 / max(per_byte, 1e-12))
+                1.0 / max(per_byte, 1e-12)
+            )
     chosen = [k for k in (rates_from or ()) if k in by_kind]
     pick = statistics.fmean if chosen else statistics.median
     rates: dict[int, list[float]] = {}
@@ -176,30 +209,40 @@ def fit_link(ms: list[Measurement], benchmarks: dict, messages: float, overhead_
             rates.setdefault(size, []).extend(got)
     sizes = sorted(rates)
     if not sizes:  # a short sweep: no size's wire stands out of its fixed cost
-        return LinkClass(bandwidth_gbps=round(bulk, 4), latency_us=round(latency, 2),
-                         overhead_us=round(overhead, 2), rate_by=rate_by)
+        return LinkClass(
+            bandwidth_gbps=round(bulk, 4),
+            latency_us=round(latency, 2),
+            overhead_us=round(overhead, 2),
+            rate_by=rate_by,
+        )
     curve = smooth([pick(rates[k]) for k in sizes])
     bw = max(curve)
-    return LinkClass(bandwidth_gbps=round(bw, 4), latency_us=round(latency, 2),
-                     overhead_us=round(overhead, 2), rate_by=rate_by,
-                     efficiency={k: round(max(1e-3, r / bw), 4) for k, r in zip(sizes, curve)})
+    return LinkClass(
+        bandwidth_gbps=round(bw, 4),
+        latency_us=round(latency, 2),
+        overhead_us=round(overhead, 2),
+        rate_by=rate_by,
+        efficiency={k: round(max(1e-3, r / bw), 4) for k, r in zip(sizes, curve)},
+    )
 
 
-def message_overhead_us(ms: list[Measurement], messages: float,
-                        up_to: int = 1 << 18) -> float:
+def message_overhead_us(ms: list[Measurement], messages: float, up_to: int = 1 << 18) -> float:
     """The per-message cost: what C chunks cost beyond one message, per extra message, where the
     wire is negligible (the median over sizes up to 256 KiB of (chunked - whole) / ((C - 1) *
     messages), `messages` = 1 where each rank's thread posts its own in parallel); at large
     sizes chunks gain on the bulk rate instead; at least 1 us."""
     whole = dict(_series(ms, "exchange"))
-    extra = [(m.time_ms * 1e3 - whole[m.nbytes]) / ((m.chunks - 1) * messages)
-             for m in ms if m.kind == "exchange_chunked" and m.chunks > 1 and m.nbytes in whole
-             and m.nbytes <= up_to]
+    extra = [
+        (m.time_ms * 1e3 - whole[m.nbytes]) / ((m.chunks - 1) * messages)
+        for m in ms
+        if m.kind == "exchange_chunked" and m.chunks > 1 and m.nbytes in whole and m.nbytes <= up_to
+    ]
     return max(1.0, statistics.median(extra)) if extra else 1.0
 
 
-def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
-                      up_to: int = 1 << 18) -> float:
+def chunk_overhead_us(
+    ms: list[Measurement], topo: Topology, first: float, up_to: int = 1 << 18
+) -> float:
     """The per-message cost for which the model (`predict_ms` on topo, its link's overhead
     replaced) puts the chunked exchange as far above the whole one as measured, at sizes up to
     256 KiB (the median over sizes; `first`: the estimate that starts the search)."""
@@ -211,17 +254,28 @@ def chunk_overhead_us(ms: list[Measurement], topo: Topology, first: float,
 
     got = []
     for m in ms:
-        if m.kind == "exchange_chunked" and m.chunks > 1 and m.nbytes in times \
-                and m.nbytes <= up_to:
+        if (
+            m.kind == "exchange_chunked"
+            and m.chunks > 1
+            and m.nbytes in times
+            and m.nbytes <= up_to
+        ):
             whole = dataclasses.replace(m, kind="exchange", chunks=1)
-            extra = lambda o: (predict_ms(with_overhead(o), m)  # noqa: E731
-                               - predict_ms(with_overhead(o), whole)) * 1e3
+
+            def extra(o, m=m, whole=whole):
+                return (predict_ms(with_overhead(o), m) - predict_ms(with_overhead(o), whole)) * 1e3
+
             got.append(solve(extra, m.time_ms * 1e3 - times[m.nbytes], first))
     return max(1.0, statistics.median(got)) if got else first
 
 
-def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "",
-        cores: Optional[int] = None) -> Topology:
+def fit(
+    measurements: Iterable,
+    base: Topology,
+    world_size: int,
+    source: str = "",
+    cores: Optional[int] = None,
+) -> Topology:
     """The base topology (suite/conf/topology/local.yaml) with every fitted figure replaced: its links
     fitted at the communication kinds' means (`at_means`), `lone_link`, `lone_library` and
     `lone_p2p_link` at their medians (`Topology.lone`); `cores`: the cores the calibration's
@@ -230,11 +284,16 @@ def fit(measurements: Iterable, base: Topology, world_size: int, source: str = "
     topo = _means_and_lone(_fit, ms, base, world_size, rates_from=STEP_RINGS)
     per_core = max(1.0, world_size / cores) if cores else 1.0  # the overhead at one rank a core
     return dataclasses.replace(
-        topo, source=source, all_reduce_us=all_reduce_us(ms, world_size),
-        alone_scale=alone_scale(ms), cores=cores,
+        topo,
+        source=source,
+        all_reduce_us=all_reduce_us(ms, world_size),
+        alone_scale=alone_scale(ms),
+        cores=cores,
         step_overhead_us=round(topo.step_overhead_us / per_core, 2),
-        step_overhead_by_bytes={b: round(us / per_core, 2)
-                                for b, us in topo.step_overhead_by_bytes.items()})
+        step_overhead_by_bytes={
+            b: round(us / per_core, 2) for b, us in topo.step_overhead_by_bytes.items()
+        },
+    )
 
 
 def alone_scale(ms: list[Measurement]) -> float:
@@ -243,9 +302,14 @@ def alone_scale(ms: list[Measurement]) -> float:
     timed in rounds of collectives only against the same among every other benchmark), clipped
     to ALONE_RANGE; 1 without them."""
     among = {(m.kind, m.nbytes, m.world_size): m.time_ms for m in ms}
-    logs = [math.log(m.time_ms / among[key]) for m in ms if m.kind.startswith(ALONE)
-            and (key := (m.kind[len(ALONE):], m.nbytes, m.world_size)) in among
-            and m.time_ms > 0 and among[key] > 0]
+    logs = [
+        math.log(m.time_ms / among[key])
+        for m in ms
+        if m.kind.startswith(ALONE)
+        and (key := (m.kind[len(ALONE) :], m.nbytes, m.world_size)) in among
+        and m.time_ms > 0
+        and among[key] > 0
+    ]
     if not logs:
         return 1.0
     return round(min(ALONE_RANGE[1], max(ALONE_RANGE[0], math.exp(statistics.fmean(logs)))), 4)
@@ -263,13 +327,17 @@ def _means_and_lone(fit_links, ms: list[Measurement], *args, **at_means_kw) -> T
     of the same fit at the medians (without `at_means_kw`) as `lone_link`, `lone_library` and
     `lone_p2p_link`."""
     lone = fit_links(ms, *args)
-    return dataclasses.replace(fit_links(at_means(ms), *args, **at_means_kw),
-                               lone_link=lone.intra.link,
-                               lone_library=lone.library, lone_p2p_link=lone.p2p_link)
+    return dataclasses.replace(
+        fit_links(at_means(ms), *args, **at_means_kw),
+        lone_link=lone.intra.link,
+        lone_library=lone.library,
+        lone_p2p_link=lone.p2p_link,
+    )
 
 
-def _fit(ms: list[Measurement], base: Topology, world_size: int,
-         rates_from: Optional[tuple] = None) -> Topology:
+def _fit(
+    ms: list[Measurement], base: Topology, world_size: int, rates_from: Optional[tuple] = None
+) -> Topology:
     P = world_size
     device = fit_device(ms, base.device)
     plain = dataclasses.replace(base, device=device, compute_slowdown=0.0, comm_slowdown=0.0)
@@ -283,31 +351,67 @@ def _fit(ms: list[Measurement], base: Topology, world_size: int,
     # and copies), each size's achieved bandwidth the median of the three, or the mean of the
     # `rates_from` kinds' (a step's link: STEP_RINGS)
     rings = {
-        "exchange": (lambda b: b, lambda link, b: collective_us(CollSpec(  # without the copy
-            "all_gather", b * P, group), "ring", with_link(link)) - (
-            device.elementwise_us(2 * b) if base.ring_work_on_compute else 0.0)),
-        "reduce_scatter": (lambda b: b / P, lambda link, b: collective_us(CollSpec(
-            "reduce_scatter", b, group), "ring", with_link(link))),
-        "all_gather": (lambda b: b / P, lambda link, b: collective_us(CollSpec(
-            "all_gather", b, group), "ring", with_link(link))),
+        "exchange": (
+            lambda b: b,
+            lambda link, b: (
+                collective_us(
+                    CollSpec(  # without the copy
+                        "all_gather", b * P, group
+                    ),
+                    "ring",
+                    with_link(link),
+                )
+                - (device.elementwise_us(2 * b) if base.ring_work_on_compute else 0.0)
+            ),
+        ),
+        "reduce_scatter": (
+            lambda b: b / P,
+            lambda link, b: collective_us(
+                CollSpec("reduce_scatter", b, group), "ring", with_link(link)
+            ),
+        ),
+        "all_gather": (
+            lambda b: b / P,
+            lambda link, b: collective_us(
+                CollSpec("all_gather", b, group), "ring", with_link(link)
+            ),
+        ),
     }
     posted = base.ring_work_on_compute  # each rank's thread posts its own messages
     u, v = _slowdowns(ms, base)
     overhead = message_overhead_us(ms, 1 if posted else per_step)
     for _ in range(2):  # the first estimate, then the one the model's own chunks agree with
         link = fit_link(ms, rings, per_step, overhead, base.intra.link.rate_by, rates_from)
-        overhead = chunk_overhead_us(ms, with_link(link, compute_slowdown=u, comm_slowdown=v),
-                                     overhead)
-    library = fit_link(ms, {"all_reduce": (lambda b: b / P, lambda link, b: collective_us(
-        CollSpec("all_reduce", b, group, library=True), "ring",
-        dataclasses.replace(plain, library=link)))}, 2 * (P - 1) * per_step, 0.0,
-        base.library.rate_by if base.library else "message")
-    fitted = dataclasses.replace(base, device=device, intra=dataclasses.replace(base.intra,
-                                                                                link=link),
-                                 library=library, compute_slowdown=u, comm_slowdown=v,
-                                 p2p_link=p2p_link(ms, link, with_link),
-                                 step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
-                                 step_overhead_by_bytes=step_overhead_by_bytes(ms))
+        overhead = chunk_overhead_us(
+            ms, with_link(link, compute_slowdown=u, comm_slowdown=v), overhead
+        )
+    library = fit_link(
+        ms,
+        {
+            "all_reduce": (
+                lambda b: b / P,
+                lambda link, b: collective_us(
+                    CollSpec("all_reduce", b, group, library=True),
+                    "ring",
+                    dataclasses.replace(plain, library=link),
+                ),
+            )
+        },
+        2 * (P - 1) * per_step,
+        0.0,
+        base.library.rate_by if base.library else "message",
+    )
+    fitted = dataclasses.replace(
+        base,
+        device=device,
+        intra=dataclasses.replace(base.intra, link=link),
+        library=library,
+        compute_slowdown=u,
+        comm_slowdown=v,
+        p2p_link=p2p_link(ms, link, with_link),
+        step_overhead_us=step_overhead_us(ms, base.step_overhead_us),
+        step_overhead_by_bytes=step_overhead_by_bytes(ms),
+    )
     return dataclasses.replace(fitted, wake_us=wake_us(ms, fitted, base.wake_us))
 
 
@@ -341,8 +445,9 @@ def wake_us(ms: list[Measurement], topo: Topology, default: float = 0.0) -> floa
     return round(max(0.0, got), 1)
 
 
-def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
-            source: str = "") -> Topology:
+def fit_shm(
+    measurements: Iterable, fitted: Topology, world_size: int, source: str = ""
+) -> Topology:
     """The topology of comm=shm: `fitted` (this machine's, from `fit`: device, overlap, step)
     with its links replaced by shared memory's: the library link from `shm_all_reduce`, the ring
     link from `shm_reduce_scatter` and `shm_all_gather`, each size's achieved bandwidth solved
@@ -351,12 +456,15 @@ def fit_shm(measurements: Iterable, fitted: Topology, world_size: int,
     `stream_memory_gbps` (`kernel_stream`: every rank streaming at once). ValueError without
     shm measurements."""
     every = [m if isinstance(m, Measurement) else Measurement.of(m) for m in measurements]
-    ms = [dataclasses.replace(m, kind=m.kind[len(SHM):]) for m in every if m.kind.startswith(SHM)]
+    ms = [dataclasses.replace(m, kind=m.kind[len(SHM) :]) for m in every if m.kind.startswith(SHM)]
     if not ms:
         raise ValueError("no shm_* measurements to fit comm=shm's links to")
-    return dataclasses.replace(_means_and_lone(_fit_shm, ms, fitted, world_size),
-                               source=source or fitted.source,
-                               all_reduce_us=all_reduce_us(ms, world_size), alone_scale=1.0)
+    return dataclasses.replace(
+        _means_and_lone(_fit_shm, ms, fitted, world_size),
+        source=source or fitted.source,
+        all_reduce_us=all_reduce_us(ms, world_size),
+        alone_scale=1.0,
+    )
 
 
 def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topology:
@@ -367,18 +475,42 @@ def _fit_shm(ms: list[Measurement], fitted: Topology, world_size: int) -> Topolo
     def with_link(link):
         return dataclasses.replace(plain, intra=dataclasses.replace(fitted.intra, link=link))
 
-    rings = {kind: (lambda b: b / P, lambda link, b, kind=kind: collective_us(
-        CollSpec(kind, b, group), "ring", with_link(link))) for kind in ("reduce_scatter",
-                                                                           "all_gather")}
+    rings = {
+        kind: (
+            lambda b: b / P,
+            lambda link, b, kind=kind: collective_us(
+                CollSpec(kind, b, group), "ring", with_link(link)
+            ),
+        )
+        for kind in ("reduce_scatter", "all_gather")
+    }
     # no per-message overhead: a chunk is a copy and a flag; the fixed cost is the latency
     link = fit_link(ms, rings, per_step, 0.0, fitted.intra.link.rate_by)
-    library = fit_link(ms, {"all_reduce": (lambda b: b / P, lambda lk, b: collective_us(
-        CollSpec("all_reduce", b, group, library=True), "ring",
-        dataclasses.replace(plain, library=lk)))}, 2 * (P - 1) * per_step, 0.0,
-        fitted.library.rate_by if fitted.library else "message")
+    library = fit_link(
+        ms,
+        {
+            "all_reduce": (
+                lambda b: b / P,
+                lambda lk, b: collective_us(
+                    CollSpec("all_reduce", b, group, library=True),
+                    "ring",
+                    dataclasses.replace(plain, library=lk),
+                ),
+            )
+        },
+        2 * (P - 1) * per_step,
+        0.0,
+        fitted.library.rate_by if fitted.library else "message",
+    )
     # its P2P goes over shared memory too (`codegen.runtime.shm_comm`): the ring's link
-    return dataclasses.replace(fitted, intra=dataclasses.replace(fitted.intra, link=link),
-                               library=library, peer_reads=True, wake_us=0.0, p2p_link=None)
+    return dataclasses.replace(
+        fitted,
+        intra=dataclasses.replace(fitted.intra, link=link),
+        library=library,
+        peer_reads=True,
+        wake_us=0.0,
+        p2p_link=None,
+    )
 
 
 def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:
@@ -392,16 +524,18 @@ def step_overhead_us(ms: list[Measurement], default: float = 0.0) -> float:
     sizes = [b for b in parts[0] if b in parts[1] and b in parts[2]]
     if not sizes:
         return default
-    return round(max(0.0, statistics.median(parts[0][b] - parts[1][b] - parts[2][b]
-                                            for b in sizes)), 2)
+    return round(
+        max(0.0, statistics.median(parts[0][b] - parts[1][b] - parts[2][b] for b in sizes)), 2
+    )
 
 
 def step_overhead_by_bytes(ms: list[Measurement]) -> dict:
     """{bytes: us}: `sequence_extra` by its all-reduce's size (each size's median over rounds), a
     running median of three over sizes, at least 0; {} without it (older calibrations)."""
     paired = _series(ms, "sequence_extra")
-    return {int(b): round(max(0.0, t), 2)
-            for (b, _), t in zip(paired, smooth([t for _, t in paired]))}
+    return {
+        int(b): round(max(0.0, t), 2) for (b, _), t in zip(paired, smooth([t for _, t in paired]))
+    }
 
 
 def _slowdowns(ms: list[Measurement], base: Topology) -> tuple[float, float]:

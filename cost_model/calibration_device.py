@@ -11,6 +11,7 @@ Data in, `Device` out (`cost_model.calibration.fit` calls `fit_device`; no ranks
 `series(ms, kind)` is every fit's view of one benchmark: (bytes, median time in us) by size.
 Units: `time_ms` in ms, `nbytes` in bytes, device fields as named (`_us`, `_gbps`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,11 @@ def inplace_write_weight(ms: list[Measurement], write_allocate: bool) -> float:
     each, the median, within [0, 1]. 1 (as a read) on a device that does not allocate on write,
     or without such sizes."""
     add, copy = dict(series(ms, "add")), dict(series(ms, "copy"))
-    got = [3.0 * add[b] / copy[b] - 2.0 for b in sorted(add)
-           if b in copy and 3 * b >= STREAM_FROM and copy[b] > 0]
+    got = [
+        3.0 * add[b] / copy[b] - 2.0
+        for b in sorted(add)
+        if b in copy and 3 * b >= STREAM_FROM and copy[b] > 0
+    ]
     if not write_allocate or not got:
         return 1.0
     return round(min(1.0, max(0.0, statistics.median(got))), 3)
@@ -60,17 +64,20 @@ def stream_memory_gbps(ms: list[Measurement], launch_us: float) -> float:
     GB/s) with what the kernels of measured steps reach (adam's at 2^24 elements: 35-39).
     Without any such call, the median over `kernel_stream`'s sizes; 0 (the device's own curve)
     without those either."""
+
     def rates(kind: str, least: int) -> list[float]:
         return [b / max(t - launch_us, 1e-3) / 1e3 for b, t in series(ms, kind) if b >= least]
-    got = (rates("kernel_stream", STREAM_FROM) + rates("kernel", SWEEP_STREAM_FROM)
-           or rates("kernel_stream", 0))
+
+    got = rates("kernel_stream", STREAM_FROM) + rates("kernel", SWEEP_STREAM_FROM) or rates(
+        "kernel_stream", 0
+    )
     return round(statistics.median(got), 3) if got else 0.0
 
 
 def library_steps_us(ms: list[Measurement]) -> dict:
     """{routine: {bytes: median us}} from the `library_<routine>` measurements."""
     kinds = sorted({m.kind for m in ms if m.kind.startswith(LIBRARY)})
-    return {k[len(LIBRARY):]: {int(b): round(t, 2) for b, t in series(ms, k)} for k in kinds}
+    return {k[len(LIBRARY) :]: {int(b): round(t, 2) for b, t in series(ms, k)} for k in kinds}
 
 
 def fit_device(ms: list[Measurement], base: Device) -> Device:
@@ -82,20 +89,27 @@ def fit_device(ms: list[Measurement], base: Device) -> Device:
     mem_bw, mem_eff = fit_curve(kern, launch)
     f32, mm_eff = matmul_rate(ms, base)
     lib = {}
-    elementwise = sorted([(3 * b, t) for b, t in series(ms, "add")] +
-                         [(2 * b, t) for b, t in series(ms, "copy")])
+    elementwise = sorted(
+        [(3 * b, t) for b, t in series(ms, "add")] + [(2 * b, t) for b, t in series(ms, "copy")]
+    )
     if elementwise:  # torch's adds and copies, by traffic, against the same memory bandwidth
-        lib = {b: round(min(1.0, max(1e-3, b / max(t - launch, 1e-3) / 1e3 / mem_bw)), 4)
-               for b, t in elementwise}
+        lib = {
+            b: round(min(1.0, max(1e-3, b / max(t - launch, 1e-3) / 1e3 / mem_bw)), 4)
+            for b, t in elementwise
+        }
     return dataclasses.replace(
-        base, memory_bandwidth_gbps=round(mem_bw, 3), launch_us=round(launch, 2),
+        base,
+        memory_bandwidth_gbps=round(mem_bw, 3),
+        launch_us=round(launch, 2),
         library_steps_us=library_steps_us(ms) or base.library_steps_us,
-        memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()}, matmul_efficiency=1.0,
+        memory_efficiency={k: round(v, 4) for k, v in mem_eff.items()},
+        matmul_efficiency=1.0,
         stream_memory_gbps=stream_memory_gbps(ms, launch) or base.stream_memory_gbps,
         inplace_write_weight=inplace_write_weight(ms, base.write_allocate),
         matmul_efficiency_by_flops=mm_eff,
         library_efficiency=lib,
-        peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)})
+        peak_tflops={**base.peak_tflops, "f32": round(f32, 5), "f64": round(f32 / 2, 5)},
+    )
 
 
 def matmul_rate(ms: list[Measurement], base: Device) -> tuple[float, dict]:

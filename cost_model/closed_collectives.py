@@ -28,10 +28,18 @@ Where nothing contends these are the DES's times (tested within 2%); where strea
 the lowest estimate (as NCCL's tuner picks, `src/graph/tuning.cc`), or the topology's forced one.
 Units: microseconds, bytes.
 """
+
 from __future__ import annotations
 
-from .collectives import (CollSpec, applicable, by_node, chain_parents, double_trees, nccl_call,
-                          uses_nccl)
+from .collectives import (
+    CollSpec,
+    applicable,
+    by_node,
+    chain_parents,
+    double_trees,
+    nccl_call,
+    uses_nccl,
+)
 from .network import hop
 from .topology import Topology
 
@@ -74,8 +82,14 @@ def shm_all_reduce_us(spec: CollSpec, topo: Topology):
     cost per call (its flags and Python: `latency_us` + `overhead_us`), per chunk; None where
     the topology does not share memory that way (`peer_reads` with a calibrated rate)."""
     rate = topo.device.stream_memory_gbps
-    if not (topo.peer_reads and rate and spec.library and topo.library
-            and spec.kind == "all_reduce" and spec.P > 1):
+    if not (
+        topo.peer_reads
+        and rate
+        and spec.library
+        and topo.library
+        and spec.kind == "all_reduce"
+        and spec.P > 1
+    ):
         return None
     lib, calls = topo.library, spec.chunks
     traffic = shm_all_reduce_bytes(spec.nbytes / calls, spec.P, topo.device.write_allocate)
@@ -117,8 +131,9 @@ def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float
         copy = _work_us(topo, spec, S / C, 1) if spec.kind == "all_gather" else 0.0
         return copy, copy  # chunk by chunk
     if algorithm == "ring":
-        phases = {"all_reduce": ("rs", "ag"), "reduce_scatter": ("rs",),
-                  "all_gather": ("ag",)}[spec.kind]
+        phases = {"all_reduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}[
+            spec.kind
+        ]
         return _ring(topo, spec, spec.group, S / P / C, phases, link, work, True, C=C)
     if algorithm == "hierarchical":
         return _hierarchical(topo, spec, S / C)
@@ -126,8 +141,9 @@ def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float
         return _trees(topo, double_trees(topo, spec.group), S / 2 / C, link, True, True, spec)
     if algorithm == "chain":
         kind = spec.kind
-        return _trees(topo, [chain_parents(spec)], S / C, link, kind == "reduce",
-                      kind == "broadcast", spec)
+        return _trees(
+            topo, [chain_parents(spec)], S / C, link, kind == "reduce", kind == "broadcast", spec
+        )
     if algorithm == "direct":
         load: dict = {}
         for r in spec.group:
@@ -135,8 +151,11 @@ def _shape(spec: CollSpec, algorithm: str, topo: Topology) -> tuple[float, float
                 if peer != r:
                     keys, cls, scale = hop(topo, r, peer, link)
                     for k in keys:
-                        load[k] = load.get(k, 0.0) + cls.overhead_us + cls.wire_us(
-                            S / P / C, spec.whole(S / P / C)) / scale
+                        load[k] = (
+                            load.get(k, 0.0)
+                            + cls.overhead_us
+                            + cls.wire_us(S / P / C, spec.whole(S / P / C)) / scale
+                        )
         worst = max(load.values())
         return worst + cls.latency_us, worst
     raise ValueError(f"unknown algorithm {algorithm!r}")
@@ -168,8 +187,10 @@ class _Edges:
     def times(self, b: float, posted: bool = False, whole: float | None = None):
         """(busy, latency) of one message of b bytes (a chunk of a `whole`-byte transfer), per
         class (`posted`: without the overhead, which the sender's compute stream pays)."""
-        return [((0.0 if posted else cls.overhead_us) + cls.wire_us(b, whole) / scale,
-                 cls.latency_us) for cls, scale in self.classes]
+        return [
+            ((0.0 if posted else cls.overhead_us) + cls.wire_us(b, whole) / scale, cls.latency_us)
+            for cls, scale in self.classes
+        ]
 
     def overhead(self) -> float:
         return max(cls.overhead_us for cls, _ in self.classes)
@@ -185,7 +206,7 @@ class _Edges:
             vecs = set()
             for j in range(m):
                 counts = [0] * len(self.classes)
-                for c in ext[j:j + n]:
+                for c in ext[j : j + n]:
                     counts[c] += 1
                 vecs.add(tuple(counts))
             self.windows[n] = list(vecs)
@@ -224,7 +245,8 @@ def _ring(topo, spec, members, b, phases, link, work, channels, share: float = 1
     # than the slowest port sending its n messages (for every ring that shares it); a CPU
     # runtime's thread posts each message first (`post`), then does the chunk's adds
     first = edges.window(n, [p[0] + p[1] + post for p in parts]) + (share - 1) * max(
-        p[0] for p in parts)
+        p[0] for p in parts
+    )
     lat = max(p[1] for p in parts)
     head, tail = copy + post, steps * add
     L1 = max(first + copy + tail, head + n * busy + lat + tail)
@@ -241,13 +263,20 @@ def _hierarchical(topo: Topology, spec: CollSpec, chunk_bytes: float):
     rail0 = [nodes[n][0] for n in range(N)]
     parts = []
     kind = spec.kind
-    intra = [p for p, kinds in (("rs", ("all_reduce", "reduce_scatter")),
-                                ("ag", ("all_reduce", "all_gather"))) if kind in kinds]
+    intra = [
+        p
+        for p, kinds in (
+            ("rs", ("all_reduce", "reduce_scatter")),
+            ("ag", ("all_reduce", "all_gather")),
+        )
+        if kind in kinds
+    ]
     inter = {"all_reduce": ("rs", "ag"), "reduce_scatter": ("rs",), "all_gather": ("ag",)}[kind]
     for phase in intra:
         parts.append(_ring(topo, spec, nodes[0], chunk_bytes / L, (phase,), None, False, True)[:2])
-    parts.append(_ring(topo, spec, rail0, chunk_bytes / L / N, inter, None, False, False,
-                       share)[:2])
+    parts.append(
+        _ring(topo, spec, rail0, chunk_bytes / L / N, inter, None, False, False, share)[:2]
+    )
     L1 = sum(p[0] for p in parts)
     intra_load = sum(p[1] for p in parts[:-1])
     return L1, max(intra_load, parts[-1][1])

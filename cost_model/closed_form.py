@@ -8,18 +8,18 @@ all-gathers); an overlap pipelines producer chunks into its consumer, with compu
 (`codegen.chunked.fusable`, `overlappable`: the runtime's own rule); other fused and overlapped
 steps run their parts one after the other, whole. Units: microseconds.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 from codegen.chunked import fusable, overlappable
-from codegen.plan import (ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap,
-                          Plan)
+from codegen.plan import ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap, Plan
 
 from . import kernel_fused, nccl
-from .microbench import CALIBRATION_KERNEL
 from .closed_collectives import choose, collective_us
 from .collectives import CollSpec
+from .microbench import CALIBRATION_KERNEL
 from .network import hop_us
 from .topology import Topology
 
@@ -45,8 +45,9 @@ def step_us(plan: Plan, step, topo: Topology, chunks: int = 1) -> float:
 
 
 def _compute(plan, s, topo, chunks):
-    return topo.device.step_kernel_us(kernel_bytes(plan, s, topo) / chunks, s.flops / chunks,
-                                      _dtype(plan, s))
+    return topo.device.step_kernel_us(
+        kernel_bytes(plan, s, topo) / chunks, s.flops / chunks, _dtype(plan, s)
+    )
 
 
 def kernel_bytes(plan: Plan, s: Compute, topo: Topology) -> float:
@@ -61,8 +62,11 @@ def kernel_bytes(plan: Plan, s: Compute, topo: Topology) -> float:
     written = {b for _, b in s.kernel.writes}
     per_element = lambda ids: sum(ITEMSIZE[plan.buffer(b).dtype] for b in ids)  # noqa: E731
     w, allocate = topo.device.inplace_write_weight, topo.device.write_allocate
-    counted = (per_element(read) + w * per_element(written & read)
-               + per_element(written - read) * (2 if allocate else 1))
+    counted = (
+        per_element(read)
+        + w * per_element(written & read)
+        + per_element(written - read) * (2 if allocate else 1)
+    )
     r, inplace = CALIBRATION_KERNEL
     return s.kernel.numel * counted * (r + inplace) / (r + w * inplace)
 
@@ -71,8 +75,9 @@ def _matmul(plan, s, topo, chunks):
     """One chunk of a matmul: whole, one call; in C row chunks (an overlap's producer), P calls
     (one per rank's block of the output, as the runtime computes a chunk's rows) of 1/(C P)."""
     calls = plan.P if chunks > 1 else 1
-    return calls * topo.device.matmul_us(s.nbytes / chunks / calls, s.flops / chunks / calls,
-                                         _dtype(plan, s))
+    return calls * topo.device.matmul_us(
+        s.nbytes / chunks / calls, s.flops / chunks / calls, _dtype(plan, s)
+    )
 
 
 def _copy(plan, s, topo, chunks):
@@ -89,8 +94,12 @@ def _collective(plan, s, topo, chunks):
 def staging_us(plan, s, topo: Topology, chunks: int = 1) -> float:
     """The CPU runtime's copy before an in-place library all-reduce or broadcast whose output is
     another buffer (`ring_work_on_compute` topologies; NCCL works out of place)."""
-    if (topo.ring_work_on_compute and s.kind in ("all_reduce", "broadcast") and s.src != s.dst
-            and plan.buffer(s.src).numel > 1):
+    if (
+        topo.ring_work_on_compute
+        and s.kind in ("all_reduce", "broadcast")
+        and s.src != s.dst
+        and plan.buffer(s.src).numel > 1
+    ):
         return topo.device.elementwise_us(2 * s.nbytes / chunks)
     return 0.0
 
@@ -115,8 +124,11 @@ def _fused(plan, f: FusedCollective, topo, chunks):
 def chunk_work(plan: Plan, f: FusedCollective, topo: Topology) -> dict:
     """{Compute step id: (bytes as `kernel_bytes` counts them, flops, dtype) of one of f's
     chunks}."""
-    return {s.id: (kernel_bytes(plan, s, topo) / f.chunks, s.flops / f.chunks, _dtype(plan, s))
-            for s in f.steps if isinstance(s, Compute)}
+    return {
+        s.id: (kernel_bytes(plan, s, topo) / f.chunks, s.flops / f.chunks, _dtype(plan, s))
+        for s in f.steps
+        if isinstance(s, Compute)
+    }
 
 
 def _pipelined(plan, f: FusedCollective, topo):
@@ -125,8 +137,11 @@ def _pipelined(plan, f: FusedCollective, topo):
     u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
     total, comm, comp, first = 0.0, 0.0, 0.0, 0.0
     for part in f.steps:
-        if isinstance(part, Collective) and part.kind == "all_reduce" and \
-                plan.buffer(part.src).numel == 1:  # a barrier: the phase before drains first
+        if (
+            isinstance(part, Collective)
+            and part.kind == "all_reduce"
+            and plan.buffer(part.src).numel == 1
+        ):  # a barrier: the phase before drains first
             total += first + (C - 1) * max(comm, comp) + step_us(plan, part, topo)
             comm, comp, first = 0.0, 0.0, 0.0
             continue
@@ -145,19 +160,27 @@ def _overlap(plan, o: Overlap, topo, chunks):
     C = o.chunks
     u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
     produce = step_us(plan, o.producer, topo, C)
-    consume = (_fused(plan, o.consumer, topo, C) / C if isinstance(o.consumer, FusedCollective)
-               else step_us(plan, o.consumer, topo, C))
+    consume = (
+        _fused(plan, o.consumer, topo, C) / C
+        if isinstance(o.consumer, FusedCollective)
+        else step_us(plan, o.consumer, topo, C)
+    )
     compute_bound = isinstance(o.producer, (MatMul, Compute))
     bottleneck = max(produce * (u if compute_bound else 1.0), consume)
     return produce + consume + (C - 1) * bottleneck
 
 
-closed_rules = {"Compute": _compute, "MatMul": _matmul, "Copy": _copy, "Collective": _collective,
-                "P2P": _p2p, "FusedCollective": _fused, "Overlap": _overlap}
+closed_rules = {
+    "Compute": _compute,
+    "MatMul": _matmul,
+    "Copy": _copy,
+    "Collective": _collective,
+    "P2P": _p2p,
+    "FusedCollective": _fused,
+    "Overlap": _overlap,
+}
 
 
 def plan_us(plan: Plan, topo: Topology) -> float:
     """The schedule's closed-form time on `topo`, in microseconds."""
     return sum(step_us(plan, s, topo) for s in plan.steps)
-
-

@@ -38,6 +38,7 @@ simulated member r; it returns (`done`, `finished`): `done[r][c]` when chunk c o
 complete, `finished[r]` when r's part is over (its sends too). Data per rank and chunk follow the
 algorithm (ring: nbytes / P / chunks per message).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,9 +51,14 @@ from . import nccl
 from .network import Sim, join
 from .topology import Topology
 
-ALGORITHMS = {"all_reduce": ("ring", "tree", "hierarchical"),
-              "reduce_scatter": ("ring", "hierarchical"), "all_gather": ("ring", "hierarchical"),
-              "broadcast": ("chain",), "reduce": ("chain",), "all_to_all": ("direct",)}
+ALGORITHMS = {
+    "all_reduce": ("ring", "tree", "hierarchical"),
+    "reduce_scatter": ("ring", "hierarchical"),
+    "all_gather": ("ring", "hierarchical"),
+    "broadcast": ("chain",),
+    "reduce": ("chain",),
+    "all_to_all": ("direct",),
+}
 ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}
 
 
@@ -102,11 +108,13 @@ def uses_nccl(spec: CollSpec, topo: Topology) -> bool:
 def applicable(spec: CollSpec, topo: Topology) -> tuple[str, ...]:
     if uses_nccl(spec, topo):
         ranks, nodes = nccl.communicator(topo, spec.group)
-        return tuple(dict.fromkeys(a for a, _ in nccl.enabled(spec.kind, ranks, nodes,
-                                                                   topo.nccl)))
+        return tuple(dict.fromkeys(a for a, _ in nccl.enabled(spec.kind, ranks, nodes, topo.nccl)))
     if spec.library:
-        return ("ring",) if spec.kind in ("all_reduce", "reduce_scatter", "all_gather") else \
-            ALGORITHMS[spec.kind]
+        return (
+            ("ring",)
+            if spec.kind in ("all_reduce", "reduce_scatter", "all_gather")
+            else ALGORITHMS[spec.kind]
+        )
     algos = ALGORITHMS[spec.kind]
     nodes = by_node(topo, spec.group)
     if len(nodes) < 2 or len({len(n) for n in nodes}) != 1:
@@ -140,7 +148,7 @@ def double_trees(topo: Topology, group) -> list[dict[int, Optional[int]]]:
 
 def chain_parents(spec: CollSpec) -> dict[int, Optional[int]]:
     """A chain rooted at the spec's root, in group order from it."""
-    g = spec.group[spec.root:] + spec.group[:spec.root]
+    g = spec.group[spec.root :] + spec.group[: spec.root]
     return {r: (g[i - 1] if i else None) for i, r in enumerate(g)}
 
 
@@ -158,8 +166,19 @@ class _Build:
         self.sims = [r for r in sim.ranks if r in members]
 
     def send(self, src, dst, nbytes, task, deps, channels=False, chunk=0):
-        ev = self.sim.transfer(src, dst, nbytes, self.step, task, deps, self.link, channels,
-                               self.first + chunk, self.spec.whole(nbytes), self.spec.sync)
+        ev = self.sim.transfer(
+            src,
+            dst,
+            nbytes,
+            self.step,
+            task,
+            deps,
+            self.link,
+            channels,
+            self.first + chunk,
+            self.spec.whole(nbytes),
+            self.spec.sync,
+        )
         self.sent.setdefault(src, []).append(ev)
         return ev
 
@@ -180,9 +199,18 @@ class _Build:
         chunk c's later steps, each after its receive and, on CPU ranks, its add)."""
         sim, P = self.sim, len(members)
         mine = [r for r in self.sims if r in set(members)]
-        st = {"members": members, "b": b, "ready": ready, "phase": phase, "channels": channels,
-              "tag": tag, "mine": mine, "pos": {m: i for i, m in enumerate(members)},
-              "recv": {}, "done": {r: [None] * C for r in mine}}
+        st = {
+            "members": members,
+            "b": b,
+            "ready": ready,
+            "phase": phase,
+            "channels": channels,
+            "tag": tag,
+            "mine": mine,
+            "pos": {m: i for i, m in enumerate(members)},
+            "recv": {},
+            "done": {r: [None] * C for r in mine},
+        }
         if P == 1:
             st["done"] = self.alone(phase, b, C, {r: ready[r] for r in mine}, tag)
             return st
@@ -190,11 +218,11 @@ class _Build:
             for r in mine:
                 dep = ready[r][c]
                 if phase == "ag" and self.work:
-                    dep = sim.compute(r, self.kernel_us(b, 1), self.step, f"{tag}copy c{c}",
-                                      [dep])
+                    dep = sim.compute(r, self.kernel_us(b, 1), self.step, f"{tag}copy c{c}", [dep])
                 right = members[(st["pos"][r] + 1) % P]
                 st["recv"][(0, c, sim.rep(right))] = self.send(
-                    r, right, b, f"{tag}{phase} c{c} s0", [dep, ready[r][c]], channels, c)
+                    r, right, b, f"{tag}{phase} c{c} s0", [dep, ready[r][c]], channels, c
+                )
         return st
 
     def alone(self, phase: str, b: float, C: int, ready, tag: str = "") -> dict:
@@ -207,13 +235,21 @@ class _Build:
         done = {}
         for r, evs in ready.items():
             if phase == "rs":
-                ev = self.sim.compute(r, self.kernel_us(b * C, 1), self.step, f"{tag}copy",
-                                      [e for e in evs if e is not None])
+                ev = self.sim.compute(
+                    r,
+                    self.kernel_us(b * C, 1),
+                    self.step,
+                    f"{tag}copy",
+                    [e for e in evs if e is not None],
+                )
                 done[r] = [ev] * C
             else:
-                done[r] = [self.sim.compute(r, self.kernel_us(b, 1), self.step,
-                                            f"{tag}copy c{self.first + c}", [evs[c]])
-                           for c in range(C)]
+                done[r] = [
+                    self.sim.compute(
+                        r, self.kernel_us(b, 1), self.step, f"{tag}copy c{self.first + c}", [evs[c]]
+                    )
+                    for c in range(C)
+                ]
         return done
 
     def ring_chunk(self, st: dict, c: int) -> dict:
@@ -226,17 +262,23 @@ class _Build:
                 right = members[(st["pos"][r] + 1) % P]
                 dep = recv[(s - 1, c, r)]
                 if phase == "rs" and self.work:
-                    dep = sim.compute(r, self.kernel_us(b, 2), self.step,
-                                      f"{tag}add c{c} s{s - 1}", [dep, ready[r][c]])
+                    dep = sim.compute(
+                        r,
+                        self.kernel_us(b, 2),
+                        self.step,
+                        f"{tag}add c{c} s{s - 1}",
+                        [dep, ready[r][c]],
+                    )
                 recv[(s, c, sim.rep(right))] = self.send(
-                    r, right, b, f"{tag}{phase} c{c} s{s}", [dep, ready[r][c]],
-                    st["channels"], c)
+                    r, right, b, f"{tag}{phase} c{c} s{s}", [dep, ready[r][c]], st["channels"], c
+                )
         for r in st["mine"]:
             last = [recv[(s, c, r)] for s in range(P - 1)] + [ready[r][c]]
             last = [e for e in last if e is not None]
             if phase == "rs" and self.work:
-                st["done"][r][c] = sim.compute(r, self.kernel_us(b, 2), self.step,
-                                               f"{tag}add c{c} s{P - 2}", last)
+                st["done"][r][c] = sim.compute(
+                    r, self.kernel_us(b, 2), self.step, f"{tag}add c{c} s{P - 2}", last
+                )
             else:
                 st["done"][r][c] = join(sim.env, last)
         return {r: st["done"][r][c] for r in st["mine"]}
@@ -339,9 +381,15 @@ def _nccl_calls(b: _Build, spec: CollSpec, algorithm: str, ready):
     keys = b.sim.keys_of(_ports(b.topo.devices_per_node, tuple(spec.group)))
     done = {r: [None] * spec.chunks for r in b.sims}
     for c in range(spec.chunks):
-        ev = b.sim.hold(keys, b.sims, call.time_us, b.step, f"{call.label} c{c}",
-                        [ready[r][c] for r in b.sims],
-                        b.first + c if b.topo.pipelined_chunks else 0)
+        ev = b.sim.hold(
+            keys,
+            b.sims,
+            call.time_us,
+            b.step,
+            f"{call.label} c{c}",
+            [ready[r][c] for r in b.sims],
+            b.first + c if b.topo.pipelined_chunks else 0,
+        )
         for r in b.sims:
             done[r][c] = ev
     return done
@@ -356,7 +404,7 @@ def _ports(per_node: int, group: tuple) -> tuple:
 def _hierarchical(b: _Build, spec: CollSpec, ready):
     nodes = by_node(b.topo, spec.group)
     L, N, C, S = len(nodes[0]), len(nodes), spec.chunks, spec.nbytes
-    rails = [[nodes[n][l] for n in range(N)] for l in range(L)]
+    rails = [[nodes[n][k] for n in range(N)] for k in range(L)]
     done = ready
 
     def intra(phase, d):
@@ -371,8 +419,9 @@ def _hierarchical(b: _Build, spec: CollSpec, ready):
             out = {}
             for members in rails:
                 if any(r in b.sims for r in members):
-                    out.update(b.ring(members, S / L / N / C, C, d, phase, channels=False,
-                                      tag="inter "))
+                    out.update(
+                        b.ring(members, S / L / N / C, C, d, phase, channels=False, tag="inter ")
+                    )
             d = out
         return d
 

@@ -7,6 +7,7 @@ pooled); `fit_curve` takes a rate and its efficiency by size from times with a f
 bytes, and whatever unit of time the caller's points carry (`cost_model.calibration`: us), rates
 in GB/s where the times are in us.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,11 @@ def smooth(values: list[float]) -> list[float]:
     """A running median of three (the ends keep theirs)."""
     if len(values) < 3:
         return list(values)
-    return [values[0]] + [statistics.median(values[i - 1:i + 2])
-                          for i in range(1, len(values) - 1)] + [values[-1]]
+    return (
+        [values[0]]
+        + [statistics.median(values[i - 1 : i + 2]) for i in range(1, len(values) - 1)]
+        + [values[-1]]
+    )
 
 
 def fit_curve(points: list[tuple[float, float]], fixed_us: float):
@@ -110,8 +114,12 @@ def bulk_rate(points: list[tuple[float, float]], largest: int = 4) -> float:
     """GB/s from the largest sizes' slopes (bytes, time_us): the median over pairs of
     d(bytes) / d(time), which a fixed latency does not bias."""
     top = sorted(points)[-largest:]
-    slopes = [(b2 - b1) / (t2 - t1) / 1e3 for i, (b1, t1) in enumerate(top)
-              for b2, t2 in top[i + 1:] if t2 > t1 and b2 > b1]
+    slopes = [
+        (b2 - b1) / (t2 - t1) / 1e3
+        for i, (b1, t1) in enumerate(top)
+        for b2, t2 in top[i + 1 :]
+        if t2 > t1 and b2 > b1
+    ]
     if not slopes:
         b, t = top[-1]
         return b / t / 1e3

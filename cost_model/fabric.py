@@ -18,6 +18,7 @@ alltoall across tiers). `tiers(topo, pattern, n)` gives the rows of that breakdo
 its nodes, oversubscription, crossing load, capacity and share. A topology without tiers is
 non-blocking (share 1). Units: NIC-rates (one NIC's bandwidth per direction).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,8 +61,11 @@ def tiers(topo: Topology, pattern: str, nodes: int) -> list[TierLoad]:
             break
         crossing = _crossing(pattern, t.nodes, nodes)
         capacity = t.nodes / t.oversubscription
-        out.append(TierLoad(k, t.nodes, t.oversubscription, crossing, capacity,
-                            min(1.0, capacity / crossing)))
+        out.append(
+            TierLoad(
+                k, t.nodes, t.oversubscription, crossing, capacity, min(1.0, capacity / crossing)
+            )
+        )
     return out
 
 
@@ -75,10 +79,14 @@ def describe(topo: Topology, nodes: int) -> str:
     `nodes` nodes ("" for a topology without tiers or a call inside one node)."""
     if nodes < 2 or topo.inter is None or not topo.inter.tiers:
         return ""
-    tiers_text = ", ".join(f"{t.nodes} nodes a switch {t.oversubscription:g}:1"
-                           for t in topo.inter.tiers)
-    shares = ", ".join(f"{name} x{share(topo, pattern, nodes):.2f}"
-                       for name, pattern in (("rings", "ring"), ("trees", "tree"),
-                                             ("alltoall", "p2p")))
-    return (f"fabric: {nodes} nodes on a rail-optimized fat tree ({tiers_text}, leaves first); "
-            f"the NICs' rate a call's flows get through it: {shares}")
+    tiers_text = ", ".join(
+        f"{t.nodes} nodes a switch {t.oversubscription:g}:1" for t in topo.inter.tiers
+    )
+    shares = ", ".join(
+        f"{name} x{share(topo, pattern, nodes):.2f}"
+        for name, pattern in (("rings", "ring"), ("trees", "tree"), ("alltoall", "p2p"))
+    )
+    return (
+        f"fabric: {nodes} nodes on a rail-optimized fat tree ({tiers_text}, leaves first); "
+        f"the NICs' rate a call's flows get through it: {shares}"
+    )

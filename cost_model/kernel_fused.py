@@ -38,6 +38,7 @@ the breakdown's algorithm and protocol). `chunk_work` {Compute step id: (bytes, 
 is each kernel's work on one chunk of a slice (`closed_form.chunk_work`), which the caller gives.
 Units: microseconds, bytes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ SATURATING_SM_SHARE = 0.5  # assumed: a streaming kernel reaches the memory's ra
 @dataclass(frozen=True)
 class KernelCall:
     """What one fused kernel costs apart from its computation."""
+
     algo: str
     proto: str
     latency_us: float  # the replaced all-reduce's latency, paid once
@@ -84,7 +86,7 @@ def kernel_fusable(plan: Plan, f: FusedCollective, topo: Topology) -> bool:
     gathers = [i for i, s in enumerate(rest) if _is_gather(s)]
     if not gathers or gathers != list(range(gathers[0], len(rest))):
         return False
-    return all(isinstance(s, Compute) or _is_barrier(plan, s) for s in rest[:gathers[0]])
+    return all(isinstance(s, Compute) or _is_barrier(plan, s) for s in rest[: gathers[0]])
 
 
 def _is_gather(s) -> bool:
@@ -108,8 +110,14 @@ def kernel_call(plan: Plan, f: FusedCollective, topo: Topology) -> KernelCall:
     replaced = nccl.call("all_reduce", head.nbytes, group, topo)
     algo, proto = replaced.algo, replaced.proto
     gathered = float(sum(s.nbytes for s in f.steps if _is_gather(s)))
-    barrier_us = max((nccl.call("all_reduce", sum(s.nbytes for s in run), group, topo).time_us
-                      for _, run in _phases(plan, f) if run), default=0.0)
+    barrier_us = max(
+        (
+            nccl.call("all_reduce", sum(s.nbytes for s in run), group, topo).time_us
+            for _, run in _phases(plan, f)
+            if run
+        ),
+        default=0.0,
+    )
     if algo == "ring":
         up = nccl.pick("reduce_scatter", float(head.nbytes), ranks, nodes, nc, algo, proto)
         down = nccl.pick("all_gather", gathered, ranks, nodes, nc, algo, proto)
@@ -121,8 +129,17 @@ def kernel_call(plan: Plan, f: FusedCollective, topo: Topology) -> KernelCall:
     scale = 1.0 if algo in SLICE_ALGOS else plan.P / TREE_ROOTS
     sms = topo.device.sms
     share = min(1.0, nccl.comm_channels(nc) / (sms * SATURATING_SM_SHARE)) if sms else 1.0
-    return KernelCall(algo, proto, replaced.latency_us, topo.device.launch_us, up_us, down_us,
-                      barrier_us, scale, share)
+    return KernelCall(
+        algo,
+        proto,
+        replaced.latency_us,
+        topo.device.launch_us,
+        up_us,
+        down_us,
+        barrier_us,
+        scale,
+        share,
+    )
 
 
 def in_kernel_us(call: KernelCall, topo: Topology, work: tuple, C: int) -> float:
@@ -132,8 +149,12 @@ def in_kernel_us(call: KernelCall, topo: Topology, work: tuple, C: int) -> float
     kernel's whole traffic (C chunks: one launch streams them all) x the CTAs' `sm_share`."""
     nbytes, flops, dtype = work
     dev, scale = topo.device, call.work_scale
-    rate = dev.memory_bandwidth_gbps * 1e3 * call.sm_share * interpolate(
-        dev.memory_efficiency, nbytes * scale * C)
+    rate = (
+        dev.memory_bandwidth_gbps
+        * 1e3
+        * call.sm_share
+        * interpolate(dev.memory_efficiency, nbytes * scale * C)
+    )
     return max(flops * scale / (dev.peak(dtype) * 1e6), nbytes * scale / rate)
 
 
@@ -171,16 +192,18 @@ def kernel_fused(run, f: FusedCollective, ready, C_outer, chunk_work: dict) -> d
     def computed(parts, c, deps):
         for part in parts:
             us = in_kernel_us(call, topo, chunk_work[part.id], C)
-            deps = {r: sim.compute(r, us, label(part), f"c{c} in kernel", [deps[r]])
-                    for r in mine}
+            deps = {r: sim.compute(r, us, label(part), f"c{c} in kernel", [deps[r]]) for r in mine}
         return deps
 
-    launched = {r: sim.delay(r, call.launch_us, step, f"{call.label} launch", list(ready[r][:1]))
-                for r in mine}
+    launched = {
+        r: sim.delay(r, call.launch_us, step, f"{call.label} launch", list(ready[r][:1]))
+        for r in mine
+    }
     cur = {r: [None] * C for r in mine}
     for c in range(C):
-        got = wire(call.up_us / C, f"up c{c}", [launched[r] for r in mine] +
-                   [ready[r][c] for r in mine], c)
+        got = wire(
+            call.up_us / C, f"up c{c}", [launched[r] for r in mine] + [ready[r][c] for r in mine], c
+        )
         cur_c = {r: got for r in mine}
         for r in mine:
             cur[r][c] = cur_c[r]
@@ -196,8 +219,9 @@ def kernel_fused(run, f: FusedCollective, ready, C_outer, chunk_work: dict) -> d
             every = join(sim.env, [e for r in mine for e in cur[r]])
             done = wire(call.barrier_us, "barrier (in kernel)", [every], 0)
             cur = {r: [done] * C for r in mine}
-    end = {r: sim.delay(r, call.latency_us, step, f"{call.label} latency", sent + cur[r])
-           for r in mine}
+    end = {
+        r: sim.delay(r, call.latency_us, step, f"{call.label} latency", sent + cur[r]) for r in mine
+    }
     return {r: [end[r]] * C_outer for r in mine}
 
 

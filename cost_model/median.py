@@ -28,12 +28,13 @@ A topology without lone links (shipped, GPU), a step of one rank or with no comm
 plain simulation. The Result is the simulation on the topology's links, its `time_us` replaced
 (its trace keeps the means' timeline). Units: us.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Optional
 
-from codegen.plan import Collective, FusedCollective, Overlap, P2P, Plan
+from codegen.plan import P2P, Collective, FusedCollective, Overlap, Plan
 
 from .topology import Topology
 from .workload import Result, simulate
@@ -53,8 +54,9 @@ def calls(steps, mult: int = 1) -> int:
     return n
 
 
-def step_median(plan: Plan, topo: Topology, fold: Optional[bool] = None,
-                compute_us: Optional[dict] = None) -> Result:
+def step_median(
+    plan: Plan, topo: Topology, fold: Optional[bool] = None, compute_us: Optional[dict] = None
+) -> Result:
     """The predicted median of the step's time over rounds (see the module)."""
     means = simulate(plan, topo, fold, compute_us)
     lone = topo.lone()

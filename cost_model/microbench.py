@@ -8,6 +8,7 @@ as one set of measurements, which the fit reads as it reads one.
 What each kind measures: `experiments.calibrate`. Units: `time_ms` in ms, `nbytes` in bytes,
 topology fields as named (`_us`, `_gbps`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +68,13 @@ def pool(calibrations: Sequence[Sequence[dict]]) -> list[dict]:
     out = []
     for ms in groups.values():
         m = dict(ms[0])
-        for key, how in (("time_ms", statistics.median), ("time_ms_mean", statistics.median),
-                         ("time_ms_min", min), ("time_ms_max", max), ("rounds", sum)):
+        for key, how in (
+            ("time_ms", statistics.median),
+            ("time_ms_mean", statistics.median),
+            ("time_ms_min", min),
+            ("time_ms_max", max),
+            ("rounds", sum),
+        ):
             values = [x[key] for x in ms if x.get(key) is not None]
             if values:
                 m[key] = how(values)
@@ -84,27 +90,38 @@ def predict_ms(topo: Topology, m: Measurement) -> float:
     if m.kind in ("exchange", "send", "overlap_exchange", "exchange_chunked"):
         pairs = [(r, (r + 1) % P) for r in range(P)] if m.kind != "send" else [(0, 1)]
         C = m.chunks
-        return _des(topo, P, [(s, d, b / C, b) for s, d in pairs for _ in range(C)], [],
-                    p2p=m.kind == "send") / 1e3
+        return (
+            _des(
+                topo,
+                P,
+                [(s, d, b / C, b) for s, d in pairs for _ in range(C)],
+                [],
+                p2p=m.kind == "send",
+            )
+            / 1e3
+        )
     if m.kind in ("exchange_first", "exchange_last"):
         first, last = waited_us(topo, P, b, m.chunks)
         return (first if m.kind == "exchange_first" else last) / 1e3
     if m.kind.startswith(SHM):  # topo: fit_shm's
-        return predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(SHM):]))
+        return predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(SHM) :]))
     if m.kind.startswith(ALONE):
-        return topo.alone_scale * predict_ms(topo, dataclasses.replace(m, kind=m.kind[len(ALONE):]))
+        return topo.alone_scale * predict_ms(
+            topo, dataclasses.replace(m, kind=m.kind[len(ALONE) :])
+        )
     if m.kind in ("all_reduce", "reduce_scatter", "all_gather"):
         spec = CollSpec(m.kind, b, group, 1, m.kind in topo.library_kinds)
         return collective_us(spec, "ring", topo) / 1e3
     if m.kind.startswith(LIBRARY):
-        return dev.library_step_us(m.kind[len(LIBRARY):], b) / 1e3
+        return dev.library_step_us(m.kind[len(LIBRARY) :], b) / 1e3
     if m.kind in ("sequence", "sequence_comm"):
         spec = CollSpec("all_reduce", b, group, 1, "all_reduce" in topo.library_kinds)
         ar = collective_us(spec, "ring", topo)
         if m.kind == "sequence_comm":
             return ar / 1e3
-        return (ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32")
-                + topo.step_overhead_for(b, P)) / 1e3
+        return (
+            ar + dev.kernel_us(m.kernel_bytes, m.flops, "f32") + topo.step_overhead_for(b, P)
+        ) / 1e3
     if m.kind == "sequence_compute":
         return dev.kernel_us(m.kernel_bytes, m.flops, "f32") / 1e3
     if m.kind == "sequence_extra":
@@ -151,8 +168,10 @@ def waited_us(topo: Topology, P: int, nbytes: float, chunks: int) -> tuple[float
     sim = Sim(topo, P)
     first = {}  # rank -> its first incoming chunk
     for r in range(P):
-        sends = [sim.transfer(r, (r + 1) % P, nbytes / chunks, "calibration", "exchange",
-                              whole=nbytes) for _ in range(chunks)]
+        sends = [
+            sim.transfer(r, (r + 1) % P, nbytes / chunks, "calibration", "exchange", whole=nbytes)
+            for _ in range(chunks)
+        ]
         first[(r + 1) % P] = sends[0]
     for r in range(P):
         sim.compute(r, 0.0, "calibration", "wait", [first[r]])

@@ -54,6 +54,7 @@ call holds: every member's switch ports and, across nodes, each node's NIC rails
 GB/s (1e9 B/s). Across nodes, `call` gives the call's flows their share of the NICs through the
 fabric's tiers (`cost_model.fabric`; the tuner picks without seeing it, as NCCL's does).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,17 +71,40 @@ KINDS = TUNED + ("all_to_all",)  # and NCCL's alltoall: grouped send/recv to eve
 LL, LL128, SIMPLE = PROTOCOLS
 
 # baseLat [algorithm][LL, LL128, Simple], us
-BASE_LAT_US = {"tree": (6.8, 14.0, 0.0), "ring": (6.6, 14.0, 8.4),
-               "collnet_direct": (0.0, 0.0, 0.0), "collnet_chain": (0.0, 0.0, 0.0),
-               "nvls": (0.0, 0.0, 0.0), "nvls_tree": (0.0, 0.0, 0.0)}
+BASE_LAT_US = {
+    "tree": (6.8, 14.0, 0.0),
+    "ring": (6.6, 14.0, 8.4),
+    "collnet_direct": (0.0, 0.0, 0.0),
+    "collnet_chain": (0.0, 0.0, 0.0),
+    "nvls": (0.0, 0.0, 0.0),
+    "nvls_tree": (0.0, 0.0, 0.0),
+}
 # hwLat [link class][algorithm][LL, LL128, Simple], us
 HW_LAT_US = {
-    "nvlink": {"tree": (0.6, 1.25, 28.0), "ring": (0.6, 1.9, 3.4), "collnet_direct": (0, 0, 3.7),
-               "collnet_chain": (0, 0, 2.8), "nvls": (0, 0, 23.0), "nvls_tree": (0, 0, 23.0)},
-    "pci": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7), "collnet_direct": (0, 0, 3.7),
-            "collnet_chain": (0, 0, 2.8), "nvls": (0, 0, 0.0), "nvls_tree": (0, 0, 0.0)},
-    "net": {"tree": (5.0, 8.5, 28.0), "ring": (2.7, 4.0, 14.0), "collnet_direct": (0, 0, 31.0),
-            "collnet_chain": (0, 0, 30.0), "nvls": (0, 0, 18.0), "nvls_tree": (0, 0, 14.0)},
+    "nvlink": {
+        "tree": (0.6, 1.25, 28.0),
+        "ring": (0.6, 1.9, 3.4),
+        "collnet_direct": (0, 0, 3.7),
+        "collnet_chain": (0, 0, 2.8),
+        "nvls": (0, 0, 23.0),
+        "nvls_tree": (0, 0, 23.0),
+    },
+    "pci": {
+        "tree": (1.0, 1.9, 28.0),
+        "ring": (1.0, 2.5, 5.7),
+        "collnet_direct": (0, 0, 3.7),
+        "collnet_chain": (0, 0, 2.8),
+        "nvls": (0, 0, 0.0),
+        "nvls_tree": (0, 0, 0.0),
+    },
+    "net": {
+        "tree": (5.0, 8.5, 28.0),
+        "ring": (2.7, 4.0, 14.0),
+        "collnet_direct": (0, 0, 31.0),
+        "collnet_chain": (0, 0, 30.0),
+        "nvls": (0, 0, 18.0),
+        "nvls_tree": (0, 0, 14.0),
+    },
 }
 # per-arch tables [Volta, Ampere, Hopper][1 node, 2 nodes, more], GB/s. NCCL 2.20 has no
 # Blackwell row: Blackwell takes Hopper's (as later NCCL versions start from).
@@ -91,30 +115,105 @@ TREE_LL128_PER_CH = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
 TREE_PER_CH = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
 # treeCorrectionFactor [protocol][log2(bytes / 64)], 64 B .. 256 MiB
 TREE_CORRECTION = {
-    LL: (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0,
-         1.0, 1.0),
-    LL128: (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9,
-            .9, 1.0, 1.0),
-    SIMPLE: (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8,
-             .9, .9),
+    LL: (
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        0.9,
+        0.8,
+        0.7,
+        0.7,
+        0.7,
+        0.7,
+        0.6,
+        0.5,
+        0.4,
+        0.4,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.9,
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+    ),
+    LL128: (
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        1.0,
+        0.9,
+        0.8,
+        0.8,
+        0.8,
+        0.7,
+        0.6,
+        0.6,
+        0.6,
+        0.6,
+        0.6,
+        0.6,
+        0.8,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        1.0,
+        1.0,
+    ),
+    SIMPLE: (
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.9,
+        0.8,
+        0.7,
+        0.6,
+        0.6,
+        0.5,
+        0.5,
+        0.5,
+        0.5,
+        0.6,
+        0.7,
+        0.8,
+        0.7,
+        0.7,
+        0.8,
+        0.9,
+        0.9,
+    ),
 }
 # which algorithms NCCL runs each collective with (ncclTopoTuneModel's `continue`s)
 # enqueue.cc / device headers: threads and per-thread work before a call takes another channel
-MAX_CHANNELS = 32                                       # MAXCHANNELS
-MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}        # NCCL_{LL,LL128,SIMPLE}_MAX_NTHREADS
-THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}        # NCCL_*_THREAD_THRESHOLD (ring LL: x nranks)
-SIMPLE_STEP_BYTES = (4 << 20) // 8                      # DEFAULT_BUFFSIZE / NCCL_STEPS
+MAX_CHANNELS = 32  # MAXCHANNELS
+MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}  # NCCL_{LL,LL128,SIMPLE}_MAX_NTHREADS
+THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}  # NCCL_*_THREAD_THRESHOLD (ring LL: x nranks)
+SIMPLE_STEP_BYTES = (4 << 20) // 8  # DEFAULT_BUFFSIZE / NCCL_STEPS
 CHUNK_STEPS = {"all_reduce": 4, "reduce_scatter": 4, "all_gather": 4, "broadcast": 1, "reduce": 1}
 SLICE_STEPS = {"all_reduce": 2, "reduce_scatter": 2, "all_gather": 2, "broadcast": 1, "reduce": 1}
 NVLS_PROTOCOL = 15 / 16  # NVLS's share of its channels' rate: 5/6 = 15/16 x 8/9 at 8 GPUs
-ALGOS_FOR = {"all_reduce": NCCL_ALGOS, "reduce_scatter": ("ring", "nvls", "collnet_direct"),
-             "all_gather": ("ring", "nvls", "collnet_direct"), "broadcast": ("ring",),
-             "reduce": ("ring",), "all_to_all": ("p2p",)}
+ALGOS_FOR = {
+    "all_reduce": NCCL_ALGOS,
+    "reduce_scatter": ("ring", "nvls", "collnet_direct"),
+    "all_gather": ("ring", "nvls", "collnet_direct"),
+    "broadcast": ("ring",),
+    "reduce": ("ring",),
+    "all_to_all": ("p2p",),
+}
 
 
 @dataclass(frozen=True)
 class Call:
     """The tuner's pick for one call: algorithm, protocol and its time split."""
+
     algo: str
     proto: str
     time_us: float
@@ -175,7 +274,7 @@ def bandwidth_gbps(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc:
     bw = nc.bw_intra_gbps if nodes == 1 or collnet else nc.bw_inter_gbps
     if algo == "tree" and nodes == 2:  # the tree graph's bwIntra, which the tuner takes at <= 2
         bw = min(nc.bw_intra_gbps, 2 * nc.bw_inter_gbps)  # nodes: search.cc raises it up to 2x
-    channels = nc.channels                                 # bwInter for trees (2 nodes, CollNet)
+    channels = nc.channels  # bwInter for trees (2 nodes, CollNet)
     if algo == "nvls":
         bw, channels = nc.nvls_bw_gbps, nc.nvls_channels
     elif algo == "nvls_tree":
@@ -192,7 +291,9 @@ def bandwidth_gbps(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc:
         if proto == LL:
             bus = min(bus / 3.8, ll_max)
         if proto == LL128:
-            bus = min(bus * (7 / 9 if nodes == 1 else 120 / 128), channels * TREE_LL128_PER_CH[ai][n2])
+            bus = min(
+                bus * (7 / 9 if nodes == 1 else 120 / 128), channels * TREE_LL128_PER_CH[ai][n2]
+            )
     if algo == "collnet_direct":
         factor = ppn / channels  # GPUs per NIC
         bus = bus / (factor - (factor - 1) / 2) * (0.85 if ai >= 2 else 1.0)
@@ -243,8 +344,9 @@ def comm_channels(nc: Nccl) -> int:
     return min(MAX_CHANNELS, 2 * nc.channels)
 
 
-def used(kind: str, algo: str, proto: str, nbytes: float, ranks: int,
-         nc: Nccl) -> tuple[int, float, float]:
+def used(
+    kind: str, algo: str, proto: str, nbytes: float, ranks: int, nc: Nccl
+) -> tuple[int, float, float]:
     """(channels, share of the communicator's bandwidth, bytes' worth of time) of a call
     (enqueue.cc: a small call drops channels, then halves its threads, until each thread has its
     threshold's bytes; below the last halving a thread still takes its threshold's time, so a
@@ -276,8 +378,9 @@ def slices(kind: str, nbytes: float, ranks: int, nodes: int, channels: int) -> i
     return loops * _steps(kind, ranks, nodes)[0] * per_chunk
 
 
-def estimate(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
-             nc: Nccl) -> tuple[float, float]:
+def estimate(
+    kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int, nc: Nccl
+) -> tuple[float, float]:
     """NCCL's own estimate (ncclTopoGetAlgoTime): (latency us, bandwidth GB/s), the tree's
     correction and the multi-node ring's plateau applied; the tuner compares lat + bytes / bw."""
     bw = bandwidth_gbps(kind, algo, proto, ranks, nodes, nc)
@@ -285,14 +388,20 @@ def estimate(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes:
     log_size = int(math.log2(max(nbytes, 64) / 64))
     if algo == "tree" and log_size < 23:
         bw *= TREE_CORRECTION[proto][log_size]
-    if (algo == "ring" and proto == SIMPLE and nodes > 1 and kind == "all_reduce"
-            and nbytes / (nc.channels * ranks) >= 64):
+    if (
+        algo == "ring"
+        and proto == SIMPLE
+        and nodes > 1
+        and kind == "all_reduce"
+        and nbytes / (nc.channels * ranks) >= 64
+    ):
         lat *= 1.9 if nc.arch == "volta" else 1.4  # the ring's plateau
     return lat, bw
 
 
-def parts(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
-          nc: Nccl) -> tuple[float, float, float, float, float]:
+def parts(
+    kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int, nc: Nccl
+) -> tuple[float, float, float, float, float]:
     """(fixed us, wire us of the fill (0: none), coefficient of slice_us, latency, bandwidth):
     time_us = fixed + fill (`fill_us_of`) + b slice_us, the bandwidth the one the call reaches."""
     lat, bw = estimate(kind, nbytes, algo, proto, ranks, nodes, nc)
@@ -325,15 +434,21 @@ def alltoall(nbytes: float, ranks: int, nodes: int, nc: Nccl) -> Call:
     return Call("p2p", SIMPLE, lat + wire, lat, nbytes / (1000.0 * wire) if wire > 0 else math.inf)
 
 
-def time_us(kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int,
-            nc: Nccl) -> Call:
+def time_us(
+    kind: str, nbytes: float, algo: str, proto: str, ranks: int, nodes: int, nc: Nccl
+) -> Call:
     """One call's time: NCCL's estimate (ncclTopoGetAlgoTime) at the channels the call uses,
     plus its pipeline's cost (the fill, or the Simple ring's slices)."""
     if kind == "all_to_all":
         return alltoall(nbytes, ranks, nodes, nc)
     fixed, wire, b, lat, bw = parts(kind, nbytes, algo, proto, ranks, nodes, nc)
-    return Call(algo, proto, fixed + fill_us_of(kind, algo, ranks, nodes, wire, nc)
-                + b * nc.slice_us, lat, bw)
+    return Call(
+        algo,
+        proto,
+        fixed + fill_us_of(kind, algo, ranks, nodes, wire, nc) + b * nc.slice_us,
+        lat,
+        bw,
+    )
 
 
 def fill_us_of(kind: str, algo: str, ranks: int, nodes: int, wire: float, nc: Nccl) -> float:
@@ -347,8 +462,14 @@ def fill_us_of(kind: str, algo: str, ranks: int, nodes: int, wire: float, nc: Nc
     return 2.0 * math.sqrt(wire * (inside * nc.fill_us + across * net))
 
 
-def candidates(kind: str, ranks: int, nodes: int, nc: Nccl, algo: Optional[str] = None,
-               proto: Optional[str] = None) -> list[tuple[str, str]]:
+def candidates(
+    kind: str,
+    ranks: int,
+    nodes: int,
+    nc: Nccl,
+    algo: Optional[str] = None,
+    proto: Optional[str] = None,
+) -> list[tuple[str, str]]:
     """The pairs the tuner chooses among: NCCL's enabled ones, within a forced algorithm /
     protocol where the collective has it."""
     pairs = enabled(kind, ranks, nodes, nc)
@@ -360,8 +481,15 @@ def candidates(kind: str, ranks: int, nodes: int, nc: Nccl, algo: Optional[str] 
 
 
 @lru_cache(maxsize=65536)
-def pick(kind: str, nbytes: float, ranks: int, nodes: int, nc: Nccl,
-         algo: Optional[str] = None, proto: Optional[str] = None) -> Call:
+def pick(
+    kind: str,
+    nbytes: float,
+    ranks: int,
+    nodes: int,
+    nc: Nccl,
+    algo: Optional[str] = None,
+    proto: Optional[str] = None,
+) -> Call:
     """The tuner: the enabled (algorithm, protocol) of least estimate (NCCL's lat + bytes / bw),
     within a forced algorithm / protocol where the collective has it; the call's time is then
     what it takes (`time_us`: at the channels it uses, with its pipeline's cost)."""
@@ -406,8 +534,10 @@ def p2p_us(topo: Topology, src: int, dst: int, nbytes: float) -> float:
 def p2p_ports(topo: Topology, src: int, dst: int) -> list[tuple]:
     if topo.node_of(src) == topo.node_of(dst):
         return [("out", src), ("in", dst)]
-    return [("nic_out", topo.node_of(src), topo.rail_of(src)),
-            ("nic_in", topo.node_of(dst), topo.rail_of(dst))]
+    return [
+        ("nic_out", topo.node_of(src), topo.rail_of(src)),
+        ("nic_in", topo.node_of(dst), topo.rail_of(dst)),
+    ]
 
 
 def ports(per_node: int, group) -> list[tuple]:

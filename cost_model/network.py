@@ -39,6 +39,7 @@ whole class (every node's NIC rails carry what node 0's carry). This is exact wh
 invariant under moving every rank by a node. `keys_of(keys)` folds the resources of a call over a
 whole group once (cached): the simulation's cost then grows with the number of classes, not ranks.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -98,8 +99,14 @@ class Port:
             self.busy = False
 
 
-def hop(topo: Topology, src: int, dst: int, link: Optional[LinkClass] = None,
-        channels: bool = False, p2p: bool = False) -> tuple[list[tuple], LinkClass, float]:
+def hop(
+    topo: Topology,
+    src: int,
+    dst: int,
+    link: Optional[LinkClass] = None,
+    channels: bool = False,
+    p2p: bool = False,
+) -> tuple[list[tuple], LinkClass, float]:
     """The route of a message src -> dst: (resource keys, link class, bandwidth scale).
 
     Same node: a bus (the node's one medium), a switch's ports (`out` of src, `in` of dst); on a
@@ -182,8 +189,16 @@ def _hamiltonian(left: dict, n: int):
     return best[1]
 
 
-def hop_us(topo: Topology, src: int, dst: int, nbytes: float, link: Optional[LinkClass] = None,
-           channels: bool = False, whole: Optional[float] = None, p2p: bool = False) -> float:
+def hop_us(
+    topo: Topology,
+    src: int,
+    dst: int,
+    nbytes: float,
+    link: Optional[LinkClass] = None,
+    channels: bool = False,
+    whole: Optional[float] = None,
+    p2p: bool = False,
+) -> float:
     """Uncontended time of one message src -> dst (a chunk of `whole` bytes), in microseconds."""
     _, cls, scale = hop(topo, src, dst, link, channels, p2p)
     return cls.overhead_us + cls.wire_us(nbytes, whole) / scale + cls.latency_us
@@ -205,8 +220,10 @@ def _folded_keys(keys: tuple, per_node: int) -> tuple:
 class Sim:
     def __init__(self, topo: Topology, world_size: int, fold: bool = False):
         if world_size > topo.devices:
-            raise ValueError(f"world size {world_size} exceeds the {topo.devices} devices of "
-                             f"topology {topo.name} ({topo.nodes} nodes x {topo.devices_per_node})")
+            raise ValueError(
+                f"world size {world_size} exceeds the {topo.devices} devices of "
+                f"topology {topo.name} ({topo.nodes} nodes x {topo.devices_per_node})"
+            )
         self.topo, self.world, self.fold = topo, world_size, fold
         self.env = simpy.Environment()
         self.trace: list[tuple] = []
@@ -221,7 +238,9 @@ class Sim:
     @property
     def ranks(self) -> range:
         """The ranks simulated: node 0's under folding, else all."""
-        return range(min(self.world, self.topo.devices_per_node)) if self.fold else range(self.world)
+        return (
+            range(min(self.world, self.topo.devices_per_node)) if self.fold else range(self.world)
+        )
 
     def rep(self, rank: int) -> int:
         return rank % self.topo.devices_per_node if self.fold else rank
@@ -236,8 +255,14 @@ class Sim:
         keys = tuple(keys)
         return _folded_keys(keys, self.topo.devices_per_node) if self.fold else keys
 
-    def route(self, src: int, dst: int, link: Optional[LinkClass] = None,
-              channels: bool = False, p2p: bool = False) -> tuple[list[tuple], LinkClass, float]:
+    def route(
+        self,
+        src: int,
+        dst: int,
+        link: Optional[LinkClass] = None,
+        channels: bool = False,
+        p2p: bool = False,
+    ) -> tuple[list[tuple], LinkClass, float]:
         """(resource keys, link class, bandwidth scale) of a message src -> dst (see `hop`)."""
         keys, cls, scale = hop(self.topo, src, dst, link, channels, p2p)
         if self.fold:
@@ -295,8 +320,9 @@ class Sim:
         start = self.env.now
         self._busy[rank] = True
         self._signal(rank)
-        yield from self._work(us, (rank,), self.topo.compute_slowdown,
-                              lambda: 1.0 if self._comm[rank] > 0 else 0.0)
+        yield from self._work(
+            us, (rank,), self.topo.compute_slowdown, lambda: 1.0 if self._comm[rank] > 0 else 0.0
+        )
         self._busy[rank] = False
         self._signal(rank)
         self._idle_from[rank] = self.env.now
@@ -320,9 +346,21 @@ class Sim:
         yield self.env.timeout(us)
         self.trace.append((rank, "comm", step, task, start, self.env.now))
 
-    def transfer(self, src: int, dst: int, nbytes: float, step: str, task: str, deps=(),
-                 link: Optional[LinkClass] = None, channels: bool = False, chunk: int = 0,
-                 whole: Optional[float] = None, sync: bool = False, p2p: bool = False):
+    def transfer(
+        self,
+        src: int,
+        dst: int,
+        nbytes: float,
+        step: str,
+        task: str,
+        deps=(),
+        link: Optional[LinkClass] = None,
+        channels: bool = False,
+        chunk: int = 0,
+        whole: Optional[float] = None,
+        sync: bool = False,
+        p2p: bool = False,
+    ):
         """A process: wait for deps, send nbytes src -> dst over the route (a chunk of a
         transfer of `whole` bytes, for a link whose rate goes by the transfer). With the
         topology's `pipelined_chunks` a waiting message of a lower chunk goes first; else first
@@ -339,32 +377,89 @@ class Sim:
         written = self.env.event() if posted and sync else None
         if written is not None:  # the sender's thread writes it: its next compute waits
             self.tail[src] = written
-        return self.env.process(self._transfer(src, dst, nbytes, step, task, deps, link,
-                                               channels, prio, posted, whole, written, p2p))
+        return self.env.process(
+            self._transfer(
+                src,
+                dst,
+                nbytes,
+                step,
+                task,
+                deps,
+                link,
+                channels,
+                prio,
+                posted,
+                whole,
+                written,
+                p2p,
+            )
+        )
 
     def posts_on_compute(self, link: Optional[LinkClass]) -> bool:
         """A CPU runtime's own messages (not the library's) are posted by the rank's thread."""
         return self.topo.ring_work_on_compute and link is None
 
-    def _transfer(self, src, dst, nbytes, step, task, deps, link, channels, prio, posted, whole,
-                  written=None, p2p=False):
+    def _transfer(
+        self,
+        src,
+        dst,
+        nbytes,
+        step,
+        task,
+        deps,
+        link,
+        channels,
+        prio,
+        posted,
+        whole,
+        written=None,
+        p2p=False,
+    ):
         keys, cls, scale = self.route(src, dst, link, channels, p2p)
         a, b = self.rep(src), self.rep(dst)
         hold = (0.0 if posted else cls.overhead_us) + cls.wire_us(nbytes, whole) / scale
-        yield from self._occupy(keys, (a,) if a == b else (a, b), hold, cls.latency_us, step,
-                                task, deps, prio, (a,), written)
+        yield from self._occupy(
+            keys,
+            (a,) if a == b else (a, b),
+            hold,
+            cls.latency_us,
+            step,
+            task,
+            deps,
+            prio,
+            (a,),
+            written,
+        )
 
-    def hold(self, keys, ends, us: float, step: str, task: str, deps=(), prio: int = 0,
-             latency_us: float = 0.0):
+    def hold(
+        self,
+        keys,
+        ends,
+        us: float,
+        step: str,
+        task: str,
+        deps=(),
+        prio: int = 0,
+        latency_us: float = 0.0,
+    ):
         """A process: wait for deps, hold the resources `keys` for `us` (work of the ranks
         `ends`, slowed as a transfer is), arrive `latency_us` later; traced on every end."""
         ends = tuple(dict.fromkeys(self.rep(r) for r in ends))
-        return self.env.process(self._occupy(list(self.keys_of(keys)), ends, us, latency_us,
-                                             step, task, [d for d in deps if d is not None],
-                                             prio, ends))
+        return self.env.process(
+            self._occupy(
+                list(self.keys_of(keys)),
+                ends,
+                us,
+                latency_us,
+                step,
+                task,
+                [d for d in deps if d is not None],
+                prio,
+                ends,
+            )
+        )
 
-    def _occupy(self, keys, ends, hold, latency_us, step, task, deps, prio, traced,
-                written=None):
+    def _occupy(self, keys, ends, hold, latency_us, step, task, deps, prio, traced, written=None):
         ready = join(self.env, deps)
         if ready is not None:
             yield ready
@@ -378,9 +473,12 @@ class Sim:
             self._comm[r] += 1
             if self._comm[r] == 1:
                 self._signal(r)
-        yield from self._work(hold, ends,
-                              self.topo.comm_slowdown,
-                              lambda: sum(self._busy[r] for r in ends) / len(ends))
+        yield from self._work(
+            hold,
+            ends,
+            self.topo.comm_slowdown,
+            lambda: sum(self._busy[r] for r in ends) / len(ends),
+        )
         for r in ends:
             self._comm[r] -= 1
             if self._comm[r] == 0:

@@ -13,6 +13,7 @@ line first (its destination is never read before); the kernel's second write lik
 kernel reads that buffer itself (in place).
 Units: microseconds, bytes.
 """
+
 from __future__ import annotations
 
 from codegen.plan import Collective, Compute, FusedCollective, Plan, label
@@ -28,19 +29,32 @@ def peer_readable(plan: Plan, f: FusedCollective) -> bool:
     decides): RS first, then kernels and all-gathers only, no kernel after a gather, the RS's
     output read by exactly one kernel and written by none, every gather's source a kernel's."""
     head, rest = f.steps[0], f.steps[1:]
-    if not (isinstance(head, Collective) and head.kind == "reduce_scatter" and head.dim == 0
-            and plan.P > 1):
+    if not (
+        isinstance(head, Collective)
+        and head.kind == "reduce_scatter"
+        and head.dim == 0
+        and plan.P > 1
+    ):
         return False
     kernels = [s for s in rest if isinstance(s, Compute)]
-    gathers = [i for i, s in enumerate(rest) if isinstance(s, Collective)
-               and s.kind == "all_gather" and s.dim == 0]
-    if not kernels or len(kernels) + len(gathers) != len(rest) or any(
-            isinstance(s, Compute) for s in rest[min(gathers, default=len(rest)):]):
+    gathers = [
+        i
+        for i, s in enumerate(rest)
+        if isinstance(s, Collective) and s.kind == "all_gather" and s.dim == 0
+    ]
+    if (
+        not kernels
+        or len(kernels) + len(gathers) != len(rest)
+        or any(isinstance(s, Compute) for s in rest[min(gathers, default=len(rest)) :])
+    ):
         return False
     written = {b for s in kernels for _, b in s.kernel.writes}
     readers = [s for s in kernels if any(a.buffer == head.dst for a in s.kernel.reads)]
-    return (len(readers) == 1 and head.dst not in written
-            and all(rest[i].src in written for i in gathers))
+    return (
+        len(readers) == 1
+        and head.dst not in written
+        and all(rest[i].src in written for i in gathers)
+    )
 
 
 def own_block_bytes(plan: Plan, kernels, gathers, write_allocate: bool) -> float:
@@ -49,8 +63,9 @@ def own_block_bytes(plan: Plan, kernels, gathers, write_allocate: bool) -> float
     the block, and on a `write_allocate` device once more where no kernel of the step reads
     that destination (where one does, e.g. Adam's w, the write lands on lines just read)."""
     read = {a.buffer for k in kernels for a in k.kernel.reads}
-    return sum(g.nbytes / plan.P * (2 if write_allocate and g.dst not in read else 1)
-               for g in gathers)
+    return sum(
+        g.nbytes / plan.P * (2 if write_allocate and g.dst not in read else 1) for g in gathers
+    )
 
 
 def peer_fused(run, f: FusedCollective, ready, C_outer) -> dict:
@@ -86,16 +101,18 @@ def peer_fused(run, f: FusedCollective, ready, C_outer) -> dict:
     for c in range(C):
         for r in mine:
             after = [ready[r][c]] + posted[r][-1:]
-            posted[r].append(run.sim.compute(r, publish_us, label(head), f"publish c{c}",
-                                             after))
+            posted[r].append(run.sim.compute(r, publish_us, label(head), f"publish c{c}", after))
     done = {}
     for r in mine:
         ev = None
         for c in range(C):
             ev_c = join(env, [posted[q][c] for q in mine] + ([ev] if ev else []))
             for i, k in enumerate(kernels):
-                us = (kernel_us(k) + (peers_us if i == 0 else 0.0)
-                      + (own_us if i == len(kernels) - 1 else 0.0))
+                us = (
+                    kernel_us(k)
+                    + (peers_us if i == 0 else 0.0)
+                    + (own_us if i == len(kernels) - 1 else 0.0)
+                )
                 ev_c = run.sim.compute(r, us, label(k), f"peers c{c}", [ev_c])
             ev = ev_c
         done[r] = ev
@@ -104,7 +121,8 @@ def peer_fused(run, f: FusedCollective, ready, C_outer) -> dict:
     for r in mine:
         ev = everyone
         for g in gathers:
-            ev = run.sim.compute(r, copy_us(g.nbytes * (P - 1) / P),
-                                 label(g), "read peers", [ev, done[r]])
+            ev = run.sim.compute(
+                r, copy_us(g.nbytes * (P - 1) / P), label(g), "read peers", [ev, done[r]]
+            )
         out[r] = [ev] * C_outer
     return out

@@ -15,6 +15,7 @@ kernels' modelled time where a candidate runs library code (a baseline).
 
 Pure: Plans in, numbers out; no lowering, no ranks.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,8 @@ from typing import Iterator, Mapping, Optional
 from codegen.plan import Plan
 
 from .closed_form import plan_us
-from .topology import Topology
 from .median import step_median
+from .topology import Topology
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Ranked:
 class Ranking:
     """Every candidate, the predicted best first (a sequence of `Ranked`), and what it cost: the
     closed form's wall time over all of them, the DES's over the `des_count` it re-timed."""
+
     entries: tuple[Ranked, ...]
     closed_s: float
     des_s: float
@@ -61,9 +63,13 @@ class Ranking:
         return len(self.entries)
 
 
-def rank(plans: Mapping[str, Plan], topo: Topology, top_k: int = 8,
-         compute_us: Optional[Mapping[str, dict]] = None,
-         topologies: Optional[Mapping[str, Topology]] = None) -> Ranking:
+def rank(
+    plans: Mapping[str, Plan],
+    topo: Topology,
+    top_k: int = 8,
+    compute_us: Optional[Mapping[str, dict]] = None,
+    topologies: Optional[Mapping[str, Topology]] = None,
+) -> Ranking:
     """Every candidate ranked (see the module doc); the predicted best first. `topologies`
     (candidate key -> Topology) times a candidate on its own variant of `topo` (e.g. with NCCL's
     algorithm forced: `Topology.algo`)."""
@@ -77,15 +83,20 @@ def rank(plans: Mapping[str, Plan], topo: Topology, top_k: int = 8,
     order = sorted(closed, key=lambda k: closed[k])  # stable: ties keep the given order
     closed_rank = {k: i for i, k in enumerate(order)}
     t1 = time.perf_counter()
-    des = {k: step_median(plans[k], topologies.get(k, topo),
-                          compute_us=compute_us.get(k)).time_us
-           for k in order[:top_k]}
+    des = {
+        k: step_median(plans[k], topologies.get(k, topo), compute_us=compute_us.get(k)).time_us
+        for k in order[:top_k]
+    }
     t2 = time.perf_counter()
     des_order = sorted(des, key=lambda k: des[k])
     des_rank = {k: i for i, k in enumerate(des_order)}
     final = des_order + order[top_k:]
-    return Ranking(tuple(Ranked(k, closed[k], closed_rank[k], des.get(k), des_rank.get(k))
-                         for k in final), t1 - t0, t2 - t1, len(des))
+    return Ranking(
+        tuple(Ranked(k, closed[k], closed_rank[k], des.get(k), des_rank.get(k)) for k in final),
+        t1 - t0,
+        t2 - t1,
+        len(des),
+    )
 
 
 __all__ = ["Ranked", "Ranking", "rank"]

@@ -10,6 +10,7 @@ unknown keys, missing required fields, types and the ranges its fields' metadata
 `hydra_schema(cls)` mirrors such a class as the mutable dataclass Hydra composes against (every
 field optional, so ranges and required fields are checked by `build` when the run loads it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,14 +25,18 @@ class TopologyError(ValueError):
 
 
 # keys that moved, where they are now: a file written before says so instead of "unknown key"
-MOVED = {"topology.peer_memory_gbps": "topology.device.stream_memory_gbps (one streaming rate "
-                                      "for a step's kernels and comm=shm's peer reads)"}
+MOVED = {
+    "topology.peer_memory_gbps": "topology.device.stream_memory_gbps (one streaming rate "
+    "for a step's kernels and comm=shm's peer reads)"
+}
 
 
 def build(cls, data, where: str):
     if not isinstance(data, dict):
-        raise TopologyError(f"{where}={data!r}: must be a mapping with keys "
-                            f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+        raise TopologyError(
+            f"{where}={data!r}: must be a mapping with keys "
+            f"{', '.join(f.name for f in dataclasses.fields(cls))}"
+        )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
@@ -66,8 +71,10 @@ def _value(tp, value, path: str):
     if origin in (dict, Dict):
         if not isinstance(value, dict):
             raise TopologyError(f"{path}={value!r}: must be a mapping")
-        return {_value(args[0], k, f"{path}[{k!r}]"): _value(args[1], v, f"{path}[{k!r}]")
-                for k, v in value.items()}
+        return {
+            _value(args[0], k, f"{path}[{k!r}]"): _value(args[1], v, f"{path}[{k!r}]")
+            for k, v in value.items()
+        }
     if origin in (list, List):
         if not isinstance(value, (list, tuple)):
             raise TopologyError(f"{path}={value!r}: must be a list")
@@ -81,8 +88,11 @@ def _scalar(tp, value, path: str):
             raise TopologyError(f"{path}={value!r}: must be true or false")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int) and not (
-                isinstance(value, str) and value.isdigit()):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            and not (isinstance(value, str) and value.isdigit())
+        ):
             raise TopologyError(f"{path}={value!r}: must be an integer")
         return int(value)
     if tp is float:
@@ -126,8 +136,9 @@ def _check_range(f, value, path: str) -> None:
         for name, curve in value.items():
             for k, v in curve.items():
                 if k <= 0 or v <= 0:
-                    raise TopologyError(f"{path}[{name!r}][{k!r}]={v!r}: sizes and times must "
-                                        "be > 0")
+                    raise TopologyError(
+                        f"{path}[{name!r}][{k!r}]={v!r}: sizes and times must be > 0"
+                    )
     if meta.get("by_size"):
         for k, v in value.items():
             if k <= 0 or v < 0:
@@ -152,8 +163,9 @@ def hydra_schema(cls, name: Optional[str] = None, extra: tuple = ()):
         else:
             default = None if f.default is dataclasses.MISSING else f.default
             made.append((f.name, Optional[tp], field(default=default)))
-    return dataclasses.make_dataclass(name or f"{cls.__name__}Conf", made + list(extra),
-                                      kw_only=True)
+    return dataclasses.make_dataclass(
+        name or f"{cls.__name__}Conf", made + list(extra), kw_only=True
+    )
 
 
 def _inner(tp):

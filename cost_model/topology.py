@@ -120,6 +120,7 @@ types, ranges: `cost_model.schema`) and raises `TopologyError` naming the field
 `suite/conf/topology/<name>.yaml` or a file; `hydra_schema(cls)` (from `cost_model.schema`) mirrors a
 schema class as the mutable dataclass Hydra composes against.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -178,11 +179,13 @@ class Device:
     launch_us: float = field(metadata=_positive(False))
     memory_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
     matmul_efficiency: float = field(default=0.7, metadata={"min": 0.0, "strict": True, "max": 1.0})
-    matmul_efficiency_by_flops: Dict[int, float] = field(default_factory=dict,
-                                                         metadata={"fraction": True})
+    matmul_efficiency_by_flops: Dict[int, float] = field(
+        default_factory=dict, metadata={"fraction": True}
+    )
     library_efficiency: Dict[int, float] = field(default_factory=dict, metadata={"fraction": True})
-    library_steps_us: Dict[str, Dict[int, float]] = field(default_factory=dict,
-                                                          metadata={"curves": True})
+    library_steps_us: Dict[str, Dict[int, float]] = field(
+        default_factory=dict, metadata={"curves": True}
+    )
     write_allocate: bool = False
     stream_memory_gbps: float = field(default=0.0, metadata=_positive(False))
     inplace_write_weight: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
@@ -194,8 +197,12 @@ class Device:
 
     def kernel_us(self, nbytes: float, flops: float, dtype: str) -> float:
         """Roofline time of a generated kernel: launch + max(flops / peak, bytes / memory bw)."""
-        mem = nbytes / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency,
-                                                                       nbytes)) if nbytes else 0.0
+        mem = (
+            nbytes
+            / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency, nbytes))
+            if nbytes
+            else 0.0
+        )
         return self.launch_us + max(flops / (self.peak(dtype) * 1e6), mem)
 
     def step_kernel_us(self, nbytes: float, flops: float, dtype: str) -> float:
@@ -203,14 +210,19 @@ class Device:
         rate), or `kernel_us` where the device has no streaming rate."""
         if not self.stream_memory_gbps:
             return self.kernel_us(nbytes, flops, dtype)
-        return self.launch_us + max(flops / (self.peak(dtype) * 1e6),
-                                    nbytes / (self.stream_memory_gbps * 1e3))
+        return self.launch_us + max(
+            flops / (self.peak(dtype) * 1e6), nbytes / (self.stream_memory_gbps * 1e3)
+        )
 
     def matmul_us(self, nbytes: float, flops: float, dtype: str) -> float:
         """A library matmul: launch + max(flops / (peak * efficiency), bytes / memory bw), the
         efficiency `matmul_efficiency` x `matmul_efficiency_by_flops` at its flops."""
-        mem = nbytes / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency,
-                                                                       nbytes)) if nbytes else 0.0
+        mem = (
+            nbytes
+            / (self.memory_bandwidth_gbps * 1e3 * interpolate(self.memory_efficiency, nbytes))
+            if nbytes
+            else 0.0
+        )
         eff = self.matmul_efficiency * interpolate(self.matmul_efficiency_by_flops, flops)
         return self.launch_us + max(flops / (self.peak(dtype) * 1e6 * eff), mem)
 
@@ -218,14 +230,19 @@ class Device:
         """A library's own elementwise op (a ring's add, a copy) moving nbytes through memory:
         launch + bytes / (memory bandwidth x library_efficiency, else memory_efficiency)."""
         eff = self.library_efficiency or self.memory_efficiency
-        return self.launch_us + (nbytes / (self.memory_bandwidth_gbps * 1e3 *
-                                           interpolate(eff, nbytes)) if nbytes else 0.0)
+        return self.launch_us + (
+            nbytes / (self.memory_bandwidth_gbps * 1e3 * interpolate(eff, nbytes))
+            if nbytes
+            else 0.0
+        )
 
     def peak(self, dtype: str) -> float:
         if dtype in self.peak_tflops:
             return self.peak_tflops[dtype]
-        raise TopologyError(f"device {self.name} has no peak_tflops for dtype {dtype} "
-                            f"(has {', '.join(sorted(self.peak_tflops))})")
+        raise TopologyError(
+            f"device {self.name} has no peak_tflops for dtype {dtype} "
+            f"(has {', '.join(sorted(self.peak_tflops))})"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,6 +257,7 @@ class IntraNode:
 class FabricTier:
     """One tier of a rail-optimized fat tree (`cost_model.fabric`): a switch of it joins `nodes`
     nodes on each rail, its downlinks carry `oversubscription` times what its uplinks do."""
+
     nodes: int = field(metadata={"min": 1})
     oversubscription: float = field(default=1.0, metadata={"min": 1.0})
 
@@ -290,14 +308,16 @@ class Topology:
     comm_slowdown: float = field(default=0.0, metadata={"min": 0.0, "max": 0.95})
     step_overhead_us: float = field(default=0.0, metadata=_positive(False))
     wake_us: float = field(default=0.0, metadata=_positive(False))
-    step_overhead_by_bytes: Dict[int, float] = field(default_factory=dict,
-                                                     metadata={"by_size": True})
+    step_overhead_by_bytes: Dict[int, float] = field(
+        default_factory=dict, metadata={"by_size": True}
+    )
     cores: Optional[int] = field(default=None, metadata={"min": 1})
     # calibration's measured library all-reduce, {ranks: {bytes: mean us}}: what a run's own
     # all-reduce is compared with to read the machine's communication rate at a point
     # (`experiments.predict.comm_scale`); {} where nothing was measured (shipped figures)
-    all_reduce_us: Dict[int, Dict[int, float]] = field(default_factory=dict,
-                                                       metadata={"curves": True})
+    all_reduce_us: Dict[int, Dict[int, float]] = field(
+        default_factory=dict, metadata={"curves": True}
+    )
     # a calibrated topology's links fitted at the medians of lone calls (`lone`)
     lone_link: Optional[LinkClass] = None
     lone_library: Optional[LinkClass] = None
@@ -364,10 +384,14 @@ class Topology:
         if self.lone_link is None and self.lone_library is None and self.lone_p2p_link is None:
             return self
         return dataclasses.replace(
-            self, intra=dataclasses.replace(self.intra, link=self.lone_link or self.intra.link),
+            self,
+            intra=dataclasses.replace(self.intra, link=self.lone_link or self.intra.link),
             library=self.lone_library or self.library,
-            p2p_link=self.lone_p2p_link or self.p2p_link, lone_link=None, lone_library=None,
-            lone_p2p_link=None)
+            p2p_link=self.lone_p2p_link or self.p2p_link,
+            lone_link=None,
+            lone_library=None,
+            lone_p2p_link=None,
+        )
 
     def with_memory_scale(self, scale: float) -> "Topology":
         """This topology with its device's memory rates (`memory_bandwidth_gbps`,
@@ -376,9 +400,14 @@ class Topology:
         if scale <= 0:
             raise ValueError(f"memory scale {scale}: must be > 0")
         d = self.device
-        return dataclasses.replace(self, device=dataclasses.replace(
-            d, memory_bandwidth_gbps=d.memory_bandwidth_gbps * scale,
-            stream_memory_gbps=d.stream_memory_gbps * scale))
+        return dataclasses.replace(
+            self,
+            device=dataclasses.replace(
+                d,
+                memory_bandwidth_gbps=d.memory_bandwidth_gbps * scale,
+                stream_memory_gbps=d.stream_memory_gbps * scale,
+            ),
+        )
 
     def with_comm_scale(self, scale: float) -> "Topology":
         """This topology with every link class's bandwidth times `scale` (the intra-node link
@@ -391,14 +420,21 @@ class Topology:
 
         def link(c: Optional[LinkClass]) -> Optional[LinkClass]:
             return c and dataclasses.replace(c, bandwidth_gbps=c.bandwidth_gbps * scale)
-        intra = dataclasses.replace(self.intra, link=link(self.intra.link),
-                                    fallback=link(self.intra.fallback))
+
+        intra = dataclasses.replace(
+            self.intra, link=link(self.intra.link), fallback=link(self.intra.fallback)
+        )
         inter = self.inter and dataclasses.replace(self.inter, nic=link(self.inter.nic))
-        return dataclasses.replace(self, intra=intra, inter=inter, library=link(self.library),
-                                   lone_link=link(self.lone_link),
-                                   lone_library=link(self.lone_library),
-                                   p2p_link=link(self.p2p_link),
-                                   lone_p2p_link=link(self.lone_p2p_link))
+        return dataclasses.replace(
+            self,
+            intra=intra,
+            inter=inter,
+            library=link(self.library),
+            lone_link=link(self.lone_link),
+            lone_library=link(self.lone_library),
+            p2p_link=link(self.p2p_link),
+            lone_p2p_link=link(self.lone_p2p_link),
+        )
 
     def with_devices_per_node(self, used: int) -> "Topology":
         """The same nodes with `used` of their devices in a job (nccl-tests' `2 nodes x 1 GPU`):
@@ -409,10 +445,12 @@ class Topology:
         if used == self.devices_per_node:
             return self
         share = used / self.devices_per_node
-        inter = self.inter and dataclasses.replace(self.inter,
-                                                   nics=max(1, round(self.inter.nics * share)))
-        nc = self.nccl and dataclasses.replace(self.nccl,
-                                               bw_inter_gbps=self.nccl.bw_inter_gbps * share)
+        inter = self.inter and dataclasses.replace(
+            self.inter, nics=max(1, round(self.inter.nics * share))
+        )
+        nc = self.nccl and dataclasses.replace(
+            self.nccl, bw_inter_gbps=self.nccl.bw_inter_gbps * share
+        )
         return dataclasses.replace(self, devices_per_node=used, inter=inter, nccl=nc)
 
     def with_nodes(self, nodes: int) -> "Topology":
@@ -463,8 +501,10 @@ def _check_consistency(t: Topology, where: str) -> None:
             raise TopologyError(f"{where}.intra.mesh: a mesh needs its links [[a, b, links], ...]")
         for i, e in enumerate(t.intra.mesh):
             if len(e) != 3 or not (0 <= e[0] < n and 0 <= e[1] < n) or e[0] == e[1] or e[2] < 1:
-                raise TopologyError(f"{where}.intra.mesh[{i}]={e}: must be [a, b, links] with "
-                                    f"a != b in 0..{n - 1} and links >= 1")
+                raise TopologyError(
+                    f"{where}.intra.mesh[{i}]={e}: must be [a, b, links] with "
+                    f"a != b in 0..{n - 1} and links >= 1"
+                )
     tiers = [tier.nodes for tier in t.inter.tiers] if t.inter else []
     if any(b <= a for a, b in zip(tiers, tiers[1:])):
         raise TopologyError(f"{where}.inter.tiers: nodes {tiers} must grow from the leaves up")
@@ -475,15 +515,18 @@ def _check_consistency(t: Topology, where: str) -> None:
 
 
 # -- files and Hydra -----------------------------------------------------------------------------
-def load_topology(name: str = "local", nodes: Optional[int] = None,
-                  path: Optional[Union[str, Path]] = None) -> Topology:
+def load_topology(
+    name: str = "local", nodes: Optional[int] = None, path: Optional[Union[str, Path]] = None
+) -> Topology:
     """The topology in `path` (a calibrated file) or suite/conf/topology/<name>.yaml; `nodes` overrides."""
     import yaml
 
     file = Path(path) if path else CONF_TOPOLOGY_DIR / f"{name}.yaml"
     if not file.is_file():
         known = ", ".join(sorted(p.stem for p in CONF_TOPOLOGY_DIR.glob("*.yaml")))
-        raise TopologyError(f"topology file {file} not found" + ("" if path else f"; known: {known}"))
+        raise TopologyError(
+            f"topology file {file} not found" + ("" if path else f"; known: {known}")
+        )
     data = yaml.safe_load(file.read_text()) or {}
     data.pop("path", None)
     topo = Topology.from_dict(data)

@@ -16,6 +16,7 @@ fitted per point). `paper_results()` reads
 `data/paper_results.csv` (the paper's published speedups, with where they come from and the
 caveat). Bad data raises `ValueError` naming the row.
 """
+
 from __future__ import annotations
 
 import csv
@@ -33,10 +34,15 @@ from .topology import NCCL_ALGOS, Topology, load_topology
 from .workload import simulate_collective
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-          "all_gather": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-          "sendrecv": lambda n: 1.0,
-          "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "sendrecv": lambda n: 1.0,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
 SPLITS = ("fit", "check")  # what a point is for: fitting the system's constants, or checking them
 
 
@@ -62,8 +68,11 @@ class Point:
         run's machine where the `gpu` column names one in parentheses (two runs of one system)."""
         algo = f", {self.algo} forced" if self.algo else ""
         nodes = f" x {self.nodes} nodes" if self.nodes > 1 else ""
-        run = (f" [{self.gpu[self.gpu.index('(') + 1:self.gpu.rindex(')')]}]"
-               if "(" in self.gpu and ")" in self.gpu else "")
+        run = (
+            f" [{self.gpu[self.gpu.index('(') + 1 : self.gpu.rindex(')')]}]"
+            if "(" in self.gpu and ")" in self.gpu
+            else ""
+        )
         return f"{self.collective} ({self.gpus} GPUs{nodes}{algo}){run}"
 
 
@@ -82,17 +91,33 @@ def published(path: Optional[Path] = None) -> list[Point]:
     with path.open(newline="") as f:
         for i, row in enumerate(csv.DictReader(f), start=2):
             try:
-                p = Point(system=row["system"], gpu=row["gpu"], gpus=int(row["gpus"]),
-                          nodes=int(row["nodes"]), nccl_version=row["nccl_version"],
-                          collective=row["collective"], algo=row["algo"],
-                          bytes=int(row["bytes"]), busbw_gbps=float(row["busbw_gbps"]),
-                          source=row["source"], date=row["date"], note=row["note"],
-                          split=row["split"])
+                p = Point(
+                    system=row["system"],
+                    gpu=row["gpu"],
+                    gpus=int(row["gpus"]),
+                    nodes=int(row["nodes"]),
+                    nccl_version=row["nccl_version"],
+                    collective=row["collective"],
+                    algo=row["algo"],
+                    bytes=int(row["bytes"]),
+                    busbw_gbps=float(row["busbw_gbps"]),
+                    source=row["source"],
+                    date=row["date"],
+                    note=row["note"],
+                    split=row["split"],
+                )
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"{path.name} line {i}: {e}") from None
-            if p.collective not in FACTOR or (p.algo and p.algo not in NCCL_ALGOS) or \
-                    p.gpus < 1 or p.bytes < 1 or p.busbw_gbps <= 0 or not p.source or \
-                    p.split not in SPLITS or p.gpus % p.nodes:
+            if (
+                p.collective not in FACTOR
+                or (p.algo and p.algo not in NCCL_ALGOS)
+                or p.gpus < 1
+                or p.bytes < 1
+                or p.busbw_gbps <= 0
+                or not p.source
+                or p.split not in SPLITS
+                or p.gpus % p.nodes
+            ):
                 raise ValueError(f"{path.name} line {i}: bad point {row}")
             points.append(p)
     return points
@@ -147,9 +172,13 @@ def error(pred: Prediction, p: Point) -> float:
 
 FITTED = ("fill_us", "slice_us", "ll_bw_gbps", "ll128_bw_gbps", "net_fill_us")
 OPTIONAL = ("ll_bw_gbps", "ll128_bw_gbps", "net_fill_us")  # fitted only where the file gives them
-GRIDS = {"fill_us": (0.0, 5.0, 0.01), "slice_us": (0.0, 10.0, 0.01),
-         "ll_bw_gbps": (0.5, 40.0, 0.05), "ll128_bw_gbps": (0.5, 40.0, 0.05),
-         "net_fill_us": (0.0, 100.0, 0.05)}  # (lowest, highest, step)
+GRIDS = {
+    "fill_us": (0.0, 5.0, 0.01),
+    "slice_us": (0.0, 10.0, 0.01),
+    "ll_bw_gbps": (0.5, 40.0, 0.05),
+    "ll128_bw_gbps": (0.5, 40.0, 0.05),
+    "net_fill_us": (0.0, 100.0, 0.05),
+}  # (lowest, highest, step)
 
 
 def _depends_on(algo: str, proto: str, nodes: int) -> Optional[str]:
@@ -192,8 +221,15 @@ def fit_pipeline(system: str, points: Optional[list[Point]] = None) -> dict:
             for p in mine:
                 topo = topology_for(p)
                 ranks, nodes = nccl.communicator(topo, range(p.gpus))
-                a, pr = nccl.pick(p.collective, float(p.bytes), ranks, nodes, topo.nccl,
-                                  p.algo or None, topo.proto).label.split("/")
+                a, pr = nccl.pick(
+                    p.collective,
+                    float(p.bytes),
+                    ranks,
+                    nodes,
+                    topo.nccl,
+                    p.algo or None,
+                    topo.proto,
+                ).label.split("/")
                 if _depends_on(a, pr, nodes) != name:
                     continue
                 used += 1
@@ -208,8 +244,10 @@ def fit_pipeline(system: str, points: Optional[list[Point]] = None) -> dict:
 
 def paper_results(path: Optional[Path] = None) -> list[dict]:
     """The paper's headline results (data/paper_results.csv unless `path`), one dict per row."""
-    return _typed(Path(path) if path else DATA_DIR / "paper_results.csv",
-                  {"speedup_min": float, "speedup_max": float, "world_size": int})
+    return _typed(
+        Path(path) if path else DATA_DIR / "paper_results.csv",
+        {"speedup_min": float, "speedup_max": float, "world_size": int},
+    )
 
 
 def _typed(path: Path, types: dict) -> list[dict]:
@@ -230,5 +268,7 @@ def authors_raw(path: Optional[Path] = None) -> list[dict]:
     coconet_raw_adam.csv unless `path`: their repository's logs, not published figures; each row
     names its file and commit and says how it was timed): {experiment, schedule, nccl_algo,
     world_size, size (elements), time_ms, reference, caveat}, one dict per row."""
-    return _typed(Path(path) if path else DATA_DIR / "coconet_raw_adam.csv",
-                  {"world_size": int, "size": int, "time_ms": float})
+    return _typed(
+        Path(path) if path else DATA_DIR / "coconet_raw_adam.csv",
+        {"world_size": int, "size": int, "time_ms": float},
+    )

@@ -41,6 +41,7 @@ kernels only) wakes its ranks by sends as well, and pays it at its largest send.
 `choices(plan, topo)` names the algorithm and protocol of each of the Plan's collectives, in
 step order (those inside fused and overlapped steps too, chosen per call as the DES runs them).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from codegen.chunked import fusable, overlappable
-from codegen.plan import Collective, FusedCollective, Overlap, P2P, Plan, label, walk
+from codegen.plan import P2P, Collective, FusedCollective, Overlap, Plan, label, walk
 
 from . import collectives, nccl
 from .closed_collectives import choose, collective_us, shm_all_reduce_us
@@ -75,8 +76,7 @@ class Result:
 
 
 class Run:
-    def __init__(self, plan: Plan, topo: Topology, fold: bool,
-                 compute_us: Optional[dict] = None):
+    def __init__(self, plan: Plan, topo: Topology, fold: bool, compute_us: Optional[dict] = None):
         self.plan, self.topo = plan, topo
         self.compute_us = dict(compute_us or {})
         self.sim = Sim(topo, plan.world_size, fold)
@@ -99,8 +99,10 @@ def _pass(run: Run, ready, members, done):
 
 def _tasks(run: Run, s, ready, C, stage):
     us = run.compute_us[s.id] / C if s.id in run.compute_us else step_us(run.plan, s, run.topo, C)
-    done = {r: [run.sim.compute(r, us, label(s), f"c{c}", [ready[r][c]]) for c in range(C)]
-            for r in run.members(stage)}
+    done = {
+        r: [run.sim.compute(r, us, label(s), f"c{c}", [ready[r][c]]) for c in range(C)]
+        for r in run.members(stage)
+    }
     return _pass(run, ready, None, done)
 
 
@@ -114,8 +116,9 @@ def _collective(run: Run, s: Collective, ready, C):
     if stage:  # the runtime copies src into dst, then reduces dst in place
         ready = dict(ready)
         for r in run.members(s.stage):
-            ready[r] = [run.sim.compute(r, stage, label(s), f"copy c{c}", [ready[r][c]])
-                        for c in range(C)]
+            ready[r] = [
+                run.sim.compute(r, stage, label(s), f"copy c{c}", [ready[r][c]]) for c in range(C)
+            ]
     return _coll(run, spec, s, ready)
 
 
@@ -125,16 +128,19 @@ def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first:
     sub = {r: ready[r] for r in mine}
     shm_us = shm_all_reduce_us(spec, run.topo)
     if shm_us is not None:  # comm=shm's all-reduce: memory traffic on every member, then all done
-        ev = [run.sim.delay(r, shm_us, label(s), "shm all_reduce (memory)", list(sub[r]))
-              for r in mine]
+        ev = [
+            run.sim.delay(r, shm_us, label(s), "shm all_reduce (memory)", list(sub[r]))
+            for r in mine
+        ]
         every = join(run.sim.env, ev)
         return _pass(run, ready, mine, {r: [every] * spec.chunks for r in mine})
     algo = algo or choose(spec, run.topo)
     if run.sim.fold and algo not in FOLDABLE and not collectives.uses_nccl(spec, run.topo):
         # closed form inside a folded run
         us = collective_us(spec, algo, run.topo)
-        ev = {r: run.sim.delay(r, us, label(s), f"{algo} (closed form)", list(sub[r]))
-              for r in mine}
+        ev = {
+            r: run.sim.delay(r, us, label(s), f"{algo} (closed form)", list(sub[r])) for r in mine
+        }
         done = {r: [ev[r]] * spec.chunks for r in mine}
     else:
         done, finished = collectives.simulate(run.sim, spec, algo, sub, label(s), first)
@@ -143,28 +149,45 @@ def _coll(run: Run, spec: CollSpec, s, ready, algo: Optional[str] = None, first:
     return _pass(run, ready, mine, done)
 
 
-def _send(run: Run, src: int, dst: int, nbytes: float, step: str, c: int, deps, whole: float,
-          sync: bool = False):
+def _send(
+    run: Run,
+    src: int,
+    dst: int,
+    nbytes: float,
+    step: str,
+    c: int,
+    deps,
+    whole: float,
+    sync: bool = False,
+):
     """One P2P message (chunk c of a transfer of `whole` bytes; `sync`: its receive was posted
     first, `network.Sim.transfer`)."""
     if run.topo.nccl is None:
-        return run.sim.transfer(src, dst, nbytes, step, f"p2p c{c}", deps, chunk=c, whole=whole,
-                                sync=sync, p2p=True)
+        return run.sim.transfer(
+            src, dst, nbytes, step, f"p2p c{c}", deps, chunk=c, whole=whole, sync=sync, p2p=True
+        )
     prio = c if run.topo.pipelined_chunks else 0
-    return run.sim.hold(nccl.p2p_ports(run.topo, src, dst), (src, dst),
-                        nccl.p2p_us(run.topo, src, dst, nbytes), step, f"p2p/Simple c{c}", deps,
-                        prio)
+    return run.sim.hold(
+        nccl.p2p_ports(run.topo, src, dst),
+        (src, dst),
+        nccl.p2p_us(run.topo, src, dst, nbytes),
+        step,
+        f"p2p/Simple c{c}",
+        deps,
+        prio,
+    )
 
 
 def _p2p(run: Run, s: P2P, ready, C):
     P, out = run.plan.P, dict(ready)
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
-        evs = [_send(run, src, dst, s.nbytes / C, label(s), c, [ready[src][c]], s.nbytes)
-               for c in range(C)]
+        evs = [
+            _send(run, src, dst, s.nbytes / C, label(s), c, [ready[src][c]], s.nbytes)
+            for c in range(C)
+        ]
         out[src] = evs
-        out[dst] = [join(run.sim.env, (ev, ready[dst][c]))
-                    for c, ev in enumerate(evs)]
+        out[dst] = [join(run.sim.env, (ev, ready[dst][c])) for c, ev in enumerate(evs)]
     return out
 
 
@@ -186,8 +209,9 @@ def _piece(run: Run, part, c: int, C: int, ready_c: dict, algo: Optional[str]):
     one = {r: [e] for r, e in ready_c.items()}
     if isinstance(part, Collective):
         spec = spec_of(run.plan, part, run.topo, C)
-        piece = dataclasses.replace(spec, nbytes=spec.nbytes // C, chunks=1, pieces=C,
-                                    sync=part.kind == "all_gather")
+        piece = dataclasses.replace(
+            spec, nbytes=spec.nbytes // C, chunks=1, pieces=C, sync=part.kind == "all_gather"
+        )
         done = _coll(run, piece, part, one, algo, c)
     elif isinstance(part, P2P):
         done = _p2p_piece(run, part, C, c, one)
@@ -203,8 +227,7 @@ def _p2p_piece(run: Run, s: P2P, C: int, c: int, ready):
     P, out = run.plan.P, dict(ready)
     for i in range(P):
         src, dst = s.src_stage * P + i, s.dst_stage * P + i
-        ev = _send(run, src, dst, s.nbytes / C, label(s), c, [ready[src][0]], s.nbytes,
-                   sync=True)
+        ev = _send(run, src, dst, s.nbytes / C, label(s), c, [ready[src][0]], s.nbytes, sync=True)
         out[src] = [ev]
         out[dst] = [join(run.sim.env, (ev, ready[dst][0]))]
     return out
@@ -223,8 +246,12 @@ def _staged_head(run: Run, f: FusedCollective, head, algo, cur):
     """A CPU runtime's fused all-reduce starts its ring reduce-scatter whole (every chunk's first
     send at once, `RingReduceScatter.start`) and reduces chunk c just before its kernels: the
     ring's (builder, state), or None where the head runs as per-chunk pieces."""
-    if not (run.topo.ring_work_on_compute and isinstance(head, Collective) and
-            head.kind == "reduce_scatter" and algo == "ring"):
+    if not (
+        run.topo.ring_work_on_compute
+        and isinstance(head, Collective)
+        and head.kind == "reduce_scatter"
+        and algo == "ring"
+    ):
         return None
     spec = spec_of(run.plan, head, run.topo, f.chunks)
     build = collectives._Build(run.sim, spec, label(head))
@@ -241,11 +268,11 @@ def _fused(run: Run, f: FusedCollective, ready, C_outer, peers: bool = True):
     C = f.chunks
     if peers and not fusable(run.plan, f):  # the runtime runs it step by step (codegen.chunked)
         return _in_order(run, f.steps, ready, C_outer)
-    ready = {r: (evs if len(evs) == C else [join(run.sim.env, evs)] * C)
-             for r, evs in ready.items()}
+    ready = {
+        r: (evs if len(evs) == C else [join(run.sim.env, evs)] * C) for r, evs in ready.items()
+    }
     if kernel_fusable(run.plan, f, run.topo):  # a GPU's fused kernel (`kernel_fused`)
-        return {**ready, **kernel_fused(run, f, ready, C_outer,
-                                        chunk_work(run.plan, f, run.topo))}
+        return {**ready, **kernel_fused(run, f, ready, C_outer, chunk_work(run.plan, f, run.topo))}
     if peers and run.topo.peer_reads and peer_readable(run.plan, f):
         return {**ready, **peer_fused(run, f, ready, C_outer)}
     algos = _algos(run, f)
@@ -276,8 +303,7 @@ def _fused(run: Run, f: FusedCollective, ready, C_outer, peers: bool = True):
             done = _coll(run, spec_of(run.plan, barrier, run.topo, 1), barrier, all_chunks)
             cur = {r: [done[r][0]] * C for r in cur}
     sent = staged[0].sent if staged is not None else {}
-    return {r: [join(run.sim.env, cur[r] + outs[r] + sent.get(r, []))] * C_outer
-            for r in cur}
+    return {r: [join(run.sim.env, cur[r] + outs[r] + sent.get(r, []))] * C_outer for r in cur}
 
 
 def _in_order(run: Run, steps, ready, C_outer):
@@ -285,8 +311,10 @@ def _in_order(run: Run, steps, ready, C_outer):
     cur = {r: [join(run.sim.env, evs)] for r, evs in ready.items()}
     for s in steps:
         done = run.rule(s, cur, 1)
-        cur = {r: [join(run.sim.env, [e for e in done[r] + run.pending.pop(r, [])
-                                      if e is not None])] for r in done}
+        cur = {
+            r: [join(run.sim.env, [e for e in done[r] + run.pending.pop(r, []) if e is not None])]
+            for r in done
+        }
     return {r: evs * C_outer for r, evs in cur.items()}
 
 
@@ -299,13 +327,18 @@ def _overlap(run: Run, o, ready, C_outer):
     if isinstance(o.consumer, FusedCollective):  # the runtime's chunked path, also on shm
         return _fused(run, o.consumer, produced, C_outer, peers=False)
     done = run.rule(o.consumer, produced, C)
-    return {r: [join(run.sim.env, evs)] * C_outer
-            for r, evs in done.items()}
+    return {r: [join(run.sim.env, evs)] * C_outer for r, evs in done.items()}
 
 
-cost_rules = {"Compute": _compute, "MatMul": _compute, "Copy": _compute,
-              "Collective": _collective, "P2P": _p2p, "FusedCollective": _fused,
-              "Overlap": _overlap}
+cost_rules = {
+    "Compute": _compute,
+    "MatMul": _compute,
+    "Copy": _compute,
+    "Collective": _collective,
+    "P2P": _p2p,
+    "FusedCollective": _fused,
+    "Overlap": _overlap,
+}
 
 
 def can_fold(plan: Plan, topo: Topology) -> bool:
@@ -313,8 +346,9 @@ def can_fold(plan: Plan, topo: Topology) -> bool:
     return plan.stages == 1 and plan.world_size > n and plan.world_size % n == 0
 
 
-def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
-             compute_us: Optional[dict] = None) -> Result:
+def simulate(
+    plan: Plan, topo: Topology, fold: Optional[bool] = None, compute_us: Optional[dict] = None
+) -> Result:
     """Simulate one run of the plan on `topo` (world = plan.world_size ranks, from rank 0 on)."""
     fold = can_fold(plan, topo) if fold is None else fold and can_fold(plan, topo)
     run = Run(plan, topo, fold, compute_us)
@@ -325,11 +359,15 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
         for r in run.sim.ranks:
             evs = [e for e in done[r] + run.pending.pop(r, []) if e is not None]
             cursor[r] = [join(run.sim.env, evs)]
-    extra = (topo.step_overhead_for(largest_transfer(plan, topo), plan.world_size)
-             if plan.world_size > 1 else 0.0)
+    extra = (
+        topo.step_overhead_for(largest_transfer(plan, topo), plan.world_size)
+        if plan.world_size > 1
+        else 0.0
+    )
     if extra > 0:
-        cursor = {r: [run.sim.delay(r, extra, "step", "overhead", cursor[r])]
-                  for r in run.sim.ranks}
+        cursor = {
+            r: [run.sim.delay(r, extra, "step", "overhead", cursor[r])] for r in run.sim.ranks
+        }
     ends = {}
     for r in run.sim.ranks:
         ev = cursor[r][0]
@@ -342,13 +380,17 @@ def simulate(plan: Plan, topo: Topology, fold: Optional[bool] = None,
 
 def largest_transfer(plan: Plan, topo: Topology) -> float:
     """Bytes of the plan's largest collective (as `spec_of` sizes it) or P2P transfer; 0 if none."""
-    sizes = [spec_of(plan, s, topo, 1).nbytes if isinstance(s, Collective) else s.nbytes
-             for s in walk(plan.steps) if isinstance(s, (Collective, P2P))]
+    sizes = [
+        spec_of(plan, s, topo, 1).nbytes if isinstance(s, Collective) else s.nbytes
+        for s in walk(plan.steps)
+        if isinstance(s, (Collective, P2P))
+    ]
     return float(max(sizes, default=0))
 
 
-def simulate_collective(spec: CollSpec, topo: Topology, algorithm: Optional[str] = None,
-                        fold: Optional[bool] = None) -> Result:
+def simulate_collective(
+    spec: CollSpec, topo: Topology, algorithm: Optional[str] = None, fold: Optional[bool] = None
+) -> Result:
     """One collective alone on `topo` (its group: the first ranks), as nccl-tests times it."""
     algo = algorithm or choose(spec, topo)
     world = max(spec.group) + 1
@@ -376,12 +418,18 @@ def choices(plan: Plan, topo: Topology) -> list[tuple[str, str, str]]:
             spec = spec_of(plan, step, topo, chunks)
             algo = choose(spec, topo)
             nccl_runs = collectives.uses_nccl(spec, topo) and spec.P > 1
-            out.append((step.kind, algo, collectives.nccl_call(spec, topo, algo).proto
-                        if nccl_runs else ""))
+            out.append(
+                (
+                    step.kind,
+                    algo,
+                    collectives.nccl_call(spec, topo, algo).proto if nccl_runs else "",
+                )
+            )
         elif isinstance(step, FusedCollective) and kernel_fusable(plan, step, topo):
             call = kernel_call(plan, step, topo)  # every collective inside follows its pick
-            out.extend((p.kind, call.algo, call.proto) for p in step.steps
-                       if isinstance(p, Collective))
+            out.extend(
+                (p.kind, call.algo, call.proto) for p in step.steps if isinstance(p, Collective)
+            )
         elif isinstance(step, FusedCollective):
             for part in step.steps:
                 visit(part, step.chunks if fusable(plan, step) else 1)

@@ -5,11 +5,19 @@ Public surface: the IR (`Program`, `Stmt`, `Value`, ...), types and layouts, sym
 `runs_agree` (per-element error bounds, the rule of every numerical check), the transforms in
 `dsl.transforms`, and the error classes (all derive from `DSLError`).
 """
+
 from .bounds import Bound, error_bounds, runs_agree, within
 from .builder import Builder, Tensor
 from .equivalence import EquivalenceError, check_equivalent, default_bindings, random_inputs
-from .errors import (ArgumentError, BindError, DSLError, DTypeError, LayoutError, ShapeError,
-                     TransformError)
+from .errors import (
+    ArgumentError,
+    BindError,
+    DSLError,
+    DTypeError,
+    LayoutError,
+    ShapeError,
+    TransformError,
+)
 from .interpret import interpret
 from .ir import Const, Fuse, Input, Overlap, Program, Stmt, Value
 from .printer import format_program, format_stmt
@@ -18,11 +26,46 @@ from .types import DType, Local, Replicated, Sliced, TensorType, bf16, f16, f32,
 from .verify import verify
 
 __all__ = [
-    "Builder", "Tensor", "ArgumentError", "BindError", "DSLError", "DTypeError", "LayoutError",
+    "Builder",
+    "Tensor",
+    "ArgumentError",
+    "BindError",
+    "DSLError",
+    "DTypeError",
+    "LayoutError",
     "ShapeError",
-    "TransformError", "Const", "Fuse", "Input", "Overlap", "Program", "Stmt", "Value",
-    "format_program", "format_stmt", "P", "Size", "sym", "DType", "Local", "Replicated", "Sliced",
-    "TensorType", "bf16", "f16", "f32", "f64", "i32", "i64", "verify", "interpret",
-    "check_equivalent", "random_inputs", "EquivalenceError", "default_bindings",
-    "Bound", "error_bounds", "runs_agree", "within",
+    "TransformError",
+    "Const",
+    "Fuse",
+    "Input",
+    "Overlap",
+    "Program",
+    "Stmt",
+    "Value",
+    "format_program",
+    "format_stmt",
+    "P",
+    "Size",
+    "sym",
+    "DType",
+    "Local",
+    "Replicated",
+    "Sliced",
+    "TensorType",
+    "bf16",
+    "f16",
+    "f32",
+    "f64",
+    "i32",
+    "i64",
+    "verify",
+    "interpret",
+    "check_equivalent",
+    "random_inputs",
+    "EquivalenceError",
+    "default_bindings",
+    "Bound",
+    "error_bounds",
+    "runs_agree",
+    "within",
 ]

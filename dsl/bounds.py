@@ -32,6 +32,7 @@ ulp off; exp, pow and rsqrt, library functions, 4 U (`ULPS`)):
 - comparisons may flip where |a - b| <= ea + eb; `where` with such a condition takes the larger
   operand error plus |a - b| there; a cast to an integer may be off by ceil(e) + 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,6 +55,7 @@ LAMBDA = 8.0  # the probabilistic bound's confidence parameter (see the module d
 @dataclass(frozen=True)
 class Bound:
     """An element-wise exact value and a bound on how far a computed run may be from it."""
+
     value: np.ndarray
     error: np.ndarray
 
@@ -165,10 +167,21 @@ ROUNDS = ("add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "exp", "cast", "dr
 ULPS = {"exp": 4, "pow": 4, "rsqrt": 4}  # library functions: vectorised exp/pow (numpy's f32 pow
 # measured 2.6 eps), rsqrt as 1/sqrt or CUDA's rsqrtf (2 ulp); IEEE ops are correctly rounded
 POINTWISE_ERROR: dict[str, PwRule] = {
-    "add": _add, "sub": _add, "mul": _mul, "div": _div, "pow": _pow,
-    "maximum": _nonexpansive, "minimum": _nonexpansive, "neg": _nonexpansive,
-    "sqrt": _sqrt, "rsqrt": _rsqrt, "exp": _exp, "where": _where, "cast": _cast,
-    "dropout": _dropout, **{k: _compare for k in COMPARE},
+    "add": _add,
+    "sub": _add,
+    "mul": _mul,
+    "div": _div,
+    "pow": _pow,
+    "maximum": _nonexpansive,
+    "minimum": _nonexpansive,
+    "neg": _nonexpansive,
+    "sqrt": _sqrt,
+    "rsqrt": _rsqrt,
+    "exp": _exp,
+    "where": _where,
+    "cast": _cast,
+    "dropout": _dropout,
+    **{k: _compare for k in COMPARE},
 }
 
 
@@ -219,8 +232,13 @@ def _moves(s, vals, errs, g):
 
 
 def _with_op(s: Stmt, op: str) -> Stmt:
-    return Stmt(s.out, s.op, s.args, tuple((k, op if k == "op" else v) for k, v in s.attrs)
-                + (() if s.attr("op") is not None else (("op", op),)))
+    return Stmt(
+        s.out,
+        s.op,
+        s.args,
+        tuple((k, op if k == "op" else v) for k, v in s.attrs)
+        + (() if s.attr("op") is not None else (("op", op),)),
+    )
 
 
 def _reduces(s, vals, errs, g):
@@ -233,7 +251,7 @@ def _reduces(s, vals, errs, g):
     if op == "prod":
         exact = [[np.abs(v[0])] for v in vals]
         hi, lo = EVAL[s.op](s, wide, g), EVAL[s.op](s, exact, g)
-        return [h - l + gamma_u(g.P, U) * h for h, l in zip(hi, lo)]
+        return [h - low + gamma_u(g.P, U) * h for h, low in zip(hi, lo)]
     moved = EVAL[s.op](s, errs, g)
     if g.P == 2:  # one addition: rounded relative to its result, as a pointwise add
         sums = EVAL[s.op](s, vals, g)
@@ -243,9 +261,15 @@ def _reduces(s, vals, errs, g):
 
 
 COMM_ERROR: dict[str, CommRule] = {
-    "slice": _moves, "update": _moves, "all_gather": _moves, "broadcast": _moves,
-    "all_to_all": _moves, "p2p": _moves,
-    "all_reduce": _reduces, "reduce_scatter": _reduces, "reduce": _reduces,
+    "slice": _moves,
+    "update": _moves,
+    "all_gather": _moves,
+    "broadcast": _moves,
+    "all_to_all": _moves,
+    "p2p": _moves,
+    "all_reduce": _reduces,
+    "reduce_scatter": _reduces,
+    "reduce": _reduces,
 }
 ERROR = {**POINTWISE_ERROR, **REDUCE_ERROR, **COMM_ERROR}
 
@@ -306,8 +330,13 @@ def _compute(s: Stmt, vals: list[list], errs: list[list], g: Group) -> tuple[lis
     return outs, errors
 
 
-def _start(program: Program, inputs: Sequence[Mapping], P: int, bound: dict,
-           errors: Optional[Sequence[Mapping]]) -> tuple[list[dict], list[dict]]:
+def _start(
+    program: Program,
+    inputs: Sequence[Mapping],
+    P: int,
+    bound: dict,
+    errors: Optional[Sequence[Mapping]],
+) -> tuple[list[dict], list[dict]]:
     """Each rank's input values (as given: floats widened, not rounded) and input errors."""
     env = _load(program, inputs, P, bound)  # checks names, shapes and replication
     vals: list[dict] = [{} for _ in env]
@@ -322,13 +351,16 @@ def _start(program: Program, inputs: Sequence[Mapping], P: int, bound: dict,
                 x = np.asarray(given[v.name], dtype=np.float64)
             vals[r][v.id] = _exact(x)
             hyper = inp.default is not None and v.name not in given
-            errs[r][v.id] = (rounding_error(inp.default, v.type.dtype) if hyper
-                             else np.zeros(np.shape(x)))
+            errs[r][v.id] = (
+                rounding_error(inp.default, v.type.dtype) if hyper else np.zeros(np.shape(x))
+            )
             if errors is not None and v.name in errors[r]:
                 e = np.asarray(errors[r][v.name], dtype=np.float64)
                 if e.shape != np.shape(x) or not np.all(e >= 0):
-                    raise BindError(f"error bound of input {v.name} on rank {r} must be >= 0 with "
-                                    f"shape {list(np.shape(x))}, got shape {list(e.shape)}")
+                    raise BindError(
+                        f"error bound of input {v.name} on rank {r} must be >= 0 with "
+                        f"shape {list(np.shape(x))}, got shape {list(e.shape)}"
+                    )
                 errs[r][v.id] = e
     return vals, errs
 
@@ -341,10 +373,13 @@ def _last_uses(program: Program) -> dict[int, int]:
     return last
 
 
-def error_bounds(program: Program, inputs: Sequence[Mapping[str, np.ndarray]], world_size: int,
-                 bindings: Optional[Mapping[str, int]] = None,
-                 errors: Optional[Sequence[Mapping[str, np.ndarray]]] = None
-                 ) -> list[dict[str, Bound]]:
+def error_bounds(
+    program: Program,
+    inputs: Sequence[Mapping[str, np.ndarray]],
+    world_size: int,
+    bindings: Optional[Mapping[str, int]] = None,
+    errors: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
+) -> list[dict[str, Bound]]:
     """Per rank, output name -> `Bound` (exact value, error bound); see the module docstring.
 
     `inputs` are what `interpret` takes (float inputs may be given in float64: they are used as
@@ -361,8 +396,14 @@ def error_bounds(program: Program, inputs: Sequence[Mapping[str, np.ndarray]], w
             for a in {a.id for a in s.values if last.get(a.id, -1) == k}:
                 for r in range(len(vals)):
                     vals[r].pop(a, None), errs[r].pop(a, None)
-    return [{name: Bound(vals[r][v.id], errs[r][v.id]) for name, v in program.outputs
-             if v.id in vals[r]} for r in range(world_size)]
+    return [
+        {
+            name: Bound(vals[r][v.id], errs[r][v.id])
+            for name, v in program.outputs
+            if v.id in vals[r]
+        }
+        for r in range(world_size)
+    ]
 
 
 def _step(s: Stmt, program: Program, P: int, bound: dict, vals: list, errs: list) -> None:
@@ -371,7 +412,7 @@ def _step(s: Stmt, program: Program, P: int, bound: dict, vals: list, errs: list
     shape = evaluate_shape(s.out.type, bound)
     src = s.values[0].type.stage if s.op == "p2p" else s.out.type.stage
     g = Group(P, bound)
-    for stage in (range(program.stages) if src is None else [src]):
+    for stage in range(program.stages) if src is None else [src]:
         ranks = range(stage * P, stage * P + P)
         v_args = [[vals[r][a.id] if isinstance(a, Value) else a for a in s.args] for r in ranks]
         e_args = [[errs[r][a.id] if isinstance(a, Value) else a for a in s.args] for r in ranks]
@@ -404,15 +445,15 @@ def within(got: np.ndarray, ref: np.ndarray, error: np.ndarray) -> tuple[float, 
     return float(diff.max(initial=0.0)), int(np.count_nonzero(bad))
 
 
-
-
-def runs_agree(got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
-               bounds: Mapping[str, Bound]) -> bool:
+def runs_agree(
+    got: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bounds: Mapping[str, Bound]
+) -> bool:
     """Two computed runs of one program (or of equivalent schedules) agree on one rank: the same
     output names, and every element within twice its error bound from `error_bounds` on the
     same inputs (each run is within the bound of the exact value)."""
     return set(got) == set(ref) <= set(bounds) and all(
-        within(got[k], ref[k], 2 * bounds[k].error)[1] == 0 for k in ref)
+        within(got[k], ref[k], 2 * bounds[k].error)[1] == 0 for k in ref
+    )
 
 
 __all__ = ["Bound", "ERROR", "LAMBDA", "error_bounds", "gamma", "runs_agree", "within"]

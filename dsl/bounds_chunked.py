@@ -20,6 +20,7 @@ finishes them (the same terms: n, sum |x|, sum of the errors), and the next pass
 `chunked_errors` keeps one rank's output errors only, in float32 rounded up (never below the
 float64 bound): 4 bytes per element per output, what a measured point's check holds.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
@@ -43,18 +44,29 @@ def chunk_symbol(program: Program) -> tuple[Optional[str], str]:
         return None, f"{program.stages} pipeline stages"
     lengths = {v.type.shape for v in _values(program) if v.type.shape}
     one = next(iter(lengths)) if len(lengths) == 1 else None
-    if one is None or len(one) != 1 or len(Size.of(one[0]).powers) != 1 or \
-            Size.of(one[0]).powers[0][1] != 1 or Size.of(one[0]).coeff != 1:
+    if (
+        one is None
+        or len(one) != 1
+        or len(Size.of(one[0]).powers) != 1
+        or Size.of(one[0]).powers[0][1] != 1
+        or Size.of(one[0]).coeff != 1
+    ):
         return None, f"tensors of shapes {sorted(map(str, lengths))}, not one [S]"
     S = Size.of(one[0]).powers[0][0]
     for s in program.body:
         if s.op == "dropout":
             return None, "dropout depends on the element's position"
-        if any(isinstance(a, Const) and isinstance(a.value, Size) and S in a.value.symbols()
-               for a in s.args):
+        if any(
+            isinstance(a, Const) and isinstance(a.value, Size) and S in a.value.symbols()
+            for a in s.args
+        ):
             return None, f"a constant of size {S}"
-        if s.op in ("matmul",) or (s.values and not s.out.type.shape and s.op not in ACCUMULATED
-                                   and any(a.type.shape for a in s.values)):
+        if s.op in ("matmul",) or (
+            s.values
+            and not s.out.type.shape
+            and s.op not in ACCUMULATED
+            and any(a.type.shape for a in s.values)
+        ):
             return None, f"{s.op} of the elements"
     return S, ""
 
@@ -63,20 +75,30 @@ def _values(program: Program) -> list[Value]:
     return [i.value for i in program.inputs] + [s.out for s in program.body]
 
 
-def chunked_error_bounds(program: Program, inputs: Sequence[Mapping[str, np.ndarray]],
-                         world_size: int, bindings: Optional[Mapping[str, int]] = None,
-                         errors: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
-                         chunk: int = CHUNK) -> list[dict[str, Bound]]:
+def chunked_error_bounds(
+    program: Program,
+    inputs: Sequence[Mapping[str, np.ndarray]],
+    world_size: int,
+    bindings: Optional[Mapping[str, int]] = None,
+    errors: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
+    chunk: int = CHUNK,
+) -> list[dict[str, Bound]]:
     """`error_bounds(program, inputs, world_size, bindings, errors)`, chunk by chunk."""
-    out = _run(program, inputs, world_size, bindings, errors, chunk, range(world_size), True,
-               np.float64)
+    out = _run(
+        program, inputs, world_size, bindings, errors, chunk, range(world_size), True, np.float64
+    )
     return [{k: Bound(v, e) for k, (v, e) in rank.items()} for rank in out]
 
 
-def chunked_errors(program: Program, inputs: Sequence[Mapping[str, np.ndarray]],
-                   world_size: int, bindings: Optional[Mapping[str, int]], rank: int,
-                   errors: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
-                   chunk: int = CHUNK) -> dict[str, np.ndarray]:
+def chunked_errors(
+    program: Program,
+    inputs: Sequence[Mapping[str, np.ndarray]],
+    world_size: int,
+    bindings: Optional[Mapping[str, int]],
+    rank: int,
+    errors: Optional[Sequence[Mapping[str, np.ndarray]]] = None,
+    chunk: int = CHUNK,
+) -> dict[str, np.ndarray]:
     """Rank `rank`'s output name -> error bound (float32, rounded up), chunk by chunk."""
     out = _run(program, inputs, world_size, bindings, errors, chunk, [rank], False, np.float32)
     return {k: e for k, (_, e) in out[0].items()}
@@ -85,8 +107,9 @@ def chunked_errors(program: Program, inputs: Sequence[Mapping[str, np.ndarray]],
 def _run(program, inputs, world_size, bindings, errors, chunk, ranks, keep_values, err_dtype):
     S, why = chunk_symbol(program)
     if S is None:
-        raise DSLError(f"program {program.name}: chunked error bounds need an elementwise "
-                       f"program ({why})")
+        raise DSLError(
+            f"program {program.name}: chunked error bounds need an elementwise program ({why})"
+        )
     P, bound = bind(program, world_size, bindings)
     if S not in bound:
         raise DSLError(f"program {program.name}: size symbol {S} is not bound")
@@ -109,8 +132,10 @@ def _run(program, inputs, world_size, bindings, errors, chunk, ranks, keep_value
 
 def _chunk_start(program, inputs, errors, P, bound, lo, hi):
     """Each rank's inputs and input errors on elements lo..hi (0-d ones whole)."""
+
     def cut(d):
         return {k: (x[lo:hi] if np.ndim(x) else x) for k, x in d.items()}
+
     ins = [cut(d) for d in inputs]
     errs = None if errors is None else [cut(d) for d in errors]
     return _start(program, ins, P, bound, errs)
@@ -140,8 +165,9 @@ def _evaluate_one(s, program, P, bound, vals, errs, known, acc, waiting) -> None
         else:
             parts = acc.setdefault(s.out.id, [None] * len(vals))
             for r in range(len(vals)):
-                parts[r] = _accumulate(s, parts[r], vals[r][s.values[0].id],
-                                       errs[r][s.values[0].id])
+                parts[r] = _accumulate(
+                    s, parts[r], vals[r][s.values[0].id], errs[r][s.values[0].id]
+                )
             waiting.add(s.out.id)
         return
     _step(s, program, P, bound, vals, errs)
@@ -151,8 +177,14 @@ def _accumulate(s, part, x, e):
     """A reduction's running terms over the chunks: (stmt, n, sum x, sum |x|, sum x^2, sum e,
     sum 2|x|e + e^2)."""
     ax, e = np.abs(x), np.broadcast_to(e, np.shape(x))
-    add = (x.size, float(np.sum(x)), float(np.sum(ax)), float(np.sum(ax * ax)), float(np.sum(e)),
-           float(np.sum(2 * ax * e + e * e)))
+    add = (
+        x.size,
+        float(np.sum(x)),
+        float(np.sum(ax)),
+        float(np.sum(ax * ax)),
+        float(np.sum(e)),
+        float(np.sum(2 * ax * e + e * e)),
+    )
     if part is None:
         return (s, *add)
     return (s, *(a + b for a, b in zip(part[1:], add)))
@@ -178,9 +210,11 @@ def _finish(s, n, total, mags, squares, err, sq_err):
 
 def _outputs(program, ranks, n, keep_values, err_dtype) -> list[dict]:
     """Per kept rank, output name -> (value array or None, error array), to fill chunk by chunk."""
+
     def arrays(v):
         shape = (n,) if v.type.shape else ()
         return (np.empty(shape) if keep_values else None, np.empty(shape, dtype=err_dtype))
+
     return [{name: arrays(v) for name, v in program.outputs} for _ in ranks]
 
 

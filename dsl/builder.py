@@ -19,6 +19,7 @@ string, a `Sliced(d)` beyond the tensor's rank, a dimension that is not a positi
 `init`, a hyper-parameter default that is not a number, a target or output that is not a tensor of
 this builder each raise a one-line `DSLError` subclass naming the argument.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,22 +47,54 @@ class Tensor:
     def type(self) -> TensorType:
         return self.value.type
 
-    def __add__(self, o): return self.b.op("add", self, o)
-    def __radd__(self, o): return self.b.op("add", o, self)
-    def __sub__(self, o): return self.b.op("sub", self, o)
-    def __rsub__(self, o): return self.b.op("sub", o, self)
-    def __mul__(self, o): return self.b.op("mul", self, o)
-    def __rmul__(self, o): return self.b.op("mul", o, self)
-    def __truediv__(self, o): return self.b.op("div", self, o)
-    def __rtruediv__(self, o): return self.b.op("div", o, self)
-    def __pow__(self, o): return self.b.op("pow", self, o)
-    def __rpow__(self, o): return self.b.op("pow", o, self)
-    def __neg__(self): return self.b.op("neg", self)
-    def __lt__(self, o): return self.b.op("lt", self, o)
-    def __le__(self, o): return self.b.op("le", self, o)
-    def __gt__(self, o): return self.b.op("gt", self, o)
-    def __ge__(self, o): return self.b.op("ge", self, o)
-    def __matmul__(self, o): return self.b.op("matmul", self, o)
+    def __add__(self, o):
+        return self.b.op("add", self, o)
+
+    def __radd__(self, o):
+        return self.b.op("add", o, self)
+
+    def __sub__(self, o):
+        return self.b.op("sub", self, o)
+
+    def __rsub__(self, o):
+        return self.b.op("sub", o, self)
+
+    def __mul__(self, o):
+        return self.b.op("mul", self, o)
+
+    def __rmul__(self, o):
+        return self.b.op("mul", o, self)
+
+    def __truediv__(self, o):
+        return self.b.op("div", self, o)
+
+    def __rtruediv__(self, o):
+        return self.b.op("div", o, self)
+
+    def __pow__(self, o):
+        return self.b.op("pow", self, o)
+
+    def __rpow__(self, o):
+        return self.b.op("pow", o, self)
+
+    def __neg__(self):
+        return self.b.op("neg", self)
+
+    def __lt__(self, o):
+        return self.b.op("lt", self, o)
+
+    def __le__(self, o):
+        return self.b.op("le", self, o)
+
+    def __gt__(self, o):
+        return self.b.op("gt", self, o)
+
+    def __ge__(self, o):
+        return self.b.op("ge", self, o)
+
+    def __matmul__(self, o):
+        return self.b.op("matmul", self, o)
+
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
@@ -82,8 +115,11 @@ def _name(what: str, name: object, pattern: re.Pattern = NAME) -> str:
     if not isinstance(name, str) or not name:
         raise ArgumentError(f"{what} name must be a non-empty string, got {name!r}")
     if not pattern.fullmatch(name):
-        allowed = ("letters, digits, _ and dots between them" if pattern is NAME else
-                   "letters, digits and _ . + - ( ) ,")
+        allowed = (
+            "letters, digits, _ and dots between them"
+            if pattern is NAME
+            else "letters, digits and _ . + - ( ) ,"
+        )
         raise ArgumentError(f"{what} name {name!r} is not a name ({allowed})")
     return name
 
@@ -114,14 +150,23 @@ class Builder:
         self._names.add(name)
         return Value(len(self.inputs) + len(self.body), name, type_)
 
-    def input(self, name: str, dtype: DType, shape: Sequence[SizeLike], layout: Layout,
-              stage: Optional[int] = None, init: str = "normal") -> Tensor:
+    def input(
+        self,
+        name: str,
+        dtype: DType,
+        shape: Sequence[SizeLike],
+        layout: Layout,
+        stage: Optional[int] = None,
+        init: str = "normal",
+    ) -> Tensor:
         if _name("input", name) in self._names:
             raise ShapeError(f"input name {name!r} is already used")
         if stage is not None and (not _is_int(stage) or not 0 <= stage < self.stages):
             raise ShapeError(f"input {name}: stage {stage!r} not in [0, {self.stages})")
         if init not in INITS:
-            raise ArgumentError(f"input {name}: init must be one of {', '.join(INITS)}, got {init!r}")
+            raise ArgumentError(
+                f"input {name}: init must be one of {', '.join(INITS)}, got {init!r}"
+            )
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
             raise ShapeError(f"input {name}: shape must be a list of sizes, got {shape!r}")
         try:
@@ -161,8 +206,9 @@ class Builder:
             _name(f"{kind}'s result", name)
         bools = [k for k, v in attrs.items() if isinstance(v, bool)]
         if bools:  # no operation takes a flag: True as a rank, seed or dim is a mistake
-            raise ArgumentError(f"{kind}: attribute {bools[0]}={attrs[bools[0]]!r} must be a "
-                                "number, not a bool")
+            raise ArgumentError(
+                f"{kind}: attribute {bools[0]}={attrs[bools[0]]!r} must be a number, not a bool"
+            )
         args = tuple(self._arg(x) for x in operands)
         attr_t = tuple(attrs.items())
         types = [a.type if isinstance(a, Value) else a for a in args]
@@ -177,32 +223,65 @@ class Builder:
         return Tensor(self, s.out)
 
     # -- ops that need names or attributes ----------------------------------------------------
-    def neg(self, x, **kw): return self.op("neg", x, **kw)
-    def sqrt(self, x, **kw): return self.op("sqrt", x, **kw)
-    def rsqrt(self, x, **kw): return self.op("rsqrt", x, **kw)
-    def exp(self, x, **kw): return self.op("exp", x, **kw)
-    def maximum(self, a, b, **kw): return self.op("maximum", a, b, **kw)
-    def minimum(self, a, b, **kw): return self.op("minimum", a, b, **kw)
-    def eq(self, a, b, **kw): return self.op("eq", a, b, **kw)
-    def ne(self, a, b, **kw): return self.op("ne", a, b, **kw)
-    def where(self, c, a, b, **kw): return self.op("where", c, a, b, **kw)
-    def cast(self, x, dtype: DType, **kw): return self.op("cast", x, dtype=dtype, **kw)
-    def sum(self, x, **kw): return self.op("sum", x, **kw)
-    def mean(self, x, **kw): return self.op("mean", x, **kw)
-    def norm(self, x, **kw): return self.op("norm", x, **kw)
-    def matmul(self, a, b, **kw): return self.op("matmul", a, b, **kw)
-    def slice(self, x, dim: int = 0, **kw): return self.op("slice", x, dim=dim, **kw)
+    def neg(self, x, **kw):
+        return self.op("neg", x, **kw)
+
+    def sqrt(self, x, **kw):
+        return self.op("sqrt", x, **kw)
+
+    def rsqrt(self, x, **kw):
+        return self.op("rsqrt", x, **kw)
+
+    def exp(self, x, **kw):
+        return self.op("exp", x, **kw)
+
+    def maximum(self, a, b, **kw):
+        return self.op("maximum", a, b, **kw)
+
+    def minimum(self, a, b, **kw):
+        return self.op("minimum", a, b, **kw)
+
+    def eq(self, a, b, **kw):
+        return self.op("eq", a, b, **kw)
+
+    def ne(self, a, b, **kw):
+        return self.op("ne", a, b, **kw)
+
+    def where(self, c, a, b, **kw):
+        return self.op("where", c, a, b, **kw)
+
+    def cast(self, x, dtype: DType, **kw):
+        return self.op("cast", x, dtype=dtype, **kw)
+
+    def sum(self, x, **kw):
+        return self.op("sum", x, **kw)
+
+    def mean(self, x, **kw):
+        return self.op("mean", x, **kw)
+
+    def norm(self, x, **kw):
+        return self.op("norm", x, **kw)
+
+    def matmul(self, a, b, **kw):
+        return self.op("matmul", a, b, **kw)
+
+    def slice(self, x, dim: int = 0, **kw):
+        return self.op("slice", x, dim=dim, **kw)
 
     def dropout(self, x, p: float, seed: int, **kw):
         return self.op("dropout", x, p=p, seed=seed, **kw)
 
-    def all_reduce(self, x, op: str = "sum", **kw): return self.op("all_reduce", x, op=op, **kw)
+    def all_reduce(self, x, op: str = "sum", **kw):
+        return self.op("all_reduce", x, op=op, **kw)
 
     def reduce_scatter(self, x, dim: int = 0, op: str = "sum", **kw):
         return self.op("reduce_scatter", x, op=op, dim=dim, **kw)
 
-    def all_gather(self, x, **kw): return self.op("all_gather", x, **kw)
-    def broadcast(self, x, root: int = 0, **kw): return self.op("broadcast", x, root=root, **kw)
+    def all_gather(self, x, **kw):
+        return self.op("all_gather", x, **kw)
+
+    def broadcast(self, x, root: int = 0, **kw):
+        return self.op("broadcast", x, root=root, **kw)
 
     def reduce(self, x, root: int = 0, op: str = "sum", **kw):
         return self.op("reduce", x, op=op, root=root, **kw)
@@ -235,8 +314,14 @@ class Builder:
         self.outputs.append((name, self._arg(x)))
 
     def build(self, schedule: str = "") -> Program:
-        p = Program(self.name, tuple(self.inputs), tuple(self.body), tuple(self.outputs),
-                    self.stages, schedule=schedule)
+        p = Program(
+            self.name,
+            tuple(self.inputs),
+            tuple(self.body),
+            tuple(self.outputs),
+            self.stages,
+            schedule=schedule,
+        )
         verify(p)
         return p
 

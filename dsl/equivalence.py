@@ -24,6 +24,7 @@ and floats compare with
 on the same inputs; NaN equals NaN, infinities must match exactly; integers and bools compare
 exactly.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional
@@ -50,8 +51,12 @@ def symbols(program: Program) -> set[str]:
         for s in v.type.shape:
             out |= s.symbols()
     for st in program.body:
-        out |= {x for a in st.args if isinstance(a, Const) and isinstance(a.value, Size)
-                for x in a.value.symbols()}
+        out |= {
+            x
+            for a in st.args
+            if isinstance(a, Const) and isinstance(a.value, Size)
+            for x in a.value.symbols()
+        }
     return out
 
 
@@ -68,7 +73,7 @@ def global_shape(t: TensorType, P: int, bindings: Mapping[str, int]) -> tuple[in
         return (P,) + local
     if isinstance(t.layout, Sliced):
         d = t.layout.dim
-        return local[:d] + (local[d] * P,) + local[d + 1:]
+        return local[:d] + (local[d] * P,) + local[d + 1 :]
     return local
 
 
@@ -96,15 +101,20 @@ def _draw(inp: Input, P: int, bindings: Mapping[str, int], rng: np.random.Genera
     return as_dtype(x, t.dtype)
 
 
-def global_inputs(program: Program, P: int, bindings: Mapping[str, int],
-                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+def global_inputs(
+    program: Program, P: int, bindings: Mapping[str, int], rng: np.random.Generator
+) -> dict[str, np.ndarray]:
     """One random global array per input without a default, drawn in the order of the inputs."""
     bound = {**bindings, "P": P}
     return {i.value.name: _draw(i, P, bound, rng) for i in program.inputs if i.default is None}
 
 
-def distribute(program: Program, globals_: Mapping[str, np.ndarray], world_size: int,
-               bindings: Optional[Mapping[str, int]] = None) -> list[dict[str, np.ndarray]]:
+def distribute(
+    program: Program,
+    globals_: Mapping[str, np.ndarray],
+    world_size: int,
+    bindings: Optional[Mapping[str, int]] = None,
+) -> list[dict[str, np.ndarray]]:
     """Each rank's local inputs of `program`, cut from the global arrays by its layouts."""
     P, bound = bind(program, world_size, bindings)
     out: list[dict[str, np.ndarray]] = [{} for _ in range(world_size)]
@@ -117,27 +127,36 @@ def distribute(program: Program, globals_: Mapping[str, np.ndarray], world_size:
         g = np.asarray(globals_[v.name])
         want = global_shape(v.type, P, bound)
         if g.shape != want:
-            raise BindError(f"global input {v.name} has shape {list(g.shape)}, {program.name} "
-                            f"expects {list(want)} for {v.type} with P={P}")
+            raise BindError(
+                f"global input {v.name} has shape {list(g.shape)}, {program.name} "
+                f"expects {list(want)} for {v.type} with P={P}"
+            )
         for r in range(world_size):
             if v.type.stage is None or v.type.stage == r // P:
                 out[r][v.name] = local_part(g, v.type, P, r % P)
     return out
 
 
-def random_inputs(program: Program, world_size: int, bindings: Optional[Mapping[str, int]],
-                  rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+def random_inputs(
+    program: Program,
+    world_size: int,
+    bindings: Optional[Mapping[str, int]],
+    rng: np.random.Generator,
+) -> list[dict[str, np.ndarray]]:
     """Random local inputs for every rank (global arrays drawn, then distributed).
 
     Without `bindings`, every size symbol but P is bound to 2*P*P (`default_bindings`).
     """
     P, bound = bind(program, world_size, None)
-    P, bound = bind(program, world_size, default_bindings(program, P) if bindings is None else bindings)
+    P, bound = bind(
+        program, world_size, default_bindings(program, P) if bindings is None else bindings
+    )
     return distribute(program, global_inputs(program, P, bound, rng), world_size, bound)
 
 
-def to_global(program: Program, outs: list[dict[str, np.ndarray]], P: int, same: bool = True
-              ) -> dict[str, dict[int, np.ndarray]]:
+def to_global(
+    program: Program, outs: list[dict[str, np.ndarray]], P: int, same: bool = True
+) -> dict[str, dict[int, np.ndarray]]:
     """Output name -> stage -> global view, from `interpret`'s per-rank outputs.
 
     A replicated output must be the same on every tp index; with `same=False` (error bounds) its
@@ -145,15 +164,19 @@ def to_global(program: Program, outs: list[dict[str, np.ndarray]], P: int, same:
     res: dict[str, dict[int, np.ndarray]] = {}
     for name, v in program.outputs:
         layout, views = v.type.layout, {}
-        for st in (range(program.stages) if v.type.stage is None else [v.type.stage]):
+        for st in range(program.stages) if v.type.stage is None else [v.type.stage]:
             parts = [outs[st * P + i][name] for i in range(P)]
             if isinstance(layout, Replicated) and not same:
                 views[st] = np.maximum.reduce(parts)
             elif isinstance(layout, Replicated):
-                bad = [i for i in range(1, P) if not np.array_equal(parts[0], parts[i], equal_nan=True)]
+                bad = [
+                    i for i in range(1, P) if not np.array_equal(parts[0], parts[i], equal_nan=True)
+                ]
                 if bad:
-                    raise EquivalenceError(f"{program.name}: replicated output {name} differs between"
-                                           f" tp index 0 and tp index {bad[0]} on stage {st}")
+                    raise EquivalenceError(
+                        f"{program.name}: replicated output {name} differs between"
+                        f" tp index 0 and tp index {bad[0]} on stage {st}"
+                    )
                 views[st] = parts[0]
             elif isinstance(layout, Sliced):
                 views[st] = np.concatenate(parts, axis=layout.dim)
@@ -166,33 +189,46 @@ def to_global(program: Program, outs: list[dict[str, np.ndarray]], P: int, same:
 # -- comparison -----------------------------------------------------------------------------------
 def _check_signatures(before: Program, after: Program, P: int, bound: Mapping[str, int]) -> None:
     if before.stages != after.stages:
-        raise EquivalenceError(f"{before.name} has {before.stages} stage(s), {after.name} has "
-                               f"{after.stages}")
+        raise EquivalenceError(
+            f"{before.name} has {before.stages} stage(s), {after.name} has {after.stages}"
+        )
     names_b, names_a = {n for n, _ in before.outputs}, {n for n, _ in after.outputs}
     if names_b != names_a:
-        raise EquivalenceError(f"outputs differ: {sorted(names_b)} in {before.name}, "
-                               f"{sorted(names_a)} in {after.name}")
+        raise EquivalenceError(
+            f"outputs differ: {sorted(names_b)} in {before.name}, {sorted(names_a)} in {after.name}"
+        )
     vb, va = dict(before.outputs), dict(after.outputs)
     for name in sorted(names_b):
         tb, ta = vb[name].type, va[name].type
         gb, ga = global_shape(tb, P, bound), global_shape(ta, P, bound)
         if (tb.dtype, gb) != (ta.dtype, ga):
-            raise EquivalenceError(f"output {name}: {tb.dtype}{list(gb)} in {before.name} but "
-                                   f"{ta.dtype}{list(ga)} in {after.name} (global views)")
+            raise EquivalenceError(
+                f"output {name}: {tb.dtype}{list(gb)} in {before.name} but "
+                f"{ta.dtype}{list(ga)} in {after.name} (global views)"
+            )
         if ta.stage is not None and ta.stage != tb.stage:
-            raise EquivalenceError(f"output {name} lives on stage {tb.stage} in {before.name} "
-                                   f"but on stage {ta.stage} in {after.name}")
+            raise EquivalenceError(
+                f"output {name} lives on stage {tb.stage} in {before.name} "
+                f"but on stage {ta.stage} in {after.name}"
+            )
 
 
-def _errors(program: Program, inputs: list[dict], world_size: int, P: int,
-            bound: Mapping[str, int]) -> dict[str, dict[int, np.ndarray]]:
+def _errors(
+    program: Program, inputs: list[dict], world_size: int, P: int, bound: Mapping[str, int]
+) -> dict[str, dict[int, np.ndarray]]:
     """Output name -> stage -> global view of the output's error bound."""
     bounds = error_bounds(program, inputs, world_size, bound)
     return to_global(program, [{k: b.error for k, b in r.items()} for r in bounds], P, same=False)
 
 
-def check_equivalent(before: Program, after: Program, world_size: int, trials: int = 3,
-                     bindings: Optional[Mapping[str, int]] = None, seed: int = 0) -> dict[str, float]:
+def check_equivalent(
+    before: Program,
+    after: Program,
+    world_size: int,
+    trials: int = 3,
+    bindings: Optional[Mapping[str, int]] = None,
+    seed: int = 0,
+) -> dict[str, float]:
     """Interpret both programs on the same random global inputs and compare their outputs.
 
     Each trial draws global inputs (those of `before`, then any only `after` has), distributes
@@ -216,12 +252,23 @@ def check_equivalent(before: Program, after: Program, world_size: int, trials: i
     worst = {name: 0.0 for name, _ in before.outputs}
     for trial in range(trials):
         g = global_inputs(before, P, bound, rng)
-        g.update({i.value.name: _draw(i, P, bound, rng) for i in after.inputs
-                  if i.default is None and i.value.name not in g})
-        ins_b, ins_a = distribute(before, g, world_size, bound), distribute(after, g, world_size, bound)
+        g.update(
+            {
+                i.value.name: _draw(i, P, bound, rng)
+                for i in after.inputs
+                if i.default is None and i.value.name not in g
+            }
+        )
+        ins_b, ins_a = (
+            distribute(before, g, world_size, bound),
+            distribute(after, g, world_size, bound),
+        )
         ref = to_global(before, interpret(before, ins_b, world_size, bound), P)
         new = to_global(after, interpret(after, ins_a, world_size, bound), P)
-        err_b, err_a = _errors(before, ins_b, world_size, P, bound), _errors(after, ins_a, world_size, P, bound)
+        err_b, err_a = (
+            _errors(before, ins_b, world_size, P, bound),
+            _errors(after, ins_a, world_size, P, bound),
+        )
         for name, views in ref.items():
             for st, r in views.items():
                 allowed = err_b[name][st] + err_a[name][st]
@@ -233,9 +280,20 @@ def check_equivalent(before: Program, after: Program, world_size: int, trials: i
                         f"output {name}{where} differs in trial {trial} at world size {world_size}:"
                         f" max abs error {err:.3g} at {bad} of {r.size} element(s) outside their"
                         f" bound (largest {float(np.max(allowed, initial=0.0)):.3g})"
-                        f" ({before.name} vs {after.name})")
+                        f" ({before.name} vs {after.name})"
+                    )
     return worst
 
 
-__all__ = ["EquivalenceError", "check_equivalent", "default_bindings", "distribute",
-           "global_inputs", "global_shape", "local_part", "random_inputs", "symbols", "to_global"]
+__all__ = [
+    "EquivalenceError",
+    "check_equivalent",
+    "default_bindings",
+    "distribute",
+    "global_inputs",
+    "global_shape",
+    "local_part",
+    "random_inputs",
+    "symbols",
+    "to_global",
+]

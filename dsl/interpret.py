@@ -31,6 +31,7 @@ Numerics
 Communication runs within the tp group of the value's stage (ranks `stage*P .. stage*P+P-1`; each
 stage's group separately for stage None); see `EVAL` for each op's rule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ _GOLDEN = 0x9E3779B9
 def mix32(x: np.ndarray) -> np.ndarray:
     """A 32-bit integer finaliser, in wrapping uint32 arithmetic:
 
-        x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16
+    x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16
     """
     x = np.asarray(x, dtype=np.uint32)
     with np.errstate(over="ignore"):
@@ -98,10 +99,10 @@ def mix32(x: np.ndarray) -> np.ndarray:
 def dropout_keep(seed: int, index: np.ndarray, p: float) -> np.ndarray:
     """Whether dropout with probability `p` keeps the elements at global flat indices `index`.
 
-        lo = idx & 0xffffffff;  hi = idx >> 32                       (idx: uint64)
-        h  = mix32(lo ^ mix32(hi ^ mix32(seed ^ 0x9E3779B9)))        (uint32, wrapping)
-        u  = (h >> 8) * 2^-24                                         (exact, in [0, 1))
-        keep = u >= p,  i.e. (h >> 8) >= ceil(p * 2^24)              (integer comparison)
+    lo = idx & 0xffffffff;  hi = idx >> 32                       (idx: uint64)
+    h  = mix32(lo ^ mix32(hi ^ mix32(seed ^ 0x9E3779B9)))        (uint32, wrapping)
+    u  = (h >> 8) * 2^-24                                         (exact, in [0, 1))
+    keep = u >= p,  i.e. (h >> 8) >= ceil(p * 2^24)              (integer comparison)
     """
     idx = np.asarray(index, dtype=np.uint64)
     lo = (idx & np.uint64(0xFFFFFFFF)).astype(np.uint32)
@@ -137,6 +138,7 @@ def global_flat_index(local_shape: Sequence[int], layout, P: int, i: int) -> np.
 @dataclass(frozen=True)
 class Group:
     """What a rule knows about the tp group it runs on."""
+
     P: int
     bindings: Mapping[str, int]
 
@@ -169,8 +171,12 @@ def _operands(s: Stmt, args: list, g: Group, i: int) -> list[np.ndarray]:
             res.append(as_dtype(v, _const_dtype(s)))
             continue
         ad = None if sliced is None else sliced - (out_t.rank - a.type.rank)
-        if (isinstance(a.type.layout, Replicated) and ad is not None and ad >= 0
-                and a.type.shape[ad] != Size.of(1)):
+        if (
+            isinstance(a.type.layout, Replicated)
+            and ad is not None
+            and ad >= 0
+            and a.type.shape[ad] != Size.of(1)
+        ):
             x = piece(x, ad, g.P, i)  # pointwise with a Sliced operand: read the replicated slice
         res.append(x)
     return res
@@ -179,6 +185,7 @@ def _operands(s: Stmt, args: list, g: Group, i: int) -> list[np.ndarray]:
 def _per_rank(fn: Callable[[Stmt, list[np.ndarray], Group, int], np.ndarray]) -> Rule:
     def rule(s, args, g):
         return [fn(s, _operands(s, a, g, i), g, i) for i, a in enumerate(args)]
+
     return rule
 
 
@@ -297,36 +304,69 @@ def _p2p(s, args, g):
 
 
 EVAL: dict[str, Rule] = {
-    "add": _pw(np.add), "sub": _pw(np.subtract), "mul": _pw(np.multiply), "div": _pw(_div),
-    "pow": _pw(np.power), "maximum": _pw(np.maximum), "minimum": _pw(np.minimum),
-    "lt": _pw(np.less), "le": _pw(np.less_equal), "gt": _pw(np.greater),
-    "ge": _pw(np.greater_equal), "eq": _pw(np.equal), "ne": _pw(np.not_equal),
-    "neg": _pw(np.negative), "sqrt": _pw(np.sqrt), "rsqrt": _pw(lambda x: np.reciprocal(np.sqrt(x))),
-    "exp": _pw(np.exp), "where": _pw(np.where), "cast": _per_rank(_cast),
+    "add": _pw(np.add),
+    "sub": _pw(np.subtract),
+    "mul": _pw(np.multiply),
+    "div": _pw(_div),
+    "pow": _pw(np.power),
+    "maximum": _pw(np.maximum),
+    "minimum": _pw(np.minimum),
+    "lt": _pw(np.less),
+    "le": _pw(np.less_equal),
+    "gt": _pw(np.greater),
+    "ge": _pw(np.greater_equal),
+    "eq": _pw(np.equal),
+    "ne": _pw(np.not_equal),
+    "neg": _pw(np.negative),
+    "sqrt": _pw(np.sqrt),
+    "rsqrt": _pw(lambda x: np.reciprocal(np.sqrt(x))),
+    "exp": _pw(np.exp),
+    "where": _pw(np.where),
+    "cast": _per_rank(_cast),
     "dropout": _per_rank(_dropout),
-    "sum": _pw(_sum), "mean": _pw(_mean), "norm": _pw(_norm),
-    "matmul": _per_rank(_matmul), "slice": _per_rank(_slice), "update": _per_rank(_update),
-    "all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter, "all_gather": _all_gather,
-    "broadcast": _broadcast, "reduce": _reduce, "all_to_all": _all_to_all, "p2p": _p2p,
+    "sum": _pw(_sum),
+    "mean": _pw(_mean),
+    "norm": _pw(_norm),
+    "matmul": _per_rank(_matmul),
+    "slice": _per_rank(_slice),
+    "update": _per_rank(_update),
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_gather": _all_gather,
+    "broadcast": _broadcast,
+    "reduce": _reduce,
+    "all_to_all": _all_to_all,
+    "p2p": _p2p,
 }
 
 
 # -- the interpreter ------------------------------------------------------------------------------
-def bind(program: Program, world_size: int, bindings: Optional[Mapping[str, int]]) -> tuple[int, dict]:
+def bind(
+    program: Program, world_size: int, bindings: Optional[Mapping[str, int]]
+) -> tuple[int, dict]:
     """(P, bindings with P) for `program` on `world_size` ranks."""
-    if (not isinstance(world_size, (int, np.integer)) or isinstance(world_size, bool)
-            or world_size < 1 or world_size % program.stages):
-        raise BindError(f"world size {world_size!r} is not a positive multiple of the "
-                        f"{program.stages} pipeline stage(s) of program {program.name}")
+    if (
+        not isinstance(world_size, (int, np.integer))
+        or isinstance(world_size, bool)
+        or world_size < 1
+        or world_size % program.stages
+    ):
+        raise BindError(
+            f"world size {world_size!r} is not a positive multiple of the "
+            f"{program.stages} pipeline stage(s) of program {program.name}"
+        )
     P = int(world_size) // program.stages
     bound = dict(bindings or {})
     if bound.get("P", P) != P:
-        raise BindError(f"bindings give P={bound['P']} but world size {world_size} with "
-                        f"{program.stages} stage(s) gives P={P}")
+        raise BindError(
+            f"bindings give P={bound['P']} but world size {world_size} with "
+            f"{program.stages} stage(s) gives P={P}"
+        )
     for k, v in bound.items():
         if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)) or v < 1:
-            raise BindError(f"size {k}={v!r} of program {program.name}: sizes bind to positive "
-                            "integers")
+            raise BindError(
+                f"size {k}={v!r} of program {program.name}: sizes bind to positive integers"
+            )
     bound["P"] = P
     return P, bound
 
@@ -347,7 +387,9 @@ def _load(program: Program, inputs: Sequence[Mapping], P: int, bound: dict) -> l
     env: list[dict[int, np.ndarray]] = [{} for _ in range(world)]
     for r, given in enumerate(inputs):
         if set(given) - names:
-            raise BindError(f"rank {r}: {sorted(set(given) - names)} are not inputs of {program.name}")
+            raise BindError(
+                f"rank {r}: {sorted(set(given) - names)} are not inputs of {program.name}"
+            )
         for inp in program.inputs:
             v = inp.value
             if not _lives(v.type.stage, r // P):
@@ -363,12 +405,16 @@ def _load(program: Program, inputs: Sequence[Mapping], P: int, bound: dict) -> l
             else:
                 raise BindError(f"input {v.name} ({v.type}) is missing on rank {r}")
             if np.shape(x) != shape:
-                raise BindError(f"input {v.name} on rank {r} has shape {list(np.shape(x))}, "
-                                f"expected {list(shape)} ({v.type})")
+                raise BindError(
+                    f"input {v.name} on rank {r} has shape {list(np.shape(x))}, "
+                    f"expected {list(shape)} ({v.type})"
+                )
             env[r][v.id] = as_dtype(x, v.type.dtype)
             first = (r // P) * P
             if isinstance(v.type.layout, Replicated) and not _same(env[first][v.id], env[r][v.id]):
-                raise BindError(f"replicated input {v.name} differs between rank {first} and rank {r}")
+                raise BindError(
+                    f"replicated input {v.name} differs between rank {first} and rank {r}"
+                )
     return env
 
 
@@ -382,7 +428,7 @@ def _run(s: Stmt, program: Program, P: int, bound: dict, env: list[dict]) -> Non
         raise type(e)(f"{format_stmt(s)}: {e}") from None
     src = s.values[0].type.stage if s.op == "p2p" else s.out.type.stage
     g = Group(P, bound)
-    for stage in (range(program.stages) if src is None else [src]):
+    for stage in range(program.stages) if src is None else [src]:
         ranks = range(stage * P, stage * P + P)
         args = [[env[r][a.id] if isinstance(a, Value) else a for a in s.args] for r in ranks]
         try:
@@ -393,22 +439,47 @@ def _run(s: Stmt, program: Program, P: int, bound: dict, env: list[dict]) -> Non
         for i, out in enumerate(outs):
             out = as_dtype(out, s.out.type.dtype)
             if out.shape != shape:
-                raise ShapeError(f"{format_stmt(s)}: computed shape {list(out.shape)} on tp index {i}"
-                                 f" differs from the type's {list(shape)}")
+                raise ShapeError(
+                    f"{format_stmt(s)}: computed shape {list(out.shape)} on tp index {i}"
+                    f" differs from the type's {list(shape)}"
+                )
             env[dst * P + i][s.out.id] = out
 
 
-def interpret(program: Program, inputs: Sequence[Mapping[str, np.ndarray]], world_size: int,
-              bindings: Optional[Mapping[str, int]] = None) -> list[dict[str, np.ndarray]]:
+def interpret(
+    program: Program,
+    inputs: Sequence[Mapping[str, np.ndarray]],
+    world_size: int,
+    bindings: Optional[Mapping[str, int]] = None,
+) -> list[dict[str, np.ndarray]]:
     """Run `program` on `world_size` simulated ranks; see the module docstring for the contract."""
     P, bound = bind(program, world_size, bindings)
     env = _load(program, inputs, P, bound)
     with np.errstate(all="ignore"):
         for s in program.body:
             _run(s, program, P, bound, env)
-    return [{name: np.array(env[r][v.id], copy=True) for name, v in program.outputs
-             if _lives(v.type.stage, r // P)} for r in range(world_size)]
+    return [
+        {
+            name: np.array(env[r][v.id], copy=True)
+            for name, v in program.outputs
+            if _lives(v.type.stage, r // P)
+        }
+        for r in range(world_size)
+    ]
 
 
-__all__ = ["interpret", "EVAL", "matmul2d", "Rule", "Group", "bind", "as_dtype", "round_bf16", "mix32",
-           "dropout_keep", "global_flat_index", "piece", "evaluate_shape"]
+__all__ = [
+    "interpret",
+    "EVAL",
+    "matmul2d",
+    "Rule",
+    "Group",
+    "bind",
+    "as_dtype",
+    "round_bf16",
+    "mix32",
+    "dropout_keep",
+    "global_flat_index",
+    "piece",
+    "evaluate_shape",
+]

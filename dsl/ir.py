@@ -13,6 +13,7 @@ Everything here is a frozen dataclass; transforms build new programs, never muta
   that starts with it) pipelined over `chunks` chunks.
 - `Program.outputs`: (name, value) pairs; an `update` of input `w` makes an output named `w`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

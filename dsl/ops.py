@@ -17,6 +17,7 @@ Layout rules (the paper's):
   reduction, the other ranks zeros); all_to_all(Local) -> Local, all_to_all(Sliced(c)) with
   concat_dim=c -> Sliced(split_dim); p2p moves a tensor from one pipeline stage to another.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -53,7 +54,9 @@ def _tensors(args: Sequence[ArgT]) -> list[TensorType]:
 def _stage(args: Sequence[ArgT]) -> Optional[int]:
     stages = {a.stage for a in _tensors(args) if a.stage is not None}
     if len(stages) > 1:
-        raise LayoutError(f"operands live on different pipeline stages {sorted(stages)}; send first")
+        raise LayoutError(
+            f"operands live on different pipeline stages {sorted(stages)}; send first"
+        )
     return stages.pop() if stages else None
 
 
@@ -70,10 +73,14 @@ def _join_layout(ts: Sequence[TensorType], rank: int):
     """(layout of the result, output dim that is sliced or None) for pointwise operands."""
     sliced = {t.layout.dim + rank - t.rank for t in ts if isinstance(t.layout, Sliced)}
     if len(sliced) > 1:
-        raise LayoutError("operands are sliced along different dimensions; all_to_all or gather first")
+        raise LayoutError(
+            "operands are sliced along different dimensions; all_to_all or gather first"
+        )
     if sliced:
         if any(isinstance(t.layout, Local) for t in ts):
-            raise LayoutError("a Sliced operand cannot meet a Local one; reduce_scatter the Local one first")
+            raise LayoutError(
+                "a Sliced operand cannot meet a Local one; reduce_scatter the Local one first"
+            )
         od = sliced.pop()
         return Sliced(od), od
     if any(isinstance(t.layout, Local) for t in ts):
@@ -95,7 +102,9 @@ def _broadcast(ts: Sequence[TensorType], rank: int, sliced_od: Optional[int]) ->
             sizes.append(s)
         real = {s for s in sizes if s != Size.of(1)}
         if len(real) > 1:
-            raise ShapeError(f"shapes do not broadcast at dim {od}: sizes {', '.join(map(str, real))}")
+            raise ShapeError(
+                f"shapes do not broadcast at dim {od}: sizes {', '.join(map(str, real))}"
+            )
         out.append(real.pop() if real else Size.of(1))
     return tuple(out)
 
@@ -120,7 +129,7 @@ def _dim(t: TensorType, dim: object) -> int:
 
 
 def _with_dim(shape: tuple[Size, ...], dim: int, size: Size) -> tuple[Size, ...]:
-    return shape[:dim] + (size,) + shape[dim + 1:]
+    return shape[:dim] + (size,) + shape[dim + 1 :]
 
 
 def _need(t: TensorType, layouts: tuple[type, ...], op: str) -> None:
@@ -194,8 +203,10 @@ def _matmul(args, attrs, ctx):
     elif isinstance(la, Replicated) and isinstance(lb, Sliced) and lb.dim == 1:
         layout = Sliced(last)
     elif isinstance(la, Sliced) or isinstance(lb, Sliced):
-        raise LayoutError(f"matmul of {la} x {lb}: no rule (row-sliced x replicated, replicated x "
-                          "column-sliced, or both sliced along K)")
+        raise LayoutError(
+            f"matmul of {la} x {lb}: no rule (row-sliced x replicated, replicated x "
+            "column-sliced, or both sliced along K)"
+        )
     else:
         layout = Local() if Local() in (la, lb) else Replicated()
     if a.shape[-1] != b.shape[0]:
@@ -213,8 +224,10 @@ def _slice(args, attrs, ctx):
 def _update(args, attrs, ctx):
     target, value = args
     if (target.dtype, target.shape, target.layout) != (value.dtype, value.shape, value.layout):
-        raise LayoutError(f"update writes {value} into {target}: dtype, shape and layout must match"
-                          " (all_gather a sliced value first, or as_slice the input)")
+        raise LayoutError(
+            f"update writes {value} into {target}: dtype, shape and layout must match"
+            " (all_gather a sliced value first, or as_slice the input)"
+        )
     if value.stage != target.stage and target.stage is not None:
         raise LayoutError("update writes a value from another pipeline stage")
     return value
@@ -222,7 +235,9 @@ def _update(args, attrs, ctx):
 
 def _op_attr(attrs):
     if attrs.get("op", "sum") not in REDUCE_OPS:
-        raise ShapeError(f"reduction op must be one of {', '.join(REDUCE_OPS)}, got {attrs.get('op')!r}")
+        raise ShapeError(
+            f"reduction op must be one of {', '.join(REDUCE_OPS)}, got {attrs.get('op')!r}"
+        )
 
 
 def _all_reduce(args, attrs, ctx):
@@ -276,17 +291,22 @@ def _all_to_all(args, attrs, ctx):
         return replace(t, shape=shape)
     if isinstance(t.layout, Sliced) and t.layout.dim == c:
         return replace(t, shape=shape, layout=Sliced(s))
-    raise LayoutError(f"all_to_all needs a Local tensor or one sliced along concat_dim={c}, got {t.layout}")
+    raise LayoutError(
+        f"all_to_all needs a Local tensor or one sliced along concat_dim={c}, got {t.layout}"
+    )
 
 
 def _p2p(args, attrs, ctx):
     (t,) = args
     dst = attrs.get("dst")
     if t.stage is None:
-        raise LayoutError("p2p sends a tensor that lives on one stage; this one lives on every stage")
+        raise LayoutError(
+            "p2p sends a tensor that lives on one stage; this one lives on every stage"
+        )
     if not isinstance(dst, int) or not 0 <= dst < ctx.stages or dst == t.stage:
-        raise LayoutError(f"p2p destination stage {dst!r} must differ from {t.stage} and be in "
-                          f"[0, {ctx.stages})")
+        raise LayoutError(
+            f"p2p destination stage {dst!r} must differ from {t.stage} and be in [0, {ctx.stages})"
+        )
     return replace(t, stage=dst)
 
 
@@ -294,12 +314,24 @@ Rule = Callable[[Sequence[ArgT], Mapping[str, object], Ctx], TensorType]
 INFER: dict[str, Rule] = {
     **{k: _binary for k in BINARY},
     **{k: _compare for k in COMPARE},
-    "neg": _unary, "sqrt": _unary_float, "rsqrt": _unary_float, "exp": _unary_float,
-    "where": _where, "cast": _cast, "dropout": _dropout,
+    "neg": _unary,
+    "sqrt": _unary_float,
+    "rsqrt": _unary_float,
+    "exp": _unary_float,
+    "where": _where,
+    "cast": _cast,
+    "dropout": _dropout,
     **{k: _reduce for k in REDUCE},
-    "matmul": _matmul, "slice": _slice, "update": _update,
-    "all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter, "all_gather": _all_gather,
-    "broadcast": _broadcast_rule, "reduce": _reduce_rule, "all_to_all": _all_to_all, "p2p": _p2p,
+    "matmul": _matmul,
+    "slice": _slice,
+    "update": _update,
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_gather": _all_gather,
+    "broadcast": _broadcast_rule,
+    "reduce": _reduce_rule,
+    "all_to_all": _all_to_all,
+    "p2p": _p2p,
 }
 ALL_OPS = COMPUTE + COMM
 ARITY = {**{k: 2 for k in BINARY + COMPARE + ("matmul", "update")}, "where": 3}

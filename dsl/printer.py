@@ -5,6 +5,7 @@
 Fused groups print as `fuse#k { ... }` blocks (statements keep their order), overlaps as a line
 `overlap(%producer -> %consumer, chunks=C)`.
 """
+
 from __future__ import annotations
 
 from .ir import Const, Program, Stmt, Value

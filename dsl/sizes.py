@@ -9,6 +9,7 @@ P) and `value(bindings)` a float for constants such as `1/P`.
 `P` is reserved: it is the size of the tensor-parallel group (the world size of a program with one
 pipeline stage).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,8 +80,10 @@ class Size:
     def evaluate(self, bindings: Mapping[str, int]) -> int:
         v = self.value(bindings)
         if v.denominator != 1:
-            raise ShapeError(f"size {self} = {v} with {_fmt_bind(self, bindings)}: not a whole number"
-                             " (a size does not divide by the world size)")
+            raise ShapeError(
+                f"size {self} = {v} with {_fmt_bind(self, bindings)}: not a whole number"
+                " (a size does not divide by the world size)"
+            )
         return int(v)
 
     def __str__(self) -> str:

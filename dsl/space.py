@@ -23,13 +23,14 @@ the life of the process.
 
 Pure: no I/O, no ranks, no cost model.
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional
 
 from .equivalence import check_equivalent
 from .errors import TransformError
@@ -44,6 +45,7 @@ from .types import Replicated
 class Budget:
     """Bounds of the search: at most `max_schedules` distinct schedules, paths of at most
     `max_depth` moves; `overlap_chunks` are the chunk counts tried for each overlap."""
+
     max_schedules: int = 512
     max_depth: int = 8
     overlap_chunks: tuple[int, ...] = (2, 4, 8)
@@ -125,7 +127,7 @@ def moves(cur: "Schedule", budget: Budget) -> Iterator[Move]:
             for c in budget.overlap_chunks:
                 yield f"overlap({n}, chunks={c})", lambda s=s, c=c: overlap(p, s.out, chunks=c)
     if not scheduled:
-        done = [st[len("as_slice("):-1] for st in cur.steps if st.startswith("as_slice(")]
+        done = [st[len("as_slice(") : -1] for st in cur.steps if st.startswith("as_slice(")]
         for name in _updated_replicated(p):
             if budget.sliceable is not None and name not in budget.sliceable:
                 continue
@@ -136,9 +138,13 @@ def moves(cur: "Schedule", budget: Budget) -> Iterator[Move]:
 
 def _updated_replicated(p: Program) -> list[str]:
     targets = {s.args[0].id for s in p.body if s.op == "update"}
-    return [i.value.name for i in p.inputs
-            if isinstance(i, Input) and i.value.id in targets
-            and isinstance(i.value.type.layout, Replicated)]
+    return [
+        i.value.name
+        for i in p.inputs
+        if isinstance(i, Input)
+        and i.value.id in targets
+        and isinstance(i.value.type.layout, Replicated)
+    ]
 
 
 def schedule_space(program: Program, budget: Budget = Budget()) -> Space:
@@ -175,20 +181,41 @@ def schedule_space(program: Program, budget: Budget = Budget()) -> Space:
 _VERIFIED: dict[tuple, dict[str, float]] = {}
 
 
-def check(reference: Program, schedule: Schedule, world_size: int = 2,
-          bindings: Optional[Mapping[str, int]] = None, trials: int = 2,
-          seed: int = 0) -> dict[str, float]:
+def check(
+    reference: Program,
+    schedule: Schedule,
+    world_size: int = 2,
+    bindings: Optional[Mapping[str, int]] = None,
+    trials: int = 2,
+    seed: int = 0,
+) -> dict[str, float]:
     """`check_equivalent(reference, schedule.program, ...)`, cached by (IR keys, settings) for the
     life of the process. Raises `dsl.EquivalenceError` for a schedule that does not compute what
     the reference does (a transform bug: the space is made only of semantics-preserving moves),
     and the DSL's errors for bindings the schedule cannot take (e.g. overlap chunks that do not
     divide them)."""
-    key = (ir_key(reference), schedule.key, world_size, tuple(sorted((bindings or {}).items())),
-           trials, seed)
+    key = (
+        ir_key(reference),
+        schedule.key,
+        world_size,
+        tuple(sorted((bindings or {}).items())),
+        trials,
+        seed,
+    )
     if key not in _VERIFIED:
-        _VERIFIED[key] = check_equivalent(reference, schedule.program, world_size, trials=trials,
-                                          bindings=bindings, seed=seed)
+        _VERIFIED[key] = check_equivalent(
+            reference, schedule.program, world_size, trials=trials, bindings=bindings, seed=seed
+        )
     return _VERIFIED[key]
 
 
-__all__ = ["Budget", "Schedule", "Space", "canonical_ir", "check", "ir_key", "moves", "schedule_space"]
+__all__ = [
+    "Budget",
+    "Schedule",
+    "Space",
+    "canonical_ir",
+    "check",
+    "ir_key",
+    "moves",
+    "schedule_space",
+]

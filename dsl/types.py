@@ -9,6 +9,7 @@ A `TensorType`'s shape is the shape each rank holds (so a Sliced(0) tensor of N 
 [N/P]). `stage` is the pipeline stage whose ranks hold the tensor, or None when every stage does
 (programs with one stage use None throughout).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,10 +49,24 @@ class DType(Enum):
         return self.value
 
 
-_NUMPY = {DType.f16: "float16", DType.bf16: "float32", DType.f32: "float32", DType.f64: "float64",
-          DType.i32: "int32", DType.i64: "int64", DType.bool: "bool"}
-_EPS = {DType.f16: 2.0**-10, DType.bf16: 2.0**-7, DType.f32: 2.0**-23, DType.f64: 2.0**-52,
-        DType.i32: 0.0, DType.i64: 0.0, DType.bool: 0.0}
+_NUMPY = {
+    DType.f16: "float16",
+    DType.bf16: "float32",
+    DType.f32: "float32",
+    DType.f64: "float64",
+    DType.i32: "int32",
+    DType.i64: "int64",
+    DType.bool: "bool",
+}
+_EPS = {
+    DType.f16: 2.0**-10,
+    DType.bf16: 2.0**-7,
+    DType.f32: 2.0**-23,
+    DType.f64: 2.0**-52,
+    DType.i32: 0.0,
+    DType.i64: 0.0,
+    DType.bool: 0.0,
+}
 
 f16, bf16, f32, f64, i32, i64 = DType.f16, DType.bf16, DType.f32, DType.f64, DType.i32, DType.i64
 
@@ -91,6 +106,7 @@ def _is_int(x: object) -> bool:
 class TensorType:
     """Checked on construction: a DType, a tuple of positive Sizes, a layout instance whose
     sliced dimension exists, a stage index >= 0 or None (one-line DSLErrors)."""
+
     dtype: DType
     shape: tuple[Size, ...]
     layout: Layout
@@ -98,21 +114,28 @@ class TensorType:
 
     def __post_init__(self):
         if not isinstance(self.dtype, DType):
-            raise DTypeError(f"dtype must be one of {', '.join(d.value for d in DType)} (dsl.f32, "
-                             f"...), got {self.dtype!r}")
+            raise DTypeError(
+                f"dtype must be one of {', '.join(d.value for d in DType)} (dsl.f32, "
+                f"...), got {self.dtype!r}"
+            )
         if not isinstance(self.layout, (Local, Replicated, Sliced)):
-            raise LayoutError("layout must be Local(), Replicated() or Sliced(dim), got "
-                              f"{self.layout!r}")
+            raise LayoutError(
+                f"layout must be Local(), Replicated() or Sliced(dim), got {self.layout!r}"
+            )
         if not isinstance(self.shape, tuple) or not all(isinstance(s, Size) for s in self.shape):
             raise ShapeError(f"shape must be a tuple of Sizes, got {self.shape!r}")
         for k, s in enumerate(self.shape):
             if s.coeff <= 0:
                 raise ShapeError(f"dimension {k} has size {s}; sizes must be positive")
         if isinstance(self.layout, Sliced) and self.layout.dim >= len(self.shape):
-            raise LayoutError(f"{self.layout} needs a dimension {self.layout.dim}, but the tensor "
-                              f"has rank {len(self.shape)}")
+            raise LayoutError(
+                f"{self.layout} needs a dimension {self.layout.dim}, but the tensor "
+                f"has rank {len(self.shape)}"
+            )
         if self.stage is not None and (not _is_int(self.stage) or self.stage < 0):
-            raise ShapeError(f"stage must be a pipeline stage index >= 0 or None, got {self.stage!r}")
+            raise ShapeError(
+                f"stage must be a pipeline stage index >= 0 or None, got {self.stage!r}"
+            )
 
     @property
     def rank(self) -> int:

@@ -5,6 +5,7 @@ type re-inferred and equal to the recorded one; updates write program inputs, on
 name defined values; fused groups and overlaps refer to statements of the body, groups do not
 overlap, chunk counts are >= 1. Run after every transform in tests. Raises a `DSLError` subclass.
 """
+
 from __future__ import annotations
 
 from .errors import DSLError, ShapeError, TransformError
@@ -34,7 +35,9 @@ def verify(p: Program) -> None:
                 raise ShapeError(f"{format_stmt(s)}: update must write a program input, once")
             updated.add(target.id)
         try:
-            t = infer(s.op, [a.type if isinstance(a, Value) else a for a in s.args], dict(s.attrs), ctx)
+            t = infer(
+                s.op, [a.type if isinstance(a, Value) else a for a in s.args], dict(s.attrs), ctx
+            )
         except DSLError as e:
             raise type(e)(f"{format_stmt(s)}: {e}") from None
         if t != s.out.type:
@@ -47,7 +50,9 @@ def verify(p: Program) -> None:
     grouped: set[int] = set()
     for g in p.fused:
         if not g.ids or not set(g.ids) <= set(body_ids) or grouped & set(g.ids):
-            raise TransformError(f"fused group {g.ids} names statements not in the body or in two groups")
+            raise TransformError(
+                f"fused group {g.ids} names statements not in the body or in two groups"
+            )
         grouped |= set(g.ids)
     for o in p.overlaps:
         if o.producer not in body_ids or o.consumer not in body_ids or o.chunks < 1:

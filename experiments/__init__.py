@@ -11,18 +11,40 @@ experiment registers from its own module (`registry.load_module`, `experiment.mo
 command line). See `experiments.api` for what an experiment fills in and `experiments.harness` for
 how it is measured.
 """
+
 from __future__ import annotations
 
 import importlib
 
 from . import harness, predict, registry
-from .api import (Baseline, BaselineContext, DeriveSettings, Experiment, MeasureSettings,
-                  PaperSetting, PredictSettings)
+from .api import (
+    Baseline,
+    BaselineContext,
+    DeriveSettings,
+    Experiment,
+    MeasureSettings,
+    PaperSetting,
+    PredictSettings,
+)
 from .registry import RegistryError, get, load_module, names, register
 
 for _name in registry.SHIPPED:
     importlib.import_module(f"{__name__}.{_name}")
 
-__all__ = ["Baseline", "BaselineContext", "DeriveSettings", "Experiment", "MeasureSettings", "PaperSetting",
-           "PredictSettings", "RegistryError", "get", "harness", "load_module", "names",
-           "predict", "register", "registry"]
+__all__ = [
+    "Baseline",
+    "BaselineContext",
+    "DeriveSettings",
+    "Experiment",
+    "MeasureSettings",
+    "PaperSetting",
+    "PredictSettings",
+    "RegistryError",
+    "get",
+    "harness",
+    "load_module",
+    "names",
+    "predict",
+    "register",
+    "registry",
+]

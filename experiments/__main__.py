@@ -7,6 +7,7 @@ Every rank runs the same command; rank 0 writes DIR/results.csv and DIR/kernels/
 same harness `python -m suite` uses (which starts its own local ranks). `--module` loads a user's
 experiment first (a dotted module name or a .py file, as `experiment.module=` does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,15 @@ def main() -> None:
         raise SystemExit(2) from None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = MeasureSettings(scale=args.scale, max_elements=MAX_ELEMENTS[args.scale],
-                               world_size=args.world_size, warmup=1, repeats=args.repeats,
-                               csv_path=out / "results.csv", kernels_dir=out / "kernels")
+    settings = MeasureSettings(
+        scale=args.scale,
+        max_elements=MAX_ELEMENTS[args.scale],
+        world_size=args.world_size,
+        warmup=1,
+        repeats=args.repeats,
+        csv_path=out / "results.csv",
+        kernels_dir=out / "kernels",
+    )
     rows = exp.measure(settings) if exp.measure else harness.measure(exp, settings)
     shutdown()
     if int(os.environ.get("RANK", "0")) == 0:

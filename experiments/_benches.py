@@ -12,6 +12,7 @@ communication's calls each after its own barrier (`experiments.rounds.sample_ms`
 What each kind measures and what the fit takes from it: `experiments.calibrate` and
 `cost_model.calibration`. Sizes in bytes (f32 buffers), times in ms.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,12 @@ def kernel_args(plan, step, n: int, runner) -> list:
     read-only inputs on the kernel's shared zero page, which reads faster than a step's data
     (the Adam kernel 10-20% at 2^20 elements in a probe)."""
     loop = step.kernel.numel
-    return [torch.empty(n, dtype=runner.bufs[i].dtype).uniform_(0.1, 1.0)
-            if plan.buffer(i).numel == loop else runner.bufs[i] for i in step.kernel.args()]
+    return [
+        torch.empty(n, dtype=runner.bufs[i].dtype).uniform_(0.1, 1.0)
+        if plan.buffer(i).numel == loop
+        else runner.bufs[i]
+        for i in step.kernel.args()
+    ]
 
 
 def exchange(comm, x, out, tag=0, chunks=1):
@@ -63,6 +68,7 @@ class Bench:
     returns ms per call for each of `kinds` (this rank's); `repeatable`: a sample of a short one
     may hold several calls; `min_calls`: however long a call, at least that many per sample;
     `sizes`: {kind: nbytes} for the kinds whose size is not `nbytes`."""
+
     kinds: tuple[str, ...]
     nbytes: int
     sample: Callable[[int], tuple[float, ...]]
@@ -74,12 +80,14 @@ class Bench:
 
 def plain(kind: str, nbytes: int, fn: Callable[[], object], **extra) -> Bench:
     """A local operation: a sample times its calls back to back, after one barrier."""
+
     def sample(calls: int) -> tuple[float, ...]:
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         return ((time.perf_counter() - t0) * 1e3 / calls,)
+
     return Bench((kind,), nbytes, sample, extra)
 
 
@@ -105,25 +113,35 @@ def communication(rank, world, spec) -> list[Bench]:
     for b in spec["sizes"]:
         n = b // 4
         x, y = X[:n], Y[:n]
-        out.append(apart("exchange", b, lambda x=x, y=y: [w.wait() for w in exchange(
-            comm, x, y)]))
+        out.append(apart("exchange", b, lambda x=x, y=y: [w.wait() for w in exchange(comm, x, y)]))
         if b >= CHUNKED_FROM:
-            out.append(apart("exchange_chunked", b, lambda x=x, y=y: [w.wait() for w in exchange(
-                comm, x, y, chunks=EXCHANGE_CHUNKS)], chunks=EXCHANGE_CHUNKS))
+            out.append(
+                apart(
+                    "exchange_chunked",
+                    b,
+                    lambda x=x, y=y: [
+                        w.wait() for w in exchange(comm, x, y, chunks=EXCHANGE_CHUNKS)
+                    ],
+                    chunks=EXCHANGE_CHUNKS,
+                )
+            )
         if world > 1 and WAIT_SIZES[0] <= b <= WAIT_SIZES[1]:
             out.append(waited(b, x, y))
         if world > 1:
+
             def one_way(x=x, y=y):
                 if rank == 0:
                     comm.p2p(x, None, 0, 1)
                 elif rank == 1:
                     comm.p2p(None, y, 0, 1)
+
             out.append(apart("send", b, one_way))
         out.append(apart("all_reduce", b, lambda x=x: comm.all_reduce(x)))
         if n % world == 0:
-            part, whole = part_[:n // world], whole_[:n]
-            out.append(apart("reduce_scatter", b, lambda w=whole, p=part: comm.reduce_scatter(
-                w, p)))
+            part, whole = part_[: n // world], whole_[:n]
+            out.append(
+                apart("reduce_scatter", b, lambda w=whole, p=part: comm.reduce_scatter(w, p))
+            )
             out.append(apart("all_gather", b, lambda w=whole, p=part: comm.all_gather(p, w)))
         out.append(plain("add", b, lambda x=x, y=y: torch.add(x, y, out=x)))
         out.append(plain("copy", b, lambda x=x, y=y: y.copy_(x)))
@@ -140,10 +158,12 @@ def alone(world, spec) -> list[Bench]:
     full_, part_ = torch.zeros(top), torch.zeros(top // world)
     out = []
     for b in sizes:
-        full, part = full_[:b // 4], part_[:b // 4 // world]
-        out += [apart("alone_all_reduce", b, lambda x=full: comm.all_reduce(x)),
-                apart("alone_reduce_scatter", b, lambda w=full, p=part: comm.reduce_scatter(w, p)),
-                apart("alone_all_gather", b, lambda w=full, p=part: comm.all_gather(p, w))]
+        full, part = full_[: b // 4], part_[: b // 4 // world]
+        out += [
+            apart("alone_all_reduce", b, lambda x=full: comm.all_reduce(x)),
+            apart("alone_reduce_scatter", b, lambda w=full, p=part: comm.reduce_scatter(w, p)),
+            apart("alone_all_gather", b, lambda w=full, p=part: comm.all_gather(p, w)),
+        ]
     return out
 
 
@@ -182,10 +202,11 @@ def shm_collectives(world, spec, c) -> list[Bench]:
         if n % world:
             continue
         x, part = torch.randn(n), torch.empty(n // world)
-        out += [apart("shm_all_reduce", b, lambda x=x: c.all_reduce(x, "sum")),
-                apart("shm_reduce_scatter", b, lambda x=x, p=part: c.reduce_scatter(
-                    x, p, "sum")),
-                apart("shm_all_gather", b, lambda x=x, p=part: c.all_gather(p, x))]
+        out += [
+            apart("shm_all_reduce", b, lambda x=x: c.all_reduce(x, "sum")),
+            apart("shm_reduce_scatter", b, lambda x=x, p=part: c.reduce_scatter(x, p, "sum")),
+            apart("shm_all_gather", b, lambda x=x, p=part: c.all_gather(p, x)),
+        ]
     return out
 
 
@@ -207,8 +228,14 @@ def kernels(plan, step, fn, runner, spec) -> list[Bench]:
     out = []
     for n in spec["kernel_elements"]:
         args = kernel_args(plan, step, n, runner)
-        out.append(plain("kernel", n * KERNEL_BYTES_PER_ELEMENT, lambda n=n, a=args: fn(
-            0, n, 0, a), flops=step.flops * n / loop))
+        out.append(
+            plain(
+                "kernel",
+                n * KERNEL_BYTES_PER_ELEMENT,
+                lambda n=n, a=args: fn(0, n, 0, a),
+                flops=step.flops * n / loop,
+            )
+        )
     if spec.get("stream_elements"):
         top = spec.get("stream_buffer", max(spec["kernel_elements"]))
         big = kernel_args(plan, step, top, runner)
@@ -227,7 +254,8 @@ def streaming(fn, big, sized, n: int, top: int, flops: float) -> Bench:
     def call():
         i = at[0] % pieces
         at[0] += 1
-        fn(0, n, 0, [t[i * n:(i + 1) * n] if s else t for t, s in zip(big, sized)])
+        fn(0, n, 0, [t[i * n : (i + 1) * n] if s else t for t, s in zip(big, sized)])
+
     return plain("kernel_stream", n * KERNEL_BYTES_PER_ELEMENT, call, flops=flops)
 
 
@@ -252,11 +280,23 @@ def library_steps(rank, world, spec, backend) -> list[Bench]:
         program = cls.program()
         for n in spec.get("library_elements", []):
             b = {"N": n}
-            every = distribute(program, global_inputs(program, world, b, np.random.default_rng(
-                [rank, n])), world, b)
-            base = cls(BaselineContext(rank=rank, world_size=world, P=world, backend=backend,
-                                       groups=None, inputs=with_defaults(program, every[rank]),
-                                       exact=False))
+            every = distribute(
+                program,
+                global_inputs(program, world, b, np.random.default_rng([rank, n])),
+                world,
+                b,
+            )
+            base = cls(
+                BaselineContext(
+                    rank=rank,
+                    world_size=world,
+                    P=world,
+                    backend=backend,
+                    groups=None,
+                    inputs=with_defaults(program, every[rank]),
+                    exact=False,
+                )
+            )
 
             def sample(calls: int, base=base) -> tuple[float, ...]:
                 dist.barrier()
@@ -266,8 +306,8 @@ def library_steps(rank, world, spec, backend) -> list[Bench]:
                     base.alone_step()
                     times.append(base.compute_ms - before)
                 return (statistics.median(times),)
-            out.append(Bench((f"library_{cls.routine}",), 4 * n, sample,
-                             min_calls=LIBRARY_CALLS))
+
+            out.append(Bench((f"library_{cls.routine}",), 4 * n, sample, min_calls=LIBRARY_CALLS))
     return out
 
 
@@ -281,11 +321,20 @@ def matmuls(spec) -> list[Bench]:
 
         def whole(a=a, w=w, o=o, rows=rows, pieces=pieces):
             for j in range(pieces):
-                torch.matmul(a[j * rows:(j + 1) * rows], w, out=o[j * rows:(j + 1) * rows])
-        bench = plain("matmul", 4 * (rows * k + k * n + rows * n), whole,
-                       flops=2 * rows * k * n, shape=f"{m}x{k}x{n}/{pieces}")
-        out.append(dataclasses.replace(bench, sample=lambda calls, s=bench.sample, p=pieces: tuple(
-            t / p for t in s(calls))))
+                torch.matmul(a[j * rows : (j + 1) * rows], w, out=o[j * rows : (j + 1) * rows])
+
+        bench = plain(
+            "matmul",
+            4 * (rows * k + k * n + rows * n),
+            whole,
+            flops=2 * rows * k * n,
+            shape=f"{m}x{k}x{n}/{pieces}",
+        )
+        out.append(
+            dataclasses.replace(
+                bench, sample=lambda calls, s=bench.sample, p=pieces: tuple(t / p for t in s(calls))
+            )
+        )
     return out
 
 
@@ -301,16 +350,25 @@ def sequences(plan, step, fn, runner, spec) -> list[Bench]:
         x, args = torch.randn(n), kernel_args(plan, step, n, runner)
         kernel = lambda n=n, a=args: fn(0, n, 0, a)  # noqa: E731
         comm_only = lambda x=x: comm.all_reduce(x)  # noqa: E731
-        extra = {"kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT, "flops": step.flops * n /
-                 step.kernel.numel}
+        extra = {
+            "kernel_bytes": n * KERNEL_BYTES_PER_ELEMENT,
+            "flops": step.flops * n / step.kernel.numel,
+        }
 
         def sample(calls: int, k=kernel, c=comm_only) -> tuple[float, ...]:
-            runs = [(timed(lambda: (c(), k())), timed(c), timed(k))
-                    for _ in range(max(1, calls))]
+            runs = [(timed(lambda: (c(), k())), timed(c), timed(k)) for _ in range(max(1, calls))]
             return tuple(statistics.median(col) for col in zip(*runs)) + (
-                statistics.median(s - a - b for s, a, b in runs),)
-        out.append(Bench(("sequence", "sequence_comm", "sequence_compute", "sequence_extra"),
-                         4 * n, sample, extra))
+                statistics.median(s - a - b for s, a, b in runs),
+            )
+
+        out.append(
+            Bench(
+                ("sequence", "sequence_comm", "sequence_compute", "sequence_extra"),
+                4 * n,
+                sample,
+                extra,
+            )
+        )
     return out
 
 
@@ -362,6 +420,13 @@ def overlap(spec, runner, step) -> list[Bench]:
         med = lambda key, i=0: statistics.median(t[i] for t in got[key])  # noqa: E731
         return med("k"), med("x"), med("b", 0), med("b", 1)
 
-    return [Bench(("overlap_kernel", "overlap_exchange", "overlap_inside", "overlap_both"),
-                  K * KERNEL_BYTES_PER_ELEMENT, sample, extra, min_calls=OVERLAP_CALLS,
-                  sizes={"overlap_exchange": E})]
+    return [
+        Bench(
+            ("overlap_kernel", "overlap_exchange", "overlap_inside", "overlap_both"),
+            K * KERNEL_BYTES_PER_ELEMENT,
+            sample,
+            extra,
+            min_calls=OVERLAP_CALLS,
+            sizes={"overlap_exchange": E},
+        )
+    ]

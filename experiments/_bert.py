@@ -22,6 +22,7 @@ Configurations (`CONFIGS`), each `make(model, optimizer, hp, backend=None) -> (m
 `LAMB`: a torch optimizer (torch has none) with the update of `coconet.FusedLAMB`: per parameter
 tensor, Adam's bias-corrected direction plus decoupled weight decay, times ||w|| / ||u||.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,8 +60,9 @@ class Encoder(nn.Module):
         h = size.hidden
         self.tokens = nn.Embedding(size.vocab, h)
         self.positions = nn.Parameter(torch.randn(size.seq, h) * 0.02)
-        layer = nn.TransformerEncoderLayer(h, size.heads, 4 * h, dropout=0.0, activation="gelu",
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            h, size.heads, 4 * h, dropout=0.0, activation="gelu", batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, size.layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(h)
         self.head = nn.Linear(h, size.vocab)
@@ -104,8 +106,9 @@ class LAMB(torch.optim.Optimizer):
     """LAMB in torch, per parameter tensor (the update `coconet.FusedLAMB` generates)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps,
-                                  "weight_decay": weight_decay})
+        super().__init__(
+            params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        )
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -115,14 +118,17 @@ class LAMB(torch.optim.Optimizer):
                 g = p.grad if p.grad is not None else torch.zeros_like(p)
                 st = self.state[p]
                 if not st:
-                    st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                              exp_avg_sq=torch.zeros_like(p))
+                    st.update(
+                        step=torch.tensor(0.0),
+                        exp_avg=torch.zeros_like(p),
+                        exp_avg_sq=torch.zeros_like(p),
+                    )
                 st["step"] += 1
                 t = float(st["step"])
                 m, v = st["exp_avg"], st["exp_avg_sq"]
                 m.mul_(b1).add_(g, alpha=1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                u = (m / (1 - b1 ** t)).div_((v / (1 - b2 ** t)).sqrt_().add_(group["eps"]))
+                u = (m / (1 - b1**t)).div_((v / (1 - b2**t)).sqrt_().add_(group["eps"]))
                 u.add_(p, alpha=group["weight_decay"])
                 r_w = torch.linalg.vector_norm(p, dtype=torch.float64).float()
                 r_u = torch.linalg.vector_norm(u, dtype=torch.float64).float()
@@ -132,10 +138,17 @@ class LAMB(torch.optim.Optimizer):
 
 def torch_optimizer(optimizer: str, params, hp: dict, **extra):
     if optimizer == "adam":
-        return torch.optim.Adam(params, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
-                                fused=True, **extra)
-    return LAMB(params, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
-                weight_decay=hp["weight_decay"], **extra)
+        return torch.optim.Adam(
+            params, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"], fused=True, **extra
+        )
+    return LAMB(
+        params,
+        lr=hp["lr"],
+        betas=hp["betas"],
+        eps=hp["eps"],
+        weight_decay=hp["weight_decay"],
+        **extra,
+    )
 
 
 def _ddp(model, optimizer, hp, backend=None):
@@ -146,8 +159,9 @@ def _zero(model, optimizer, hp, backend=None):
     cls = torch.optim.Adam if optimizer == "adam" else LAMB
     kw = {"fused": True} if optimizer == "adam" else {"weight_decay": hp["weight_decay"]}
     first, *rest = param_groups(model, hp)
-    opt = ZeroRedundancyOptimizer(first["params"], optimizer_class=cls, lr=first["lr"],
-                                  betas=hp["betas"], eps=hp["eps"], **kw)
+    opt = ZeroRedundancyOptimizer(
+        first["params"], optimizer_class=cls, lr=first["lr"], betas=hp["betas"], eps=hp["eps"], **kw
+    )
     for g in rest:
         opt.add_param_group({**g, "lr": g.get("lr", hp["lr"])})
     return DDP(model), opt
@@ -169,8 +183,7 @@ def param_groups(model: nn.Module, hp: dict) -> list[dict]:
     emb = [model.tokens.weight, model.positions]
     ids = {id(p) for p in emb}
     rest = [p for p in model.parameters() if id(p) not in ids]
-    return [{"params": emb, "lr": hp["lr"] * hp.get("embedding_lr_scale", 1.0)},
-            {"params": rest}]
+    return [{"params": emb, "lr": hp["lr"] * hp.get("embedding_lr_scale", 1.0)}, {"params": rest}]
 
 
 def activation_bytes(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:
@@ -207,5 +220,9 @@ def state_bytes(opt) -> int:
     if isinstance(opt, coconet.FusedOptimizer):
         return opt.state_bytes()
     inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
-    return sum(t.numel() * t.element_size() for st in inner.state.values()
-               for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0)
+    return sum(
+        t.numel() * t.element_size()
+        for st in inner.state.values()
+        for t in st.values()
+        if isinstance(t, torch.Tensor) and t.dim() > 0
+    )

@@ -20,19 +20,23 @@ source `predicted`). Per model and optimizer:
 - throughput b P / step time, speedup = fused throughput / baseline throughput.
 These are the cost model's predictions from hardware figures, not fitted to the paper.
 """
+
 from __future__ import annotations
 
+from coconet.programs import SLICED, adam_program, lamb_program, sliced_schedule
 from codegen.lower import lower
 from codegen.plan import ITEMSIZE
-from coconet.programs import SLICED, adam_program, lamb_program, sliced_schedule
 from cost_model.workload import simulate
 
 from .predict import _split as time_split
 
-BERT = (("BERT-334M", 24, 1024, 334_000_000), ("BERT-1.2B", 24, 2048, 1_200_000_000),
-        ("BERT-3.9B", 48, 2560, 3_900_000_000))
+BERT = (
+    ("BERT-334M", 24, 1024, 334_000_000),
+    ("BERT-1.2B", 24, 2048, 1_200_000_000),
+    ("BERT-3.9B", 48, 2560, 3_900_000_000),
+)
 SEQ = 128
-MEMORY_BYTES = 32 * 1024 ** 3  # V100 SXM3 32 GB (FIELD_NOTES: DGX-2)
+MEMORY_BYTES = 32 * 1024**3  # V100 SXM3 32 GB (FIELD_NOTES: DGX-2)
 BASELINE_BYTES_PER_PARAM = 20  # f32 w, g, DDP's gradient bucket, m, v
 PROGRAMS = {"adam": adam_program, "lamb": lamb_program}
 
@@ -44,7 +48,7 @@ def activation_bytes(layers: int, hidden: int, seq: int = SEQ) -> float:
 
 
 def fwd_bwd_ms(topo, params: int, layers: int, hidden: int, micro_batch: int) -> float:
-    flops = 6 * params * micro_batch * SEQ + 12 * layers * SEQ ** 2 * hidden * micro_batch
+    flops = 6 * params * micro_batch * SEQ + 12 * layers * SEQ**2 * hidden * micro_batch
     return topo.device.matmul_us(3 * 2 * params, flops, "f16") / 1e3
 
 
@@ -52,8 +56,9 @@ def _plan_state_bytes(plan) -> int:
     """Bytes of the fused Plan's buffers that are not the full w or g (m, v, scratch)."""
     ids = dict(plan.inputs)
     full = {ids["w"], ids["g"]}
-    return sum(b.numel * ITEMSIZE[b.dtype] for b in plan.buffers
-               if b.id not in full and b.shape != ())
+    return sum(
+        b.numel * ITEMSIZE[b.dtype] for b in plan.buffers if b.id not in full and b.shape != ()
+    )
 
 
 def _largest(free_bytes: float, per_sample: float) -> int:
@@ -71,8 +76,10 @@ def predict_table1(topo, world_size: int, optimizers=("adam", "lamb")) -> list[d
             fused_plan = lower(sliced_schedule(program), {"N": n}, world_size)
             base_sim, fused_sim = simulate(base_plan, topo), simulate(fused_plan, topo)
             fused_bytes = 8 * params + _plan_state_bytes(fused_plan)
-            sides = {"baseline": (BASELINE_BYTES_PER_PARAM * params, base_sim),
-                     SLICED: (fused_bytes, fused_sim)}
+            sides = {
+                "baseline": (BASELINE_BYTES_PER_PARAM * params, base_sim),
+                SLICED: (fused_bytes, fused_sim),
+            }
             out = {}
             for schedule, (static, sim) in sides.items():
                 b = _largest(MEMORY_BYTES - static, act)
@@ -89,16 +96,30 @@ def predict_table1(topo, world_size: int, optimizers=("adam", "lamb")) -> list[d
             base_thr = _throughput(out["baseline"], world_size)
             for schedule, (b, step, static, sim) in out.items():
                 thr = _throughput(out[schedule], world_size)
-                rows.append({
-                    "experiment": "training", "schedule": schedule, "source": "predicted",
-                    "backend": "sim", "topology": topo.name, "world_size": world_size,
-                    "size": params, "shape": f"{name} (L={layers},H={hidden},S={SEQ})",
-                    "dtype": "f32", "row_kind": "table1", "optimizer": opt, "micro_batch": b,
-                    "time_ms": round(step, 3) if step else "",
-                    "samples_per_s": round(thr, 1) if thr else "",
-                    "speedup": round(thr / base_thr, 3) if thr and base_thr else "",
-                    "memory_bytes": int(static), "memory_cap_bytes": MEMORY_BYTES,
-                    "note": "does not fit" if b == 0 else f"optimizer step {sim.time_ms:.1f} ms"})
+                rows.append(
+                    {
+                        "experiment": "training",
+                        "schedule": schedule,
+                        "source": "predicted",
+                        "backend": "sim",
+                        "topology": topo.name,
+                        "world_size": world_size,
+                        "size": params,
+                        "shape": f"{name} (L={layers},H={hidden},S={SEQ})",
+                        "dtype": "f32",
+                        "row_kind": "table1",
+                        "optimizer": opt,
+                        "micro_batch": b,
+                        "time_ms": round(step, 3) if step else "",
+                        "samples_per_s": round(thr, 1) if thr else "",
+                        "speedup": round(thr / base_thr, 3) if thr and base_thr else "",
+                        "memory_bytes": int(static),
+                        "memory_cap_bytes": MEMORY_BYTES,
+                        "note": "does not fit"
+                        if b == 0
+                        else f"optimizer step {sim.time_ms:.1f} ms",
+                    }
+                )
     return rows
 
 

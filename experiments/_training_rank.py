@@ -17,6 +17,7 @@ data-parallel configurations (`experiments._bert.CONFIGS`: ddp, zero, fused) for
   timed once, in a fresh random order (the same on every rank), so that drifts of the machine hit
   all of them alike; points: every config at `spec.micro_batch` and at its own largest micro-batch.
 """
+
 from __future__ import annotations
 
 import random
@@ -48,8 +49,9 @@ class Spec:
     comm: str = "ring"  # the fused optimizers' transport (codegen.runtime.backend.CpuBackend)
 
 
-def _steps(spec: Spec, module, opt, rank: int, start: int, n: int, micro_batch: int,
-           sched=None) -> list[float]:
+def _steps(
+    spec: Spec, module, opt, rank: int, start: int, n: int, micro_batch: int, sched=None
+) -> list[float]:
     losses = []
     for s in range(start, start + n):
         x, y = B.batch(spec.size, spec.seed, s, rank, micro_batch)
@@ -80,8 +82,12 @@ def _memory(spec: Spec, setups: dict, rank: int) -> dict:
         b = max(0, free // per_sample)
         while b > 0 and sum(static.values()) + act(b) > spec.cap_bytes:
             b -= 1
-        out[config] = {**static, "activations_per_sample": per_sample, "max_micro_batch": int(b),
-                       "activations": act(b) if b else 0}
+        out[config] = {
+            **static,
+            "activations_per_sample": per_sample,
+            "max_micro_batch": int(b),
+            "activations": act(b) if b else 0,
+        }
     return out
 
 
@@ -97,8 +103,11 @@ def _timed(spec: Spec, module, opt, rank: int, start: int, micro_batch: int) -> 
 
 def _timing(spec: Spec, setups: dict, memory: dict, rank: int) -> dict:
     points = [(c, spec.micro_batch) for c in setups]
-    points += [(c, m["max_micro_batch"]) for c, m in memory.items()
-               if m["max_micro_batch"] and (c, m["max_micro_batch"]) not in points]
+    points += [
+        (c, m["max_micro_batch"])
+        for c, m in memory.items()
+        if m["max_micro_batch"] and (c, m["max_micro_batch"]) not in points
+    ]
     times: dict = {p: [] for p in points}
     start = spec.steps
     for r in range(spec.warmup_rounds + spec.rounds):
@@ -118,17 +127,24 @@ def rank_main(rank: int, world: int, spec: Spec) -> dict:
     out = {}
     for optimizer in spec.optimizers:
         hp = spec.hp[optimizer]
-        setups = {c: B.CONFIGS[c](B.Encoder(spec.size, spec.seed), optimizer, hp,
-                                  backend=CpuBackend(comm=spec.comm)) for c in spec.configs}
+        setups = {
+            c: B.CONFIGS[c](
+                B.Encoder(spec.size, spec.seed), optimizer, hp, backend=CpuBackend(comm=spec.comm)
+            )
+            for c in spec.configs
+        }
         curves = {}
         for config, (module, opt) in setups.items():
             sched = torch.optim.lr_scheduler.LambdaLR(
-                opt, lambda s: min(1.0, (s + 1) / spec.warmup_steps))
-            curves[config] = _steps(spec, module, opt, rank, 0, spec.steps, spec.micro_batch,
-                                    sched)
+                opt, lambda s: min(1.0, (s + 1) / spec.warmup_steps)
+            )
+            curves[config] = _steps(spec, module, opt, rank, 0, spec.steps, spec.micro_batch, sched)
         memory = _memory(spec, setups, rank)
-        out[optimizer] = {"curves": curves, "memory": memory,
-                          "timing": _timing(spec, setups, memory, rank)}
+        out[optimizer] = {
+            "curves": curves,
+            "memory": memory,
+            "timing": _timing(spec, setups, memory, rank),
+        }
         if rank == 0:
             print(f"training: {optimizer} measured", flush=True)
     return out

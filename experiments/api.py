@@ -29,6 +29,7 @@ rebuild); `section(df, out_dir)` adds a report section of its own.
 
 Units: sizes in elements (bytes for collectives), times in milliseconds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -66,14 +67,18 @@ class Baseline(Protocol):
 
 def with_defaults(program, inputs: dict) -> dict:
     """A rank's inputs plus the hyper-parameters' defaults (what a baseline reads them from)."""
-    defaults = {i.value.name: np.asarray(i.default, dtype=i.value.type.dtype.numpy)
-                for i in program.inputs if i.default is not None}
+    defaults = {
+        i.value.name: np.asarray(i.default, dtype=i.value.type.dtype.numpy)
+        for i in program.inputs
+        if i.default is not None
+    }
     return {**defaults, **inputs}
 
 
 @dataclass(frozen=True, kw_only=True)
 class BaselineContext:
     """What a baseline is built from on one rank: where it runs and its inputs."""
+
     rank: int
     world_size: int
     P: int  # ranks per pipeline stage (the tensor-parallel group's size)
@@ -103,6 +108,7 @@ class BaselineContext:
 @dataclass(frozen=True, kw_only=True)
 class PaperSetting:
     """Where the paper ran the experiment: predicted beside every run, and scaled to any topology."""
+
     topologies: tuple[tuple[str, Optional[int]], ...]  # (suite/conf/topology name, nodes)
     world_size: int
     dtype: object  # dsl dtype
@@ -171,6 +177,7 @@ class PredictSettings:
 @dataclass(frozen=True, kw_only=True)
 class DeriveSettings:
     """What an experiment made from another (`Experiment.derive`) is made for: the run's."""
+
     scale: str
     backend: str  # sim: predicted on `topology` alone; cpu/cuda: measured here
     topology: object  # cost_model.topology.Topology of the run

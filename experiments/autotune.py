@@ -44,6 +44,7 @@ measures (`harness.FUSED_CHUNKS`) is searched there; with backend=sim on a GPU t
 no algorithm, NCCL's algorithm too (`nccl_algorithms`; autotune.csv's `algo`, a pick predicted
 with it forced: `Experiment.algos`, results.csv's `algo` column names what each collective ran).
 """
+
 from __future__ import annotations
 
 import time
@@ -142,19 +143,30 @@ def candidates(schedules: Sequence[Schedule], fused_chunks: Sequence[int]) -> li
     out = []
     for s in schedules:
         if s.program.fused and not s.program.overlaps:  # an overlap's chunks set the fused ones
-            out += [Candidate(s, c, labels[s.key] + (f" c={c}" if len(fused_chunks) > 1 else ""))
-                    for c in fused_chunks]
+            out += [
+                Candidate(s, c, labels[s.key] + (f" c={c}" if len(fused_chunks) > 1 else ""))
+                for c in fused_chunks
+            ]
         else:
             out.append(Candidate(s, None, labels[s.key]))
     return out
 
 
-def autotune(program: Program, topology: Topology, bindings: Mapping[str, int],
-             world_size: int, *, sliceable: Sequence[str] = (), budget: Budget = Budget(),
-             top_k: int = 8,
-             fused_chunks: Sequence[int] = (2, 4, 8), verify_world_sizes: Sequence[int] = (2,),
-             verify_bindings: Optional[Sequence[Mapping[str, int]]] = None,
-             trials: int = 1, algorithms: Sequence[str] = ()) -> Tuned:
+def autotune(
+    program: Program,
+    topology: Topology,
+    bindings: Mapping[str, int],
+    world_size: int,
+    *,
+    sliceable: Sequence[str] = (),
+    budget: Budget = Budget(),
+    top_k: int = 8,
+    fused_chunks: Sequence[int] = (2, 4, 8),
+    verify_world_sizes: Sequence[int] = (2,),
+    verify_bindings: Optional[Sequence[Mapping[str, int]]] = None,
+    trials: int = 1,
+    algorithms: Sequence[str] = (),
+) -> Tuned:
     """See the module doc."""
     t0 = time.perf_counter()
     space = schedule_space(program, replace(budget, sliceable=tuple(sliceable)))
@@ -162,8 +174,9 @@ def autotune(program: Program, topology: Topology, bindings: Mapping[str, int],
     plans, kept = {}, {}
     for c in candidates(schedules, fused_chunks):
         try:
-            plans[c.label] = lower(c.program, dict(bindings), world_size,
-                                   fused_chunks=c.fused_chunks or 4)
+            plans[c.label] = lower(
+                c.program, dict(bindings), world_size, fused_chunks=c.fused_chunks or 4
+            )
         except DSLError:
             continue  # this point does not admit the candidate's chunks
         kept[c.label] = c
@@ -174,8 +187,18 @@ def autotune(program: Program, topology: Topology, bindings: Mapping[str, int],
             plans[c.label], kept[c.label], topologies[c.label] = plan, c, forced
     ranked = rank(plans, topology, top_k=top_k, topologies=topologies)
     ranking = [(kept[r.key], r) for r in ranked]
-    return Tuned(ranking[0][0], ranking, space.found, len(plans), unverifiable, space.truncated,
-                 time.perf_counter() - t0, ranked.closed_s, ranked.des_s, ranked.des_count)
+    return Tuned(
+        ranking[0][0],
+        ranking,
+        space.found,
+        len(plans),
+        unverifiable,
+        space.truncated,
+        time.perf_counter() - t0,
+        ranked.closed_s,
+        ranked.des_s,
+        ranked.des_count,
+    )
 
 
 def nccl_algorithms(topology: Topology) -> tuple[str, ...]:
@@ -201,18 +224,27 @@ TABLE = "autotune.csv"
 def _sliceable(target: Experiment, dtype) -> tuple[str, ...]:
     """The inputs the target's own schedules keep as slices (the paper's as_slice choice)."""
     program = target.program(dtype)
-    replicated = {i.value.name for i in program.inputs if isinstance(i.value.type.layout,
-                                                                    Replicated)}
-    return tuple(sorted({i.value.name for p in target.schedules(dtype).values() for i in p.inputs
-                         if i.value.name in replicated
-                         and isinstance(i.value.type.layout, Sliced)}))
+    replicated = {
+        i.value.name for i in program.inputs if isinstance(i.value.type.layout, Replicated)
+    }
+    return tuple(
+        sorted(
+            {
+                i.value.name
+                for p in target.schedules(dtype).values()
+                for i in p.inputs
+                if i.value.name in replicated and isinstance(i.value.type.layout, Sliced)
+            }
+        )
+    )
 
 
 def _setting(target: Experiment, s: DeriveSettings):
     """(world size, points, dtype) the run measures or predicts the target at."""
     if s.backend == "sim":
-        world, points, dtype = sim_setting(target, s.topology, s.scale, s.world_size,
-                                           s.max_elements)
+        world, points, dtype = sim_setting(
+            target, s.topology, s.scale, s.world_size, s.max_elements
+        )
     else:
         world, points, dtype = s.world_size, target.points(s.scale, s.max_elements), f32
     return world, [dict(b) for b in (s.sizes or points)], dtype
@@ -231,60 +263,100 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
     names = {ir_key(p): n for n, p in named.items()}
     tunings = []
     for b in points:
-        tuned = autotune(program, s.topology, b, world, sliceable=_sliceable(target, dtype),
-                         fused_chunks=(FUSED_CHUNKS,), top_k=2 * TOP_M,
-                         verify_bindings=target.verify_bindings("smoke"),
-                         algorithms=nccl_algorithms(s.topology) if s.backend == "sim" else ())
-        print(f"autotune {target.name} {target.size_and_shape(b)[1]} on {s.topology.name} "
-              f"({world} ranks): {tuned.found} schedules; {tuned.candidates} candidates ranked "
-              f"by the closed form in {tuned.closed_s:.2f} s, the best {tuned.des_count} by the "
-              f"DES in {tuned.des_s:.2f} s (search {tuned.search_s:.1f} s); predicted best "
-              f"{_label(names, tuned.chosen)}", flush=True)
-        tunings.append((b, tuned, [(_label(names, c), c, r)
-                                   for c, r in tuned.ranking]))
+        tuned = autotune(
+            program,
+            s.topology,
+            b,
+            world,
+            sliceable=_sliceable(target, dtype),
+            fused_chunks=(FUSED_CHUNKS,),
+            top_k=2 * TOP_M,
+            verify_bindings=target.verify_bindings("smoke"),
+            algorithms=nccl_algorithms(s.topology) if s.backend == "sim" else (),
+        )
+        print(
+            f"autotune {target.name} {target.size_and_shape(b)[1]} on {s.topology.name} "
+            f"({world} ranks): {tuned.found} schedules; {tuned.candidates} candidates ranked "
+            f"by the closed form in {tuned.closed_s:.2f} s, the best {tuned.des_count} by the "
+            f"DES in {tuned.des_s:.2f} s (search {tuned.search_s:.1f} s); predicted best "
+            f"{_label(names, tuned.chosen)}",
+            flush=True,
+        )
+        tunings.append((b, tuned, [(_label(names, c), c, r) for c, r in tuned.ranking]))
     schedules = {label: c.schedule for _, _, ranked in tunings for label, c, _ in ranked}
     algos = {label: c.algo for _, _, ranked in tunings for label, c, _ in ranked if c.algo}
-    everywhere = set.intersection(*(_present({label for label, _, _ in ranked}, algos)
-                                    for _, _, ranked in tunings)) if tunings else set()
+    everywhere = (
+        set.intersection(
+            *(_present({label for label, _, _ in ranked}, algos) for _, _, ranked in tunings)
+        )
+        if tunings
+        else set()
+    )
     own = s.sizes or target.points(s.scale, s.max_elements)
-    everywhere = {label for label in everywhere  # and pass the suite's checks: verification
-                  if _verifies(program, schedules[label], s.verify_world_sizes,
-                               target.verify_bindings(s.scale))
-                  and (s.backend != "sim" or _lowers(schedules[label].program, own,
-                                                      s.world_size))}
+    everywhere = {
+        label
+        for label in everywhere  # and pass the suite's checks: verification
+        if _verifies(
+            program, schedules[label], s.verify_world_sizes, target.verify_bindings(s.scale)
+        )
+        and (s.backend != "sim" or _lowers(schedules[label].program, own, s.world_size))
+    }
     table, picked = [], {}
     for b, tuned, ranked in tunings:
         size, shape = target.size_and_shape(b)
-        best_named = min((k for k, (label, _, _) in enumerate(ranked) if label in named),
-                         default=len(ranked))  # the rank of the best named schedule
+        best_named = min(
+            (k for k, (label, _, _) in enumerate(ranked) if label in named), default=len(ranked)
+        )  # the rank of the best named schedule
         top = [label for label, _, _ in ranked if label in everywhere][:TOP_M]
         for rank_, (label, c, r) in enumerate(ranked):
             if label in top:
                 picked.setdefault(label, c.schedule.steps)
             shown = label in top or (label not in named and rank_ < best_named)
-            table.append({"experiment": target.name, "topology": s.topology.name,
-                          "world_size": world, "size": size, "shape": shape,
-                          "schedule": label, "named": label in named,
-                          "measurable": label in everywhere,
-                          "predicted_rank": rank_, "predicted_us": round(r.time_us, 3),
-                          "closed_us": round(r.closed_us, 3), "found": tuned.found,
-                          "candidates": tuned.candidates, "search_s": round(tuned.search_s, 3),
-                          "closed_s": round(tuned.closed_s, 4), "des_count": tuned.des_count,
-                          "des_s": round(tuned.des_s, 4), "path": c.schedule.path,
-                          "algo": c.algo or "",
-                          "program": str(c.program) if shown else ""})
+            table.append(
+                {
+                    "experiment": target.name,
+                    "topology": s.topology.name,
+                    "world_size": world,
+                    "size": size,
+                    "shape": shape,
+                    "schedule": label,
+                    "named": label in named,
+                    "measurable": label in everywhere,
+                    "predicted_rank": rank_,
+                    "predicted_us": round(r.time_us, 3),
+                    "closed_us": round(r.closed_us, 3),
+                    "found": tuned.found,
+                    "candidates": tuned.candidates,
+                    "search_s": round(tuned.search_s, 3),
+                    "closed_s": round(tuned.closed_s, 4),
+                    "des_count": tuned.des_count,
+                    "des_s": round(tuned.des_s, 4),
+                    "path": c.schedule.path,
+                    "algo": c.algo or "",
+                    "program": str(c.program) if shown else "",
+                }
+            )
     _write_table(s.out_dir / TABLE, table)
     paths = {label: steps for label, steps in picked.items() if label not in named}
-    return _made(target, named, paths, table[0]["found"] if table else 0,
-                 {label: a for label, a in algos.items() if label in paths})
+    return _made(
+        target,
+        named,
+        paths,
+        table[0]["found"] if table else 0,
+        {label: a for label, a in algos.items() if label in paths},
+    )
 
 
 def _made(target: Experiment, named: dict, paths: dict, found: int, algos: dict) -> Experiment:
     """The target with the picked schedules (`paths`), each predicted with its forced NCCL
     algorithm (`algos`, `Experiment.algos`)."""
-    return replace(target, schedules=_schedules_of(target, named, paths), algos=algos,
-                   figure=f"autotune of {target.name} ({target.figure}): the best of {found} "
-                          "schedules", section=section)
+    return replace(
+        target,
+        schedules=_schedules_of(target, named, paths),
+        algos=algos,
+        figure=f"autotune of {target.name} ({target.figure}): the best of {found} schedules",
+        section=section,
+    )
 
 
 def recorded(target: Experiment, run_dir) -> Experiment:
@@ -313,8 +385,9 @@ def _steps(path: str) -> tuple[str, ...]:
 def _present(labels: set, algos: dict) -> set:
     """The labels a point can run: its own, and each forced-algorithm label whose schedule is
     there without it (forcing changed nothing there: the same plan, the same time)."""
-    return labels | {label for label, algo in algos.items()
-                     if label[:-len(f" algo={algo}")] in labels}
+    return labels | {
+        label for label, algo in algos.items() if label[: -len(f" algo={algo}")] in labels
+    }
 
 
 def _label(names: dict, c: Candidate) -> str:
@@ -351,11 +424,17 @@ def _lowers(program: Program, points, world: int) -> bool:
 def _schedules_of(target: Experiment, named: dict, paths: dict):
     """schedules(dtype): the named schedules and the picked ones, found again by their path in the
     space of the program at that dtype (the enumeration is deterministic)."""
+
     def schedules(dtype=f32) -> dict:
         own = dict(target.schedules(dtype))
-        space = {s.steps: s.program for s in schedule_space(
-            target.program(dtype), Budget(sliceable=_sliceable(target, dtype))).schedules}
+        space = {
+            s.steps: s.program
+            for s in schedule_space(
+                target.program(dtype), Budget(sliceable=_sliceable(target, dtype))
+            ).schedules
+        }
         return {**own, **{label: space[steps] for label, steps in paths.items()}}
+
     return schedules
 
 
@@ -372,9 +451,25 @@ def section(df, out_dir) -> str:
     return autotune_section(df, pd.read_csv(path), out_dir, TOP_M)
 
 
-EXPERIMENT = register(Experiment(
-    name="autotune", figure="the best schedule of a program per size (Fig. 10, 'CoCoNeT')",
-    derive=tune, recorded=recorded, doc="python -m suite experiment=autotune target=NAME"))
+EXPERIMENT = register(
+    Experiment(
+        name="autotune",
+        figure="the best schedule of a program per size (Fig. 10, 'CoCoNeT')",
+        derive=tune,
+        recorded=recorded,
+        doc="python -m suite experiment=autotune target=NAME",
+    )
+)
 
-__all__ = ["Candidate", "EXPERIMENT", "Ranked", "Tuned", "autotune", "candidates",
-           "nccl_algorithms", "recorded", "section", "tune"]
+__all__ = [
+    "Candidate",
+    "EXPERIMENT",
+    "Ranked",
+    "Tuned",
+    "autotune",
+    "candidates",
+    "nccl_algorithms",
+    "recorded",
+    "section",
+    "tune",
+]

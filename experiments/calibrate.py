@@ -84,6 +84,7 @@ same scale and ranks kept there (per benchmark the median over them, `with_histo
 read: calibration_pooled.json), and this one is kept there; the rows and the calibration's own
 predicted-vs-measured check stay this calibration's.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,7 +95,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 import torch.distributed as dist
 
 from codegen.build import build
@@ -109,12 +109,21 @@ from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.table import append_row
 
+from ._benches import (
+    Bench,
+    alone,
+    communication,
+    kernels,
+    library_steps,
+    matmuls,
+    overlap,
+    sequences,
+    shm_collectives,
+)
 from .api import Experiment
 from .calibration_history import keep, pooled
 from .optimizers import adam_program
 from .registry import register
-from ._benches import (Bench, alone, communication, kernels, library_steps, matmuls, overlap,
-                       sequences, shm_collectives)
 from .rounds import calls_for, needs_untimed
 
 NAME = "calibrate"
@@ -123,25 +132,45 @@ POOLED = "calibration_pooled.json"  # what the fit read, where it pooled several
 TOPOLOGY_SHM = "topology_shm.yaml"  # with comm=shm: the shared-memory transport's topology
 # scale "quick": the default sizes' range, every other size, one pass: what a run calibrates
 # with when none is cached for this machine (suite.calibration), in about 20 s
-SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1),
-          "paper": (12, 27, 1)}
-KERNEL_SCALES = {"smoke": (7, 16, 3), "quick": (10, 25, 3), "default": (7, 25, 1),
-                 "paper": (7, 25, 1)}  # elements
+SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1), "paper": (12, 27, 1)}
+KERNEL_SCALES = {
+    "smoke": (7, 16, 3),
+    "quick": (10, 25, 3),
+    "default": (7, 25, 1),
+    "paper": (7, 25, 1),
+}  # elements
 ROUNDS = {"smoke": 1, "quick": 2, "default": 4, "paper": 6}  # x max(3, repeats): rounds
 # torch.matmul [m, k] x [k, n] in `pieces` calls of m / pieces rows each: the row-parallel
 # matmuls of model_parallel at 2 ranks (k = K/P, n = H = 1024), whole and in the row pieces its
 # overlap computes (S*B/P/chunks rows a call), each call's rows new to the caches as there
-MATMULS = {"smoke": [(128, 128, 256, 1), (128, 128, 256, 4), (256, 256, 256, 1)],
-           "quick": [(1024, 512, 1024, 1), (1024, 512, 1024, 8), (1024, 2048, 1024, 1),
-                     (1024, 2048, 1024, 8)],
-           "default": [(1024, 512, 1024, 1), (1024, 512, 1024, 2), (1024, 512, 1024, 4),
-                       (1024, 512, 1024, 8), (4096, 512, 1024, 1), (4096, 512, 1024, 8),
-                       (1024, 2048, 1024, 1), (1024, 2048, 1024, 8)]}
+MATMULS = {
+    "smoke": [(128, 128, 256, 1), (128, 128, 256, 4), (256, 256, 256, 1)],
+    "quick": [
+        (1024, 512, 1024, 1),
+        (1024, 512, 1024, 8),
+        (1024, 2048, 1024, 1),
+        (1024, 2048, 1024, 8),
+    ],
+    "default": [
+        (1024, 512, 1024, 1),
+        (1024, 512, 1024, 2),
+        (1024, 512, 1024, 4),
+        (1024, 512, 1024, 8),
+        (4096, 512, 1024, 1),
+        (4096, 512, 1024, 8),
+        (1024, 2048, 1024, 1),
+        (1024, 2048, 1024, 8),
+    ],
+}
 MATMULS["paper"] = MATMULS["default"]
 # in calibration.json for the fit, not rows: a difference of times (may be negative)
 DERIVED = ("sequence_extra",)
-STREAM_SCALES = {"smoke": (12, 14, 2), "quick": (18, 22, 2), "default": (18, 22, 1),
-                 "paper": (18, 22, 1)}  # elements: a fused step's chunks (kernel_stream)
+STREAM_SCALES = {
+    "smoke": (12, 14, 2),
+    "quick": (18, 22, 2),
+    "default": (18, 22, 1),
+    "paper": (18, 22, 1),
+}  # elements: a fused step's chunks (kernel_stream)
 # elements: the buffers kernel_stream's chunks are pieces of, as large as the largest optimizer
 # step of the default sweep (adam_fusion's and lamb_fusion's 2^24), the sweep's largest size
 # where that is smaller (`_benches.kernels`)
@@ -151,12 +180,24 @@ STREAM_BUFFER = 1 << 24
 # from the caches (1.25 ms against 6.9 at 2^22, 5.5x faster for 4x less data) where a run's
 # step, after its all-reduce, does not (1.9 ms): one run that took 2^20 into the curve read
 # memory scales of 0.66-0.68 there and predicted its 2^20 kernels 1.5x slow
-LIBRARY_SCALES = {"smoke": (12, 12, 1), "quick": (22, 23, 1), "default": (22, 23, 1),
-                  "paper": (22, 23, 1)}
-ALONE_SCALES = {"smoke": (12, 20, 4), "quick": (12, 26, 2), "default": (12, 26, 2),
-                "paper": (12, 26, 2)}  # bytes: the `alone_<kind>` collectives
-SEQUENCE_SCALES = {"smoke": (14, 18, 2), "quick": (19, 23, 2), "default": (19, 23, 1),
-                   "paper": (19, 23, 1)}  # elements
+LIBRARY_SCALES = {
+    "smoke": (12, 12, 1),
+    "quick": (22, 23, 1),
+    "default": (22, 23, 1),
+    "paper": (22, 23, 1),
+}
+ALONE_SCALES = {
+    "smoke": (12, 20, 4),
+    "quick": (12, 26, 2),
+    "default": (12, 26, 2),
+    "paper": (12, 26, 2),
+}  # bytes: the `alone_<kind>` collectives
+SEQUENCE_SCALES = {
+    "smoke": (14, 18, 2),
+    "quick": (19, 23, 2),
+    "default": (19, 23, 1),
+    "paper": (19, 23, 1),
+}  # elements
 
 
 def sizes(scale: str, table=SCALES) -> list[int]:
@@ -178,22 +219,42 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     `cost_model.calibration.AT_MEAN`)."""
     plan, step = spec["plan"], spec["step"]
     fn = build([step.kernel])[step.kernel.name]
-    runner = PlanRunner(plan, rank, {step.kernel.name: CpuKernel(fn)},
-                        CpuBackend().groups(plan.stages))
-    shm = (CpuBackend(comm="shm").communicator(comm.Group.world(), NO_STREAMS)
-           if spec.get("shm") else None)
-    benches = (communication(rank, world, spec) + kernels(plan, step, fn, runner, spec)
-               + library_steps(rank, world, spec, CpuBackend()) + matmuls(spec)
-               + sequences(plan, step, fn, runner, spec) + overlap(spec, runner, step)
-               + (shm_collectives(world, spec, shm) if shm is not None else []))
+    runner = PlanRunner(
+        plan, rank, {step.kernel.name: CpuKernel(fn)}, CpuBackend().groups(plan.stages)
+    )
+    shm = (
+        CpuBackend(comm="shm").communicator(comm.Group.world(), NO_STREAMS)
+        if spec.get("shm")
+        else None
+    )
+    benches = (
+        communication(rank, world, spec)
+        + kernels(plan, step, fn, runner, spec)
+        + library_steps(rank, world, spec, CpuBackend())
+        + matmuls(spec)
+        + sequences(plan, step, fn, runner, spec)
+        + overlap(spec, runner, step)
+        + (shm_collectives(world, spec, shm) if shm is not None else [])
+    )
     times = in_streams_spell(benches, interleaved(benches, spec["rounds"], spec["warmup"], rank))
     by_themselves = alone(world, spec) if world > 1 and spec.get("alone_sizes") else []
     if by_themselves:  # in rounds of their own
         times += interleaved(by_themselves, spec["rounds"], spec["warmup"], rank, seed=1)
-    return [{"kind": kind, "nbytes": b.sizes.get(kind, b.nbytes), "time_ms": statistics.median(ts),
-             "time_ms_min": min(ts), "time_ms_max": max(ts), "time_ms_mean": statistics.fmean(ts),
-             "world_size": world, "rounds": len(ts), **b.extra}
-            for b, got in zip(benches + by_themselves, times) for kind, ts in zip(b.kinds, got)]
+    return [
+        {
+            "kind": kind,
+            "nbytes": b.sizes.get(kind, b.nbytes),
+            "time_ms": statistics.median(ts),
+            "time_ms_min": min(ts),
+            "time_ms_max": max(ts),
+            "time_ms_mean": statistics.fmean(ts),
+            "world_size": world,
+            "rounds": len(ts),
+            **b.extra,
+        }
+        for b, got in zip(benches + by_themselves, times)
+        for kind, ts in zip(b.kinds, got)
+    ]
 
 
 def in_streams_spell(benches: list[Bench], times: list) -> list:
@@ -209,12 +270,17 @@ def in_streams_spell(benches: list[Bench], times: list) -> list:
         return times
     ref = times[max(stream, key=lambda i: benches[i].nbytes)][0]
     mid = statistics.median(ref)
-    return [[[t * mid / r for t, r in zip(ts, ref)] for ts in got]
-            if b.kinds[0].startswith(LIBRARY) else got for b, got in zip(benches, times)]
+    return [
+        [[t * mid / r for t, r in zip(ts, ref)] for ts in got]
+        if b.kinds[0].startswith(LIBRARY)
+        else got
+        for b, got in zip(benches, times)
+    ]
 
 
-def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
-                seed: int = 0) -> list[list[list[float]]]:
+def interleaved(
+    benches: list[Bench], rounds: int, warmup: int, rank: int, seed: int = 0
+) -> list[list[list[float]]]:
     """Per bench, per kind of it, one sample per round: warm-up (each bench `warmup` times, the last
     one's slowest-rank time sets how many calls make a sample of a short bench, as
     `experiments.rounds` does, and never fewer than the bench's `min_calls`), then `rounds`
@@ -229,8 +295,9 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
         for i, b in enumerate(benches):
             warm[i] = b.sample(1)[0]
     dist.all_reduce(warm, op=dist.ReduceOp.MAX)
-    calls = [max(b.min_calls, calls_for(float(w))) if b.repeatable else 1
-             for b, w in zip(benches, warm)]
+    calls = [
+        max(b.min_calls, calls_for(float(w))) if b.repeatable else 1 for b, w in zip(benches, warm)
+    ]
     untimed = [needs_untimed(float(w)) for w in warm]
     slots, width = [], 0
     for b in benches:
@@ -243,8 +310,9 @@ def interleaved(benches: list[Bench], rounds: int, warmup: int, rank: int,
         for i in np.random.default_rng([seed, r]).permutation(len(benches)):
             if untimed[i]:  # a sample never takes the first call (as the rounds')
                 benches[i].sample(1)
-            vec[slots[i]:slots[i] + len(benches[i].kinds)] = torch.tensor(
-                benches[i].sample(calls[i]), dtype=torch.float64)
+            vec[slots[i] : slots[i] + len(benches[i].kinds)] = torch.tensor(
+                benches[i].sample(calls[i]), dtype=torch.float64
+            )
         dist.all_reduce(vec, op=dist.ReduceOp.MAX)
         for i, b in enumerate(benches):
             for j in range(len(b.kinds)):
@@ -264,38 +332,61 @@ def measure(settings) -> list[dict]:
     print("building the Adam kernel ...", flush=True)
     build([step.kernel])  # compiled once here; the ranks load it from the cache
     small = settings.scale == "smoke"
-    spec = {"sizes": szs, "kernel_elements": ksz,
-            "rounds": ROUNDS[settings.scale] * max(3, settings.repeats),
-            "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
-            "alone_sizes": sizes(settings.scale, ALONE_SCALES),
-            "library_elements": sizes(settings.scale, LIBRARY_SCALES),
-            "stream_elements": [n for n in sizes(settings.scale, STREAM_SCALES) if n < max(ksz)],
-            "stream_buffer": min(max(ksz), STREAM_BUFFER),
-            "warmup": max(1, settings.warmup),
-            "plan": plan, "step": step, "shm": settings.comm == "shm",
-            "matmuls": MATMULS["smoke" if small else settings.scale],
-            "overlap_exchange": 1 << (20 if small else 26), "overlap_kernel": 1 << (16 if small
-                                                                                 else 24)}
+    spec = {
+        "sizes": szs,
+        "kernel_elements": ksz,
+        "rounds": ROUNDS[settings.scale] * max(3, settings.repeats),
+        "sequence_elements": sizes(settings.scale, SEQUENCE_SCALES),
+        "alone_sizes": sizes(settings.scale, ALONE_SCALES),
+        "library_elements": sizes(settings.scale, LIBRARY_SCALES),
+        "stream_elements": [n for n in sizes(settings.scale, STREAM_SCALES) if n < max(ksz)],
+        "stream_buffer": min(max(ksz), STREAM_BUFFER),
+        "warmup": max(1, settings.warmup),
+        "plan": plan,
+        "step": step,
+        "shm": settings.comm == "shm",
+        "matmuls": MATMULS["smoke" if small else settings.scale],
+        "overlap_exchange": 1 << (20 if small else 26),
+        "overlap_kernel": 1 << (16 if small else 24),
+    }
     start = time.perf_counter()
-    raw = run_ranks(rank_main, P, args=(spec,), timeout_s=settings.timeout_s,
-                    collective_timeout_s=settings.collective_timeout_s)[0]
+    raw = run_ranks(
+        rank_main,
+        P,
+        args=(spec,),
+        timeout_s=settings.timeout_s,
+        collective_timeout_s=settings.collective_timeout_s,
+    )[0]
     took = time.perf_counter() - start
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / CALIBRATION).write_text(json.dumps(raw, indent=1))
     measurements, pooled_with = with_history(raw, settings, out_dir)
-    source = (f"calibrated by experiment=calibrate on {platform.node()} ({P} ranks, "
-              f"{settings.scale} scale, {time.strftime('%Y-%m-%d %H:%M')}{pooled_with})")
+    source = (
+        f"calibrated by experiment=calibrate on {platform.node()} ({P} ranks, "
+        f"{settings.scale} scale, {time.strftime('%Y-%m-%d %H:%M')}{pooled_with})"
+    )
     topo = fit(measurements, load_topology("local"), P, source=source, cores=cpu_cores())
-    path = dump_topology(topo, out_dir / TOPOLOGY, header=source + "\nUse it with: python -m "
-                         f"suite experiment=... topology=local topology.path={out_dir / TOPOLOGY}")
-    print(f"calibration: {len(raw)} measurements on {P} ranks in {took:.0f} s; fitted topology "
-          f"written to {path}", flush=True)
+    path = dump_topology(
+        topo,
+        out_dir / TOPOLOGY,
+        header=source + "\nUse it with: python -m "
+        f"suite experiment=... topology=local topology.path={out_dir / TOPOLOGY}",
+    )
+    print(
+        f"calibration: {len(raw)} measurements on {P} ranks in {took:.0f} s; fitted topology "
+        f"written to {path}",
+        flush=True,
+    )
     print(describe(topo), flush=True)
     if spec["shm"]:
         shm = fit_shm(measurements, topo, P, source=source + ", comm=shm")
-        path = dump_topology(shm, out_dir / TOPOLOGY_SHM, header=shm.source + "\nUse it with: "
-                             f"python -m suite experiment=... comm=shm topology=local "
-                             f"topology.path={out_dir / TOPOLOGY_SHM}")
+        path = dump_topology(
+            shm,
+            out_dir / TOPOLOGY_SHM,
+            header=shm.source + "\nUse it with: "
+            f"python -m suite experiment=... comm=shm topology=local "
+            f"topology.path={out_dir / TOPOLOGY_SHM}",
+        )
         print(f"comm=shm: fitted topology written to {path}\n{describe(shm)}", flush=True)
     rows = [_row(m, "measured", "cpu", m["time_ms"]) for m in raw if m["kind"] not in DERIVED]
     for r in rows:
@@ -313,21 +404,28 @@ def with_history(raw: list[dict], settings, out_dir: Path) -> tuple[list[dict], 
     history = settings.calibration_history
     if history is None:
         return raw, ""
-    used = pooled(Path(history), raw, settings.scale, settings.world_size,
-                  max(1, settings.calibration_pool))
+    used = pooled(
+        Path(history), raw, settings.scale, settings.world_size, max(1, settings.calibration_pool)
+    )
     try:
         kept_as = str(keep(Path(history), raw, settings.scale, settings.world_size))
     except OSError as e:  # the fit does not need it: say so, and go on
         kept_as = f"no history (not kept: {e})"
-    print(f"calibration kept in {kept_as}; the fit pools {len(used)} calibration"
-          f"{'s' if len(used) > 1 else ''} of this machine (calibration_pool="
-          f"{settings.calibration_pool}): {', '.join(name for name, _ in used)}", flush=True)
+    print(
+        f"calibration kept in {kept_as}; the fit pools {len(used)} calibration"
+        f"{'s' if len(used) > 1 else ''} of this machine (calibration_pool="
+        f"{settings.calibration_pool}): {', '.join(name for name, _ in used)}",
+        flush=True,
+    )
     if len(used) == 1:
         return raw, ""
     measurements = pool([m for _, m in used])
     (out_dir / POOLED).write_text(json.dumps(measurements, indent=1))
-    return measurements, f"; per benchmark the median of {len(used)} calibrations: this one " \
-        f"and {len(used) - 1} earlier of this machine"
+    return (
+        measurements,
+        f"; per benchmark the median of {len(used)} calibrations: this one "
+        f"and {len(used) - 1} earlier of this machine",
+    )
 
 
 def predict(settings) -> list[dict]:
@@ -339,21 +437,41 @@ def predict(settings) -> list[dict]:
     raw = json.loads((out_dir / CALIBRATION).read_text())
     topo = load_topology(path=out_dir / TOPOLOGY)
     shm = load_topology(path=out_dir / TOPOLOGY_SHM) if (out_dir / TOPOLOGY_SHM).exists() else None
-    on_shm = lambda kind: shm is not None and (kind.startswith(SHM)  # noqa: E731
-                                               or kind == "kernel_stream")
-    return [_row(m, "predicted", "sim", predict_ms((shm if on_shm(m["kind"]) else topo).lone(),
-                                                   Measurement.of(m)))
-            for m in raw if (shm is not None or not m["kind"].startswith(SHM))
-            and m["kind"] not in DERIVED]
+
+    def on_shm(kind):
+        return shm is not None and (kind.startswith(SHM) or kind == "kernel_stream")
+
+    return [
+        _row(
+            m,
+            "predicted",
+            "sim",
+            predict_ms((shm if on_shm(m["kind"]) else topo).lone(), Measurement.of(m)),
+        )
+        for m in raw
+        if (shm is not None or not m["kind"].startswith(SHM)) and m["kind"] not in DERIVED
+    ]
 
 
 def _row(m: dict, source: str, backend: str, time_ms: float) -> dict:
-    row = {"experiment": NAME, "schedule": m["kind"], "source": source, "backend": backend,
-           "topology": "local", "world_size": m["world_size"], "size": m["nbytes"],
-           "shape": f"{m['nbytes']} B", "dtype": "f32", "time_ms": round(time_ms, 6)}
+    row = {
+        "experiment": NAME,
+        "schedule": m["kind"],
+        "source": source,
+        "backend": backend,
+        "topology": "local",
+        "world_size": m["world_size"],
+        "size": m["nbytes"],
+        "shape": f"{m['nbytes']} B",
+        "dtype": "f32",
+        "time_ms": round(time_ms, 6),
+    }
     if source == "measured":
-        row.update(time_ms_min=round(m["time_ms_min"], 6), time_ms_max=round(m["time_ms_max"], 6),
-                   verified=True)
+        row.update(
+            time_ms_min=round(m["time_ms_min"], 6),
+            time_ms_max=round(m["time_ms_max"], 6),
+            verified=True,
+        )
     return row
 
 
@@ -361,36 +479,50 @@ def describe(topo) -> str:
     d, link, lib = topo.device, topo.intra.link, topo.library
 
     def lone(k) -> str:  # links at the means (a step's), and at the medians (`Topology.lone`)
-        return (f"; a lone call's (medians) {k.bandwidth_gbps:.2f} GB/s, latency "
-                f"{k.latency_us:.0f} us" if k is not None else "")
-    return (f"  device: memory {d.memory_bandwidth_gbps:.1f} GB/s (best), launch "
-            f"{d.launch_us:.0f} us, streaming {d.stream_memory_gbps:.1f} GB/s (a kernel in a "
-            f"step), matmul f32 {d.peak('f32') * 1e3:.0f} GFLOP/s\n"
-            f"  ring send/recv: {link.bandwidth_gbps:.2f} GB/s, overhead {link.overhead_us:.0f} us"
-            f" per message, latency {link.latency_us:.0f} us (small messages)"
-            f"{lone(topo.lone_link)}\n"
-            f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us"
-            f"{lone(topo.lone_library)}\n"
-            f"{_one_way(topo, lone)}"
-            f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
-            f" v = {topo.comm_slowdown:.2f}\n"
-            f"  a step beyond its operations: {_by_size(topo)}{_per_core(topo)}\n"
-            f"  a thread blocked on a chunk in flight runs {topo.wake_us / 1e3:.2f} ms after it "
-            f"lands\n"
-            f"  a collective among collectives only takes x{topo.alone_scale:.2f} its time among "
-            "the other benchmarks")
+        return (
+            f"; a lone call's (medians) {k.bandwidth_gbps:.2f} GB/s, latency {k.latency_us:.0f} us"
+            if k is not None
+            else ""
+        )
+
+    return (
+        f"  device: memory {d.memory_bandwidth_gbps:.1f} GB/s (best), launch "
+        f"{d.launch_us:.0f} us, streaming {d.stream_memory_gbps:.1f} GB/s (a kernel in a "
+        f"step), matmul f32 {d.peak('f32') * 1e3:.0f} GFLOP/s\n"
+        f"  ring send/recv: {link.bandwidth_gbps:.2f} GB/s, overhead {link.overhead_us:.0f} us"
+        f" per message, latency {link.latency_us:.0f} us (small messages)"
+        f"{lone(topo.lone_link)}\n"
+        f"  gloo all_reduce: {lib.bandwidth_gbps:.2f} GB/s, latency {lib.latency_us:.0f} us"
+        f"{lone(topo.lone_library)}\n"
+        f"{_one_way(topo, lone)}"
+        f"  overlap: compute slowdown u = {topo.compute_slowdown:.2f}, communication slowdown"
+        f" v = {topo.comm_slowdown:.2f}\n"
+        f"  a step beyond its operations: {_by_size(topo)}{_per_core(topo)}\n"
+        f"  a thread blocked on a chunk in flight runs {topo.wake_us / 1e3:.2f} ms after it "
+        f"lands\n"
+        f"  a collective among collectives only takes x{topo.alone_scale:.2f} its time among "
+        "the other benchmarks"
+    )
 
 
 def _one_way(topo, lone) -> str:
     """The line of the one-way messages' link (`Topology.p2p_link`), where fitted."""
     k = topo.p2p_link
-    return (f"  one-way send (a pipeline's P2P): {k.bandwidth_gbps:.2f} GB/s, latency "
-            f"{k.latency_us:.0f} us{lone(topo.lone_p2p_link)}\n" if k is not None else "")
+    return (
+        f"  one-way send (a pipeline's P2P): {k.bandwidth_gbps:.2f} GB/s, latency "
+        f"{k.latency_us:.0f} us{lone(topo.lone_p2p_link)}\n"
+        if k is not None
+        else ""
+    )
 
 
 def _per_core(topo) -> str:
-    return (f" (at one rank a core; a plan of more ranks than the {topo.cores} cores pays it x "
-            "ranks / cores)" if topo.cores else "")
+    return (
+        f" (at one rank a core; a plan of more ranks than the {topo.cores} cores pays it x "
+        "ranks / cores)"
+        if topo.cores
+        else ""
+    )
 
 
 def _by_size(topo) -> str:
@@ -398,10 +530,18 @@ def _by_size(topo) -> str:
     if not topo.step_overhead_by_bytes:
         return f"{topo.step_overhead_us / 1e3:.2f} ms"
     size = lambda b: f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"  # noqa: E731
-    return ", ".join(f"{us / 1e3:.2f} ms at {size(b)}"
-                     for b, us in sorted(topo.step_overhead_by_bytes.items()))
+    return ", ".join(
+        f"{us / 1e3:.2f} ms at {size(b)}" for b, us in sorted(topo.step_overhead_by_bytes.items())
+    )
 
 
-EXPERIMENT = register(Experiment(
-    name=NAME, figure="none (fits the cost model's local topology)", measure=measure,
-    predict=predict, fits_topology=True, needs_measurement=True))
+EXPERIMENT = register(
+    Experiment(
+        name=NAME,
+        figure="none (fits the cost model's local topology)",
+        measure=measure,
+        predict=predict,
+        fits_topology=True,
+        needs_measurement=True,
+    )
+)

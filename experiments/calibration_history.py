@@ -14,6 +14,7 @@ the calibrations), which the fit reads as one (why, with the figures: README, "R
 A kept file is written whole (a temporary file renamed), so a crash leaves none half written;
 no file is ever deleted or rewritten. A file that does not parse is skipped with a warning.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def kept(history: Path, scale: str, world: int) -> list[Path]:
     return sorted(p for p in history.iterdir() if p.name.endswith(_suffix(scale, world)))
 
 
-def pooled(history: Path, raw: list[dict], scale: str, world: int,
-           n: int) -> list[tuple[str, list[dict]]]:
+def pooled(
+    history: Path, raw: list[dict], scale: str, world: int, n: int
+) -> list[tuple[str, list[dict]]]:
     """This calibration (`raw`, named "this run") and the n - 1 latest kept ones of the same
     scale and ranks, newest first; unreadable files are skipped (one warning each)."""
     out: list[tuple[str, list[dict]]] = [("this run", raw)]

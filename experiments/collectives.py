@@ -29,6 +29,7 @@ world_size ranks; a calibrated topology's time times its `alone_scale`), with th
 and protocol in `algo` and `proto` (protocol: NCCL's, on
 GPU topologies).
 """
+
 from __future__ import annotations
 
 import time
@@ -51,8 +52,11 @@ from .rounds import Budget, interleave
 NAME = "collectives"
 POINT_BUDGET_S = 5.0  # interleaved rounds (several transports): at most this long per point
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
-FACTOR = {"all_reduce": lambda P: 2 * (P - 1) / P, "reduce_scatter": lambda P: (P - 1) / P,
-          "all_gather": lambda P: (P - 1) / P}
+FACTOR = {
+    "all_reduce": lambda P: 2 * (P - 1) / P,
+    "reduce_scatter": lambda P: (P - 1) / P,
+    "all_gather": lambda P: (P - 1) / P,
+}
 
 
 def sizes(scale: str, max_bytes: int = 1 << 30) -> list[int]:
@@ -60,13 +64,32 @@ def sizes(scale: str, max_bytes: int = 1 << 30) -> list[int]:
     return [1 << k for k in range(10, 31, step) if 1 << k <= max_bytes]
 
 
-def row(kind: str, nbytes: int, time_ms: float, P: int, source: str, backend: str,
-        topology: str, **extra) -> dict:
+def row(
+    kind: str,
+    nbytes: int,
+    time_ms: float,
+    P: int,
+    source: str,
+    backend: str,
+    topology: str,
+    **extra,
+) -> dict:
     algbw = nbytes / (time_ms * 1e-3) / 1e9 if time_ms > 0 else 0.0
-    return {"experiment": NAME, "schedule": kind, "source": source, "backend": backend,
-            "topology": topology, "world_size": P, "size": nbytes, "shape": f"[{nbytes // 4}]",
-            "dtype": "f32", "time_ms": round(time_ms, 6), "algbw_gbps": round(algbw, 4),
-            "busbw_gbps": round(algbw * FACTOR[kind](P), 4), **extra}
+    return {
+        "experiment": NAME,
+        "schedule": kind,
+        "source": source,
+        "backend": backend,
+        "topology": topology,
+        "world_size": P,
+        "size": nbytes,
+        "shape": f"[{nbytes // 4}]",
+        "dtype": "f32",
+        "time_ms": round(time_ms, 6),
+        "algbw_gbps": round(algbw, 4),
+        "busbw_gbps": round(algbw * FACTOR[kind](P), 4),
+        **extra,
+    }
 
 
 def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) -> list[dict]:
@@ -82,8 +105,19 @@ def predict_rows(topo, world_size: int, scale: str, max_bytes: int = 1 << 30) ->
             algo = choose(spec, topo)
             r = simulate_collective(spec, topo, algo)
             proto = nccl_call(spec, topo, algo).proto if uses_nccl(spec, topo) else ""
-            rows.append(row(kind, b, r.time_ms * topo.alone_scale, world_size, "predicted",
-                            "sim", topo.name, algo=algo, proto=proto))
+            rows.append(
+                row(
+                    kind,
+                    b,
+                    r.time_ms * topo.alone_scale,
+                    world_size,
+                    "predicted",
+                    "sim",
+                    topo.name,
+                    algo=algo,
+                    proto=proto,
+                )
+            )
     return rows
 
 
@@ -94,22 +128,31 @@ def table(measured: list[dict], predicted: list[dict] = ()) -> str:
     def src(r) -> str:  # measured rows of several transports: one column each
         return r["source"] + (f"/{r['comm']}" if isinstance(r.get("comm"), str) else "")
 
-    cols = sorted({(r["schedule"], src(r)) for r in rows},
-                  key=lambda c: (KINDS.index(c[0]), c[1]))
+    cols = sorted({(r["schedule"], src(r)) for r in rows}, key=lambda c: (KINDS.index(c[0]), c[1]))
     by = {(r["schedule"], src(r), r["size"]): r for r in rows}
     head = f"{'bytes':>12} " + " ".join(f"{k[:14] + ' ' + s[:13]:>28}" for k, s in cols)
     lines = [head + "   (busbw GB/s)"]
     for b in sorted({r["size"] for r in rows}):
-        cells = [f"{by[(k, s, b)]['busbw_gbps']:28.3f}" if (k, s, b) in by else f"{'':>28}"
-                 for k, s in cols]
+        cells = [
+            f"{by[(k, s, b)]['busbw_gbps']:28.3f}" if (k, s, b) in by else f"{'':>28}"
+            for k, s in cols
+        ]
         lines.append(f"{b:>12} " + " ".join(cells))
     return "\n".join(lines)
 
 
 # -- measured on local ranks --------------------------------------------------------------------
-def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
-              backend_name: str = "cpu", comms: tuple = (None,),
-              budget: Optional[Budget] = None, seed: int = 0) -> list[dict]:
+def rank_main(
+    rank: int,
+    world: int,
+    szs: list[int],
+    warmup: int,
+    repeats: int,
+    backend_name: str = "cpu",
+    comms: tuple = (None,),
+    budget: Optional[Budget] = None,
+    seed: int = 0,
+) -> list[dict]:
     """Every collective at every size through the backend's communicator for each transport in
     `comms` (None: the backend's default; cpu: the rings over gloo; cuda: NCCL), timed with the
     backend's clock in interleaved rounds (`experiments.rounds.interleave` with `budget`); rows
@@ -123,33 +166,52 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
     for comm in comms:
         backend = backends.get(backend_name, **({"comm": comm} if comm else {}))
         label = "gloo" if comm in ("ring", "library") else comm or "default"
-        targets.append((label, backend, backend.communicator(backend.groups().world,
-                                                             backends.NO_STREAMS)))
+        targets.append(
+            (label, backend, backend.communicator(backend.groups().world, backends.NO_STREAMS))
+        )
     backend, clock = targets[0][1], targets[0][1].clock()
     budget = budget or Budget(warmup=warmup)
     szs = [b for b in szs if (b // 4) % world == 0]
     if len(targets) == 1:
-        (label, _, c), = targets
+        ((label, _, c),) = targets
         top = max(szs, default=0) // 4  # every size's buffers: views of one pair of the largest
         full_ = backend.buffer((top,), torch.float32)
         part_ = backend.buffer((top // world,), torch.float32)
         fns, ok = {}, {}
         for b in szs:
-            full, part = full_[:b // 4], part_[:b // 4 // world]
+            full, part = full_[: b // 4], part_[: b // 4 // world]
             for kind in KINDS:
                 fns[(kind, b)] = _op(kind, c, full, part)
                 ok[(kind, b)] = _check(kind, fns[(kind, b)], full, part, rank, world)
-        rounds = interleave({f"{k} {b}": f for (k, b), f in fns.items()},
-                            budget, key=(seed, NAME),
-                            clock=clock, baseline=None)
+        rounds = interleave(
+            {f"{k} {b}": f for (k, b), f in fns.items()},
+            budget,
+            key=(seed, NAME),
+            clock=clock,
+            baseline=None,
+        )
         out = []
         for kind, b in fns:
             ts, t = rounds.times_ms[f"{kind} {b}"], rounds.time(f"{kind} {b}")
-            out.append(row(kind, b, t.median, world, "measured", backend.name, "local",
-                           time_ms_min=round(min(ts), 6), time_ms_max=round(max(ts), 6),
-                           time_ms_lo=round(t.lo, 6), time_ms_hi=round(t.hi, 6),
-                           rounds=rounds.rounds, stopped=rounds.stopped,
-                           verified=ok[(kind, b)], comm=label))
+            out.append(
+                row(
+                    kind,
+                    b,
+                    t.median,
+                    world,
+                    "measured",
+                    backend.name,
+                    "local",
+                    time_ms_min=round(min(ts), 6),
+                    time_ms_max=round(max(ts), 6),
+                    time_ms_lo=round(t.lo, 6),
+                    time_ms_hi=round(t.hi, 6),
+                    rounds=rounds.rounds,
+                    stopped=rounds.stopped,
+                    verified=ok[(kind, b)],
+                    comm=label,
+                )
+            )
         return out
     out = []
     for b in szs:
@@ -164,20 +226,37 @@ def rank_main(rank: int, world: int, szs: list[int], warmup: int, repeats: int,
             for label in ops:
                 name = "baseline" if label == ref else label
                 t, x = rounds.time(name), rounds.speedup(name)
-                out.append(row(kind, b, t.median, world, "measured", backend.name, "local",
-                               time_ms_min=round(min(rounds.times_ms[name]), 6),
-                               time_ms_max=round(max(rounds.times_ms[name]), 6),
-                               time_ms_lo=round(t.lo, 6), time_ms_hi=round(t.hi, 6),
-                               speedup=round(x.median, 4), speedup_lo=round(x.lo, 4),
-                               speedup_hi=round(x.hi, 4), rounds=rounds.rounds,
-                               stopped=rounds.stopped, verified=ok[label], comm=label))
+                out.append(
+                    row(
+                        kind,
+                        b,
+                        t.median,
+                        world,
+                        "measured",
+                        backend.name,
+                        "local",
+                        time_ms_min=round(min(rounds.times_ms[name]), 6),
+                        time_ms_max=round(max(rounds.times_ms[name]), 6),
+                        time_ms_lo=round(t.lo, 6),
+                        time_ms_hi=round(t.hi, 6),
+                        speedup=round(x.median, 4),
+                        speedup_lo=round(x.lo, 4),
+                        speedup_hi=round(x.hi, 4),
+                        rounds=rounds.rounds,
+                        stopped=rounds.stopped,
+                        verified=ok[label],
+                        comm=label,
+                    )
+                )
     return out
 
 
 def _op(kind: str, c, full, part) -> Callable[[], None]:
-    return {"all_reduce": lambda: c.all_reduce(full, "sum"),
-            "reduce_scatter": lambda: c.reduce_scatter(full, part, "sum"),
-            "all_gather": lambda: c.all_gather(part, full)}[kind]
+    return {
+        "all_reduce": lambda: c.all_reduce(full, "sum"),
+        "reduce_scatter": lambda: c.reduce_scatter(full, part, "sum"),
+        "all_gather": lambda: c.all_gather(part, full),
+    }[kind]
 
 
 def _check(kind: str, op, full, part, rank: int, world: int) -> bool:
@@ -186,8 +265,11 @@ def _check(kind: str, op, full, part, rank: int, world: int) -> bool:
     part.fill_(rank + 1)
     op()
     if kind == "all_gather":
-        return bool((full.view(world, -1) == torch.arange(1, world + 1, device=full.device)
-                     .view(-1, 1)).all())
+        return bool(
+            (
+                full.view(world, -1) == torch.arange(1, world + 1, device=full.device).view(-1, 1)
+            ).all()
+        )
     got = full if kind == "all_reduce" else part
     return bool((got == world * (world + 1) / 2).all())
 
@@ -201,12 +283,15 @@ def sweep_budget(settings, transports: int) -> Budget:
     VM); with the extension it takes 55 (41.9-49.6% in three runs). Several transports
     (comm=shm): each (size, collective) its own rounds, at most POINT_BUDGET_S, no extension."""
     one = transports == 1
-    return Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
-                  max_rounds=max(settings.min_rounds, settings.max_rounds),
-                  budget_s=(settings.point_budget_s if one
-                            else min(settings.point_budget_s, POINT_BUDGET_S)),
-                  ci_pct=settings.ci_pct, long_rounds=settings.long_rounds if one else 0,
-                  long_budget_s=settings.long_budget_s if one else 0.0)
+    return Budget(
+        warmup=settings.warmup,
+        min_rounds=settings.min_rounds,
+        max_rounds=max(settings.min_rounds, settings.max_rounds),
+        budget_s=(settings.point_budget_s if one else min(settings.point_budget_s, POINT_BUDGET_S)),
+        ci_pct=settings.ci_pct,
+        long_rounds=settings.long_rounds if one else 0,
+        long_budget_s=settings.long_budget_s if one else 0.0,
+    )
 
 
 def measure(settings) -> list[dict]:
@@ -215,15 +300,28 @@ def measure(settings) -> list[dict]:
     # comm=shm: gloo and shared memory side by side, in one run, in interleaved rounds
     comms = ("ring", settings.comm) if settings.comm == "shm" else (settings.comm,)
     budget = sweep_budget(settings, len(comms))
-    rows = run_ranks(rank_main, settings.world_size, args=(szs, settings.warmup,
-                                                           settings.repeats, settings.backend,
-                                                           comms, budget, settings.seed),
-                     timeout_s=settings.timeout_s,
-                         collective_timeout_s=settings.collective_timeout_s)[0]
+    rows = run_ranks(
+        rank_main,
+        settings.world_size,
+        args=(
+            szs,
+            settings.warmup,
+            settings.repeats,
+            settings.backend,
+            comms,
+            budget,
+            settings.seed,
+        ),
+        timeout_s=settings.timeout_s,
+        collective_timeout_s=settings.collective_timeout_s,
+    )[0]
     for r in rows:
         append_row(settings.csv_path, r)
-    print(f"measured {len(rows)} points on {settings.world_size} ranks in "
-          f"{time.perf_counter() - start:.0f} s", flush=True)
+    print(
+        f"measured {len(rows)} points on {settings.world_size} ranks in "
+        f"{time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
     return rows
 
 
@@ -247,10 +345,20 @@ def predict(settings) -> list[dict]:
         rows = [dict(r, comm="shm") for r in rows]
     if settings.gloo_topology is None:
         return rows
-    return rows + [dict(r, comm="gloo") for r in predict_rows(
-        settings.gloo_topology, settings.world_size, settings.scale, settings.max_elements * 4)]
+    return rows + [
+        dict(r, comm="gloo")
+        for r in predict_rows(
+            settings.gloo_topology, settings.world_size, settings.scale, settings.max_elements * 4
+        )
+    ]
 
 
-EXPERIMENT = register(Experiment(
-    name=NAME, figure="nccl-tests bandwidth (no paper figure)", measure=measure, predict=predict,
-    summary=table))
+EXPERIMENT = register(
+    Experiment(
+        name=NAME,
+        figure="nccl-tests bandwidth (no paper figure)",
+        measure=measure,
+        predict=predict,
+        summary=table,
+    )
+)

@@ -50,6 +50,7 @@ progress bar (`publish`). The rows are the results table's (see DESIGN.md); `spe
 baseline at the same point. The experiment reaches the ranks by name (and, for a user's module,
 by its module spec: `registry.source_of`), so its fields need not be picklable.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,14 @@ from reports.progress import Progress
 from reports.table import append_row
 
 from . import registry
-from .api import (COMM_PROBE_BYTES, GLOO_BASELINE, BaselineContext, Experiment, MeasureSettings,
-                  with_defaults)
+from .api import (
+    COMM_PROBE_BYTES,
+    GLOO_BASELINE,
+    BaselineContext,
+    Experiment,
+    MeasureSettings,
+    with_defaults,
+)
 from .rounds import Budget, interleave
 
 PROBE = "probe"  # the baseline's memory probe among a point's timed functions (`probe_ms`)
@@ -95,8 +102,14 @@ def time_point(fn: Callable[[], None], warmup: int, repeats: int, clock=None) ->
     """A measured point's timing: `time_ranks` with the backend's `clock`, a short step repeated
     until its repeats take MIN_TIMED_MS (at most MORE_REPEATS x repeats), so that its median rests
     on more samples."""
-    return time_ranks(fn, warmup, repeats, min_total_ms=MIN_TIMED_MS,
-                      max_repeats=MORE_REPEATS * repeats, clock=clock)
+    return time_ranks(
+        fn,
+        warmup,
+        repeats,
+        min_total_ms=MIN_TIMED_MS,
+        max_repeats=MORE_REPEATS * repeats,
+        clock=clock,
+    )
 
 
 def agree(ok: bool) -> bool:
@@ -112,12 +125,18 @@ def publish(row: dict, csv_path, rank: int, bar: Progress, label: str) -> dict:
     if rank == 0:
         append_row(csv_path, row)
         verdict = "verified" if row["verified"] else "NOT VERIFIED"
-        spread = (f"x{row['speedup']:.3f} [{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}] "
-                  f"{row['rounds']} rounds{' (budget)' if row['stopped'] == 'budget' else ''}"
-                  if "rounds" in row else f"x{row['speedup']:.2f}")
-        print(f"  {label} {row['schedule']:24s} {row['time_ms']:9.2f} ms "
-              f"[{row['time_ms_min']:.2f}, {row['time_ms_max']:.2f}]  {spread} "
-              f"{verdict}\n  {line}", flush=True)
+        spread = (
+            f"x{row['speedup']:.3f} [{row['speedup_lo']:.3f}, {row['speedup_hi']:.3f}] "
+            f"{row['rounds']} rounds{' (budget)' if row['stopped'] == 'budget' else ''}"
+            if "rounds" in row
+            else f"x{row['speedup']:.2f}"
+        )
+        print(
+            f"  {label} {row['schedule']:24s} {row['time_ms']:9.2f} ms "
+            f"[{row['time_ms_min']:.2f}, {row['time_ms_max']:.2f}]  {spread} "
+            f"{verdict}\n  {line}",
+            flush=True,
+        )
     return row
 
 
@@ -125,6 +144,7 @@ def publish(row: dict, csv_path, rank: int, bar: Progress, label: str) -> dict:
 @dataclass(frozen=True)
 class Spec:
     """What the ranks need: the experiment by name (and module), the plans, the settings."""
+
     experiment: str
     source: Optional[str]  # the user's module spec that registers it; None: shipped
     world_size: int
@@ -142,26 +162,47 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
     if not exp.has_program:
         raise ValueError(f"experiment {exp.name} has no DSL program to measure")
     schedules = dict(settings.schedules if settings.schedules is not None else exp.schedules())
-    every = [dict(b) for b in (settings.points or exp.points(settings.scale,
-                                                             settings.max_elements))]
+    every = [
+        dict(b) for b in (settings.points or exp.points(settings.scale, settings.max_elements))
+    ]
     rows: list[dict] = []
     for world in exp.measure_worlds or (settings.world_size,):
         todo = [b for b in every if (world, tuple(sorted(b.items()))) not in settings.skip]
         if not todo:
             continue
-        plans = tuple(tuple((name, p, lower(p, b, world, fused_chunks=FUSED_CHUNKS))
-                            for name, p in schedules.items()) for b in todo)
-        kernels = list({k.name: k for pl in plans for _, _, plan in pl
-                        for k in plan.kernels()}.values())
+        plans = tuple(
+            tuple(
+                (name, p, lower(p, b, world, fused_chunks=FUSED_CHUNKS))
+                for name, p in schedules.items()
+            )
+            for b in todo
+        )
+        kernels = list(
+            {k.name: k for pl in plans for _, _, plan in pl for k in plan.kernels()}.values()
+        )
         print(f"building {len(kernels)} kernels ...", flush=True)
         target = backends.get(settings.backend, **_comm(settings.comm))
         target.precompile(kernels)
         target.write_sources(kernels, settings.kernels_dir, exp.name)
-        spec = Spec(exp.name, registry.source_of(exp.name), world,
-                    tuple(tuple(b.items()) for b in todo), plans, budget_of(settings),
-                    str(settings.csv_path), settings.seed, settings.backend, settings.comm)
-        rows += run_ranks(rank_main, world, args=(spec, kernels), timeout_s=settings.timeout_s,
-                          collective_timeout_s=settings.collective_timeout_s)[0]
+        spec = Spec(
+            exp.name,
+            registry.source_of(exp.name),
+            world,
+            tuple(tuple(b.items()) for b in todo),
+            plans,
+            budget_of(settings),
+            str(settings.csv_path),
+            settings.seed,
+            settings.backend,
+            settings.comm,
+        )
+        rows += run_ranks(
+            rank_main,
+            world,
+            args=(spec, kernels),
+            timeout_s=settings.timeout_s,
+            collective_timeout_s=settings.collective_timeout_s,
+        )[0]
     return rows
 
 
@@ -172,10 +213,15 @@ def _comm(comm: Optional[str]) -> dict:
 
 def budget_of(settings: MeasureSettings) -> Budget:
     """The interleaved rounds' budget from the run's settings."""
-    return Budget(warmup=settings.warmup, min_rounds=settings.min_rounds,
-                  max_rounds=max(settings.min_rounds, settings.max_rounds),
-                  budget_s=settings.point_budget_s, ci_pct=settings.ci_pct,
-                  long_rounds=settings.long_rounds, long_budget_s=settings.long_budget_s)
+    return Budget(
+        warmup=settings.warmup,
+        min_rounds=settings.min_rounds,
+        max_rounds=max(settings.min_rounds, settings.max_rounds),
+        budget_s=settings.point_budget_s,
+        ci_pct=settings.ci_pct,
+        long_rounds=settings.long_rounds,
+        long_budget_s=settings.long_budget_s,
+    )
 
 
 # -- one rank -------------------------------------------------------------------------------------
@@ -187,14 +233,27 @@ def rank_main(rank: int, world: int, spec: Spec, kernel_list: list) -> list[dict
     groups = backend.groups(program.stages)
     clock = backend.clock()
     baseline_ok = agree(_baseline_matches_program(exp, program, rank, world, backend, groups))
-    weights = [math.prod(dict(b).values()) for b, pl in zip(spec.points, spec.plans)
-               for _ in range(1 + len(pl))]
+    weights = [
+        math.prod(dict(b).values())
+        for b, pl in zip(spec.points, spec.plans)
+        for _ in range(1 + len(pl))
+    ]
     bar = Progress(weights, label=exp.name)
     rows: list[dict] = []
     for items, plans in zip(spec.points, spec.plans):
         b = dict(items)
-        rows += _point(exp, program, spec, b, plans, rank, world, (backend, kernels, groups,
-                                                                   clock), baseline_ok, bar)
+        rows += _point(
+            exp,
+            program,
+            spec,
+            b,
+            plans,
+            rank,
+            world,
+            (backend, kernels, groups, clock),
+            baseline_ok,
+            bar,
+        )
     return rows
 
 
@@ -214,8 +273,9 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     verified = {"baseline": baseline_ok}
     if spec.comm == "shm":  # the library baseline on gloo as well, timed in the same rounds
         gloo = backends.get(spec.backend, comm="ring")
-        timed[GLOO_BASELINE] = exp.baseline(BaselineContext(**{**ctx, "backend": gloo},
-                                                            exact=False))
+        timed[GLOO_BASELINE] = exp.baseline(
+            BaselineContext(**{**ctx, "backend": gloo}, exact=False)
+        )
         verified[GLOO_BASELINE] = baseline_ok
     graphs = {name: {"graphed": False, "graph_reason": BASELINE_EAGER} for name in timed}
     for name, scheduled, plan in plans:
@@ -226,12 +286,23 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
         if step.graphed:
             runner.load(inputs)  # as they were before the warm-up steps
         step.run()
-        verified[name] = agree(_close(runner.outputs(), _local(plan, reference, runner.tp),
-                                      _local(plan, error(reference), runner.tp)))
+        verified[name] = agree(
+            _close(
+                runner.outputs(),
+                _local(plan, reference, runner.tp),
+                _local(plan, error(reference), runner.tp),
+            )
+        )
         timed[name], graphs[name] = step, step.columns()
     library = hasattr(timed["baseline"], "library_ms")
-    counted = {name: _per_call(obj, obj.step if name in ("baseline", GLOO_BASELINE) else obj.run,
-                               library and name == "baseline") for name, obj in timed.items()}
+    counted = {
+        name: _per_call(
+            obj,
+            obj.step if name in ("baseline", GLOO_BASELINE) else obj.run,
+            library and name == "baseline",
+        )
+        for name, obj in timed.items()
+    }
     make_probe = getattr(exp.baseline, "memory_probe", None)
     probe = make_probe(BaselineContext(**ctx, exact=False)) if make_probe else None
     if probe is not None:  # the memory rate's reference, in the same rounds (`probe_ms`)
@@ -239,16 +310,29 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     fns = {name: fn for name, (fn, _) in counted.items()}
     if world > 1:  # the communication rate's reference, in the same rounds (`comm_probe_ms`)
         fns[COMM_PROBE] = comm_probe(backend, groups)
-    rounds = interleave(fns, spec.budget, key=(spec.seed, *b.values()), clock=clock,
-                        aside=(PROBE, COMM_PROBE))
-    compute = dict(zip(counted, _rank_average([statistics.median(s["compute_ms"])
-                                               for _, s in counted.values()])))
-    extra = {"library_ms": (_rank_average([statistics.median(counted["baseline"][1][
-        "library_ms"])])[0] if library else None), "probe_ms": compute.pop(PROBE, None),
-        "comm_probe_ms": (statistics.fmean(rounds.times_ms[COMM_PROBE]) if COMM_PROBE in fns
-                          else None)}
-    host_us = dict(zip(graphs, _rank_max([1e3 * statistics.median(counted[n][1]["host_ms"])
-                                          for n in graphs])))
+    rounds = interleave(
+        fns, spec.budget, key=(spec.seed, *b.values()), clock=clock, aside=(PROBE, COMM_PROBE)
+    )
+    compute = dict(
+        zip(
+            counted,
+            _rank_average([statistics.median(s["compute_ms"]) for _, s in counted.values()]),
+        )
+    )
+    extra = {
+        "library_ms": (
+            _rank_average([statistics.median(counted["baseline"][1]["library_ms"])])[0]
+            if library
+            else None
+        ),
+        "probe_ms": compute.pop(PROBE, None),
+        "comm_probe_ms": (
+            statistics.fmean(rounds.times_ms[COMM_PROBE]) if COMM_PROBE in fns else None
+        ),
+    }
+    host_us = dict(
+        zip(graphs, _rank_max([1e3 * statistics.median(counted[n][1]["host_ms"]) for n in graphs]))
+    )
     del timed, fns, counted, probe
     row = _rows(exp, spec, b, world, program.inputs[0].value.type.dtype.name, rank, bar, rounds)
     comm_split = None
@@ -257,11 +341,21 @@ def _point(exp, program, spec, b, plans, rank, world, target, baseline_ok, bar) 
     rows = []
     for name in compute:
         comm_ms = max(0.0, rounds.time(name).median - compute[name])
-        hidden = (max(0.0, comm_split - comm_ms) if name.startswith("ol(")
-                  and comm_split is not None else None)
-        rows.append(row(name, verified[name], compute[name], hidden,
-                        {**graphs[name], "host_us": round(host_us[name], 2)},
-                        **(extra if name == "baseline" else {})))
+        hidden = (
+            max(0.0, comm_split - comm_ms)
+            if name.startswith("ol(") and comm_split is not None
+            else None
+        )
+        rows.append(
+            row(
+                name,
+                verified[name],
+                compute[name],
+                hidden,
+                {**graphs[name], "host_us": round(host_us[name], 2)},
+                **(extra if name == "baseline" else {}),
+            )
+        )
     return rows
 
 
@@ -290,6 +384,7 @@ def _per_call(obj, fn: Callable[[], None], library: bool):
         samples["compute_ms"].append(obj.compute_ms - before[0])
         if library:
             samples["library_ms"].append(obj.library_ms - before[1])
+
     return call, samples
 
 
@@ -310,16 +405,25 @@ def _rank_max(values: list) -> list:
     return [float(x) for x in t]
 
 
-def _baseline_matches_program(exp: Experiment, program, rank: int, world: int, backend,
-                              groups) -> bool:
+def _baseline_matches_program(
+    exp: Experiment, program, rank: int, world: int, backend, groups
+) -> bool:
     """The exact baseline computes what the program says (`dsl.interpret`), at small bindings,
     on these ranks."""
     b = dict(exp.check_bindings or (exp.verify_bindings("smoke") or [None])[0] or {})
     inputs = dsl.random_inputs(program, world, b or None, np.random.default_rng(0))
     expect = dsl.interpret(program, inputs, world, b or None)[rank]
-    base = exp.baseline(BaselineContext(
-        rank=rank, world_size=world, P=world // program.stages, backend=backend, groups=groups,
-        inputs=with_defaults(program, inputs[rank]), exact=True))
+    base = exp.baseline(
+        BaselineContext(
+            rank=rank,
+            world_size=world,
+            P=world // program.stages,
+            backend=backend,
+            groups=groups,
+            inputs=with_defaults(program, inputs[rank]),
+            exact=True,
+        )
+    )
     base.step()
     error = _allowed_error(program, inputs, world, b or None, rank)
     return _close(base.outputs(), expect, error(expect))
@@ -345,8 +449,11 @@ def _local(plan, reference: dict, tp: int) -> dict:
         if name not in reference:
             continue
         buf, full = plan.buffer(bid), reference[name]
-        out[name] = full if tuple(full.shape) == tuple(buf.shape) or not isinstance(
-            buf.layout, Sliced) else np.split(full, plan.P, axis=buf.layout.dim)[tp]
+        out[name] = (
+            full
+            if tuple(full.shape) == tuple(buf.shape) or not isinstance(buf.layout, Sliced)
+            else np.split(full, plan.P, axis=buf.layout.dim)[tp]
+        )
     return out
 
 
@@ -356,7 +463,8 @@ CHECK_CHUNK = 1 << 20  # elements compared at a time (`within` makes float64 cop
 def _close(got: dict, ref: dict, error: dict) -> bool:
     """The same outputs, every element within its allowed error."""
     return set(got) == set(ref) <= set(error) and all(
-        _within_chunks(got[k], ref[k], error[k]) for k in ref)
+        _within_chunks(got[k], ref[k], error[k]) for k in ref
+    )
 
 
 def _within_chunks(got, ref, error) -> bool:
@@ -365,8 +473,10 @@ def _within_chunks(got, ref, error) -> bool:
     if g.shape != r.shape or g.ndim == 0:
         return within(g, r, e)[1] == 0
     g, r, e = g.reshape(-1), r.reshape(-1), e.reshape(-1)
-    return all(within(g[i:i + CHECK_CHUNK], r[i:i + CHECK_CHUNK], e[i:i + CHECK_CHUNK])[1] == 0
-               for i in range(0, g.size, CHECK_CHUNK))
+    return all(
+        within(g[i : i + CHECK_CHUNK], r[i : i + CHECK_CHUNK], e[i : i + CHECK_CHUNK])[1] == 0
+        for i in range(0, g.size, CHECK_CHUNK)
+    )
 
 
 def _rows(exp, spec, b, world, dtype, rank, bar, rounds) -> Callable[..., dict]:
@@ -375,30 +485,53 @@ def _rows(exp, spec, b, world, dtype, rank, bar, rounds) -> Callable[..., dict]:
     label = f"N=2^{math.log2(size):.0f}" if shape.startswith("[") else f"ranks={world} {shape:24s}"
 
     def row(schedule, ok, compute, hidden, status, **extra) -> dict:
-        got = _row(exp.name, spec.backend, schedule, world, size, shape, dtype, rounds, ok,
-                   compute, hidden)
+        got = _row(
+            exp.name, spec.backend, schedule, world, size, shape, dtype, rounds, ok, compute, hidden
+        )
         got.update({k: round(v, 4) for k, v in extra.items() if v is not None})
         got.update(status)  # graphed, graph_reason, host_us
         return publish(got, spec.csv_path, rank, bar, label)
+
     return row
 
 
-def _row(experiment, backend, schedule, world, size, shape, dtype, rounds, ok, compute,
-         hidden) -> dict:
+def _row(
+    experiment, backend, schedule, world, size, shape, dtype, rounds, ok, compute, hidden
+) -> dict:
     t, x = rounds.time(schedule), rounds.speedup(schedule)
     samples = rounds.times_ms[schedule]
     gloo = {}
     if GLOO_BASELINE in rounds.times_ms:  # comm=shm: the speedup over gloo's baseline too
         xg = rounds.speedup(schedule, GLOO_BASELINE)
-        gloo = {"speedup_gloo": round(xg.median, 4), "speedup_gloo_lo": round(xg.lo, 4),
-                "speedup_gloo_hi": round(xg.hi, 4)}
-    return {"experiment": experiment, "schedule": schedule, "source": "measured", "backend": backend,
-            "topology": "local", "world_size": world, "size": size, "shape": shape,
-            "dtype": dtype, "time_ms": round(t.median, 4), "time_ms_min": round(min(samples), 4),
-            "time_ms_max": round(max(samples), 4), "time_ms_lo": round(t.lo, 4),
-            "time_ms_hi": round(t.hi, 4), "speedup": round(x.median, 4),
-            "speedup_lo": round(x.lo, 4), "speedup_hi": round(x.hi, 4), "rounds": rounds.rounds,
-            "stopped": rounds.stopped, "verified": ok, "compute_ms": round(compute, 4),
-            "comm_ms": round(max(0.0, t.median - compute), 4),
-            "overlapped_ms": "" if hidden is None else round(hidden, 4),
-            **gloo, **dict(zip(("nodes", "ranks_per_node"), placement()))}
+        gloo = {
+            "speedup_gloo": round(xg.median, 4),
+            "speedup_gloo_lo": round(xg.lo, 4),
+            "speedup_gloo_hi": round(xg.hi, 4),
+        }
+    return {
+        "experiment": experiment,
+        "schedule": schedule,
+        "source": "measured",
+        "backend": backend,
+        "topology": "local",
+        "world_size": world,
+        "size": size,
+        "shape": shape,
+        "dtype": dtype,
+        "time_ms": round(t.median, 4),
+        "time_ms_min": round(min(samples), 4),
+        "time_ms_max": round(max(samples), 4),
+        "time_ms_lo": round(t.lo, 4),
+        "time_ms_hi": round(t.hi, 4),
+        "speedup": round(x.median, 4),
+        "speedup_lo": round(x.lo, 4),
+        "speedup_hi": round(x.hi, 4),
+        "rounds": rounds.rounds,
+        "stopped": rounds.stopped,
+        "verified": ok,
+        "compute_ms": round(compute, 4),
+        "comm_ms": round(max(0.0, t.median - compute), 4),
+        "overlapped_ms": "" if hidden is None else round(hidden, 4),
+        **gloo,
+        **dict(zip(("nodes", "ranks_per_node"), placement())),
+    }

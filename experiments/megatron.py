@@ -17,6 +17,7 @@ tail, `library_ms` in its tail alone (`experiments.api.Baseline`). Timed (`exact
 torch's own dropout; checked
 (`exact=True`) it computes the DSL's hash mask instead (`torch_dropout_`), the only difference.
 """
+
 from __future__ import annotations
 
 import math

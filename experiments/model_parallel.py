@@ -12,13 +12,14 @@ Baseline: Megatron-LM's torch matmul, all-reduce, bias + dropout + residual in t
 (`experiments.megatron.MegatronBaseline`). The paper's setting: one DGX-2, 16-way, B in {8, 16},
 S=1024, H=3072, K in {H, 4H}, f16; on another topology, one node of it.
 """
+
 from __future__ import annotations
 
 from dsl import Builder, P, Program, Sliced, f16, f32, sym
 from dsl.transforms import fuse, overlap, reorder, split
 
 from .api import Experiment, PaperSetting
-from .megatron import B, S, SCATTER_DIM, H, MegatronBaseline, bias_dropout_residual, value_of
+from .megatron import SCATTER_DIM, B, H, MegatronBaseline, S, bias_dropout_residual, value_of
 from .registry import register
 
 K = sym("K")
@@ -48,19 +49,40 @@ def verify_bindings(scale: str) -> list[dict[str, int]]:
 
 def points(scale: str, max_elements: int) -> list[dict[str, int]]:
     """Measured sizes (fp32, 2 ranks on a CPU): both matmuls (K = H, 4H) of a few layer shapes."""
-    shapes = {"smoke": [(64, 1, 128)], "default": [(1024, 1, 1024), (1024, 4, 1024)],
-              "paper": [(1024, 1, 3072), (1024, 4, 3072)]}[scale]
-    return [{"S": S, "B": B, "H": H, "K": k * H} for S, B, H in shapes for k in (1, 4)
-            if S * B * H <= max_elements]
+    shapes = {
+        "smoke": [(64, 1, 128)],
+        "default": [(1024, 1, 1024), (1024, 4, 1024)],
+        "paper": [(1024, 1, 3072), (1024, 4, 3072)],
+    }[scale]
+    return [
+        {"S": S, "B": B, "H": H, "K": k * H}
+        for S, B, H in shapes
+        for k in (1, 4)
+        if S * B * H <= max_elements
+    ]
 
 
 _MP = [{"S": 1024, "B": B, "H": 3072, "K": k * 3072} for B in (8, 16) for k in (1, 4)]
-PAPER = PaperSetting(topologies=(("dgx2", 1),), world_size=16, dtype=f16,
-                     points={"smoke": _MP[:1], "default": _MP, "paper": _MP},
-                     world_on=lambda topo: topo.devices_per_node)
+PAPER = PaperSetting(
+    topologies=(("dgx2", 1),),
+    world_size=16,
+    dtype=f16,
+    points={"smoke": _MP[:1], "default": _MP, "paper": _MP},
+    world_on=lambda topo: topo.devices_per_node,
+)
 
-EXPERIMENT = register(Experiment(
-    name="model_parallel", figure="Fig. 11", program=program, schedules=schedules,
-    verify_bindings=verify_bindings, points=points, baseline=MegatronBaseline,
-    principal=("S", "B", "H"), paper=PAPER, split_schedule="MM-RS-C-AG",
-    check_bindings=verify_bindings("smoke")[0]))
+EXPERIMENT = register(
+    Experiment(
+        name="model_parallel",
+        figure="Fig. 11",
+        program=program,
+        schedules=schedules,
+        verify_bindings=verify_bindings,
+        points=points,
+        baseline=MegatronBaseline,
+        principal=("S", "B", "H"),
+        paper=PAPER,
+        split_schedule="MM-RS-C-AG",
+        check_bindings=verify_bindings("smoke")[0],
+    )
+)

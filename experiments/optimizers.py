@@ -12,6 +12,7 @@ The paper's setting (`paper_setting`): 8 and 16 DGX-2 (128 and 256 GPUs), 2^10 .
 devices; every schedule in f32 (like for like), and the fused step also in the precision the
 authors' binary ran it (`fuse(RS-C-AG)+as_slice+f16`), against the same f32 baseline.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,18 +22,19 @@ from typing import Optional
 import numpy as np
 import torch
 
-from coconet.programs import (adam_program, lamb_program,  # noqa: F401 (the experiments')
-                             optimizer_schedules, published_schedule)
-from dsl import f32
-
+from coconet.programs import adam_program, lamb_program, optimizer_schedules, published_schedule  # noqa: F401 (the experiments')
 from codegen.runtime.backend import NO_STREAMS
+from dsl import f32
 
 from .api import BaselineContext, PaperSetting
 
 
 def optimizer_bindings(scale: str) -> list[dict[str, int]]:
-    return {"smoke": [{"N": 48}], "default": [{"N": 48}, {"N": 1000 * 12}],
-            "paper": [{"N": 48}, {"N": 1 << 16}]}[scale]
+    return {
+        "smoke": [{"N": 48}],
+        "default": [{"N": 48}, {"N": 1000 * 12}],
+        "paper": [{"N": 48}, {"N": 1 << 16}],
+    }[scale]
 
 
 def optimizer_points(scale: str, max_elements: int) -> list[dict[str, int]]:
@@ -42,18 +44,25 @@ def optimizer_points(scale: str, max_elements: int) -> list[dict[str, int]]:
     return [{"N": 1 << k} for k in range(lo, hi + 1, step) if 1 << k <= max_elements]
 
 
-_DP_SIZES = {"smoke": [1 << 20], "default": [1 << k for k in range(10, 31, 2)],
-             "paper": [1 << k for k in range(10, 31)]}
+_DP_SIZES = {
+    "smoke": [1 << 20],
+    "default": [1 << k for k in range(10, 31, 2)],
+    "paper": [1 << k for k in range(10, 31)],
+}
 
 
 def paper_setting(program) -> PaperSetting:
     """Where the paper ran an optimizer experiment: DGX-2 clusters of 128 and 256 V100 (every
     device of the topology), f32 like for like, and the fused step also as the authors' binary
     ran it (`coconet.programs.published_schedule`: f16 communication, f32 state)."""
-    return PaperSetting(topologies=(("dgx2", 8), ("dgx2", 16)), world_size=256, dtype=f32,
-                        points={s: [{"N": n} for n in v] for s, v in _DP_SIZES.items()},
-                        world_on=lambda topo: topo.devices,
-                        published=lambda: _published(program(mixed=True)))
+    return PaperSetting(
+        topologies=(("dgx2", 8), ("dgx2", 16)),
+        world_size=256,
+        dtype=f32,
+        points={s: [{"N": n} for n in v] for s, v in _DP_SIZES.items()},
+        world_on=lambda topo: topo.devices,
+        published=lambda: _published(program(mixed=True)),
+    )
 
 
 def _published(mixed):
@@ -71,6 +80,7 @@ class DataParallelBaseline:
     (of LIBRARY_BASELINES) the harness times beside it in the same rounds, on a copy of the
     rank's inputs, to read the memory rate from instead (`memory_probe`; the baseline row's
     `probe_ms`)."""
+
     routine: str = ""
     probe: str = ""
 
@@ -82,8 +92,11 @@ class DataParallelBaseline:
         self.groups = ctx.groups
         # the run's transport (gloo, NCCL, shared memory), as the schedules use it; none for a
         # baseline built without ranks (only `local_step` runs then)
-        self.comm = (ctx.backend.communicator(ctx.groups.world, NO_STREAMS)
-                     if ctx.groups is not None else None)
+        self.comm = (
+            ctx.backend.communicator(ctx.groups.world, NO_STREAMS)
+            if ctx.groups is not None
+            else None
+        )
 
     @classmethod
     def memory_probe(cls, ctx: BaselineContext) -> Optional["DataParallelBaseline"]:
@@ -118,22 +131,26 @@ class DataParallelBaseline:
         raise NotImplementedError
 
     def outputs(self) -> dict[str, np.ndarray]:
-        return {k: x.cpu().numpy().copy() for k, x in (("w", self.w), ("m", self.m),
-                                                        ("v", self.v))}
+        return {k: x.cpu().numpy().copy() for k, x in (("w", self.w), ("m", self.m), ("v", self.v))}
 
 
 class AdamBaseline(DataParallelBaseline):
     """torch.optim.Adam(fused=True) holding this rank's m, v as its state (exp_avg, exp_avg_sq)."""
+
     routine, program = "adam", staticmethod(adam_program)
 
     def __init__(self, ctx: BaselineContext):
         super().__init__(ctx)
         hp = self.hp
         self.w.grad = self.g
-        self.opt = torch.optim.Adam([self.w], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]),
-                                    eps=hp["eps"], fused=True)
-        self.opt.state[self.w] = {"step": torch.tensor(float(self.t), device=self.w.device),
-                                  "exp_avg": self.m, "exp_avg_sq": self.v}
+        self.opt = torch.optim.Adam(
+            [self.w], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"], fused=True
+        )
+        self.opt.state[self.w] = {
+            "step": torch.tensor(float(self.t), device=self.w.device),
+            "exp_avg": self.m,
+            "exp_avg_sq": self.v,
+        }
 
     def update(self) -> None:
         self.opt.step()
@@ -155,7 +172,7 @@ def lamb_step(w, m, v, g, t: int, hp: dict) -> None:
     b1, b2 = hp["beta1"], hp["beta2"]
     m.mul_(b1).add_(g, alpha=1 - b1)
     v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    u = (m / (1 - b1 ** t)).div_((v / (1 - b2 ** t)).sqrt_().add_(hp["eps"]))
+    u = (m / (1 - b1**t)).div_((v / (1 - b2**t)).sqrt_().add_(hp["eps"]))
     u.add_(w, alpha=hp["weight_decay"])
     # norms accumulated in f64: torch's f32 CPU norm drifts by 0.2% at 2^25 elements, more than
     # the reduction-order difference the check allows (apex's GPU LAMB reduces in blocks)

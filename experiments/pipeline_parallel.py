@@ -15,13 +15,14 @@ Baseline: the layer's tail as Megatron-LM writes it, then a library send to the 
 x pipeline 16, the boundary between two stages (16 GPUs), f16, on DGX-2, DGX A100 and DGX H100
 nodes; on another topology, two stages of min(8, devices per node).
 """
+
 from __future__ import annotations
 
 from dsl import Builder, Local, Program, f16, f32
 from dsl.transforms import fuse, overlap, reorder, split
 
 from .api import Experiment, PaperSetting
-from .megatron import B, S, SCATTER_DIM, H, MegatronBaseline, bias_dropout_residual, value_of
+from .megatron import SCATTER_DIM, B, H, MegatronBaseline, S, bias_dropout_residual, value_of
 from .registry import register
 
 CHUNKS = 4
@@ -53,18 +54,36 @@ def verify_bindings(scale: str) -> list[dict[str, int]]:
 
 def points(scale: str, max_elements: int) -> list[dict[str, int]]:
     """Measured sizes (fp32, micro-batch 1, on a CPU)."""
-    shapes = {"smoke": [(64, 1, 128)], "default": [(1024, 1, 1024), (1024, 1, 3072)],
-              "paper": [(2048, 1, 3072), (2048, 1, 12288)]}[scale]
+    shapes = {
+        "smoke": [(64, 1, 128)],
+        "default": [(1024, 1, 1024), (1024, 1, 3072)],
+        "paper": [(2048, 1, 3072), (2048, 1, 12288)],
+    }[scale]
     return [{"S": S, "B": B, "H": H} for S, B, H in shapes if S * B * H <= max_elements]
 
 
 _PP = [{"S": 2048, "B": 1, "H": 12288}]
-PAPER = PaperSetting(topologies=(("dgx2", 1), ("dgx_a100", 2), ("dgx_h100", 2)), world_size=16,
-                     dtype=f16, points={"smoke": _PP, "default": _PP, "paper": _PP},
-                     world_on=lambda topo: 2 * min(8, topo.devices_per_node))
+PAPER = PaperSetting(
+    topologies=(("dgx2", 1), ("dgx_a100", 2), ("dgx_h100", 2)),
+    world_size=16,
+    dtype=f16,
+    points={"smoke": _PP, "default": _PP, "paper": _PP},
+    world_on=lambda topo: 2 * min(8, topo.devices_per_node),
+)
 
-EXPERIMENT = register(Experiment(
-    name="pipeline_parallel", figure="Fig. 12", program=program, schedules=schedules,
-    verify_bindings=verify_bindings, points=points, baseline=MegatronBaseline,
-    principal=("S", "B", "H"), paper=PAPER, measure_worlds=(2, 4),
-    split_schedule="RS-P2P-C-AG", check_bindings=verify_bindings("smoke")[0]))
+EXPERIMENT = register(
+    Experiment(
+        name="pipeline_parallel",
+        figure="Fig. 12",
+        program=program,
+        schedules=schedules,
+        verify_bindings=verify_bindings,
+        points=points,
+        baseline=MegatronBaseline,
+        principal=("S", "B", "H"),
+        paper=PAPER,
+        measure_worlds=(2, 4),
+        split_schedule="RS-P2P-C-AG",
+        check_bindings=verify_bindings("smoke")[0],
+    )
+)

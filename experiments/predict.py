@@ -42,6 +42,7 @@ run's world size, a GPU topology in the paper's setting scaled to it (`PaperSett
 then the paper's setting itself, unless the chosen topology is one of the paper's (its nodes are
 the user's then) or the run names its own sizes on the local topology.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,13 +61,13 @@ from dsl import f32
 
 from .api import COMM_PROBE_BYTES, GLOO_BASELINE, Experiment, PredictSettings
 
-
 MEMORY_SCALE = (0.5, 2.0)  # the range a point's memory scale is clipped to
 COMM_SCALE = (0.5, 2.0)  # and its communication scale
 
 
-def memory_scale(exp: Experiment, topo: Topology, bindings: dict,
-                 measured_ms: Optional[float]) -> Optional[float]:
+def memory_scale(
+    exp: Experiment, topo: Topology, bindings: dict, measured_ms: Optional[float]
+) -> Optional[float]:
     """How fast the machine's memory ran at a measured point against its calibration: the
     calibrated time of the baseline's library routine (`Device.library_step_us` of the
     baseline's `routine`, else of the `probe` timed beside it: calibration's
@@ -168,8 +169,10 @@ def library_compute_us(plan, compute_ms: Optional[float]) -> dict:
     if compute_ms is None or not steps:
         return {}
     in_place = {s.id: 0.0 for s in plan.steps if isinstance(s, Collective)}
-    return {**in_place, **{sid: (compute_ms * 1e3 if i == 0 else 0.0)
-                           for i, sid in enumerate(steps)}}
+    return {
+        **in_place,
+        **{sid: (compute_ms * 1e3 if i == 0 else 0.0) for i, sid in enumerate(steps)},
+    }
 
 
 def _union(intervals) -> list[tuple[float, float]]:
@@ -213,12 +216,26 @@ def paper_result_rows(name: str) -> list[dict]:
     """The paper's published results for this experiment (cost_model/data/paper_results.csv) as
     rows of the results table: source `paper`, `speedup` .. `speedup_max`, with where they come
     from and the caveat."""
-    return [{"experiment": name, "schedule": r["schedule"], "source": "paper", "backend": "",
-             "topology": "dgx2", "world_size": int(r["world_size"]), "size": 0, "shape": "",
-             "dtype": "", "speedup": r["speedup_min"], "speedup_max": r["speedup_max"],
-             "note": f"{r['result']} (over {r['baseline']}; {r['setup']})",
-             "reference": f"{r['where']}: {r['source']}", "caveat": r["caveat"]}
-            for r in paper_results() if r["experiment"] == name]
+    return [
+        {
+            "experiment": name,
+            "schedule": r["schedule"],
+            "source": "paper",
+            "backend": "",
+            "topology": "dgx2",
+            "world_size": int(r["world_size"]),
+            "size": 0,
+            "shape": "",
+            "dtype": "",
+            "speedup": r["speedup_min"],
+            "speedup_max": r["speedup_max"],
+            "note": f"{r['result']} (over {r['baseline']}; {r['setup']})",
+            "reference": f"{r['where']}: {r['source']}",
+            "caveat": r["caveat"],
+        }
+        for r in paper_results()
+        if r["experiment"] == name
+    ]
 
 
 def authors_rows(name: str) -> list[dict]:
@@ -228,26 +245,53 @@ def authors_rows(name: str) -> list[dict]:
     schedule's at the same size (computed here from their two logs)."""
     raw = [r for r in authors_raw() if r["experiment"] == name and r["nccl_algo"] == "default"]
     base = {(r["world_size"], r["size"]): r["time_ms"] for r in raw if r["schedule"] == "baseline"}
-    return [{"experiment": name, "schedule": r["schedule"], "source": "published", "backend": "",
-             "topology": "dgx2", "world_size": r["world_size"], "size": r["size"],
-             "shape": f"[{r['size']}]", "dtype": "f32", "time_ms": r["time_ms"],
-             "speedup": round(base[(r["world_size"], r["size"])] / r["time_ms"], 4),
-             "algo": "default", "reference": r["reference"], "caveat": r["caveat"]}
-            for r in raw if (r["world_size"], r["size"]) in base]
+    return [
+        {
+            "experiment": name,
+            "schedule": r["schedule"],
+            "source": "published",
+            "backend": "",
+            "topology": "dgx2",
+            "world_size": r["world_size"],
+            "size": r["size"],
+            "shape": f"[{r['size']}]",
+            "dtype": "f32",
+            "time_ms": r["time_ms"],
+            "speedup": round(base[(r["world_size"], r["size"])] / r["time_ms"], 4),
+            "algo": "default",
+            "reference": r["reference"],
+            "caveat": r["caveat"],
+        }
+        for r in raw
+        if (r["world_size"], r["size"]) in base
+    ]
 
 
 def dtype_label(program, dtype) -> str:
     """The `dtype` column of a schedule's rows: `dtype`, or where the program's tensors hold
     several float dtypes (a mixed-precision step) all of them, e.g. "f16+f32"."""
-    floats = sorted({i.value.type.dtype.name for i in program.inputs
-                     if i.value.type.dtype.is_float and i.value.type.shape})
+    floats = sorted(
+        {
+            i.value.type.dtype.name
+            for i in program.inputs
+            if i.value.type.dtype.is_float and i.value.type.shape
+        }
+    )
     return "+".join(floats) if len(floats) > 1 else dtype.name
 
 
-def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int, dtype=None,
-            schedules: Optional[dict] = None, baseline_compute_ms: Optional[dict] = None,
-            show=None, gloo: Optional[Topology] = None,
-            gloo_compute_ms: Optional[dict] = None) -> list[dict]:
+def predict(
+    exp: Experiment,
+    topo: Topology,
+    points: list[dict],
+    world_size: int,
+    dtype=None,
+    schedules: Optional[dict] = None,
+    baseline_compute_ms: Optional[dict] = None,
+    show=None,
+    gloo: Optional[Topology] = None,
+    gloo_compute_ms: Optional[dict] = None,
+) -> list[dict]:
     """Rows for every point x (baseline, schedules) on `topo` at `world_size` ranks;
     `baseline_compute_ms`: shape -> the measured baseline's compute ms (see the module doc).
     `gloo` (comm=shm): the library baseline also on that topology (a GLOO_BASELINE row, its
@@ -255,23 +299,39 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
     dtype = dtype or f32
     progs = schedules if schedules is not None else dict(exp.schedules(dtype))
     base = exp.program(dtype)
-    forced = {name: dataclasses.replace(topo, algo=algo) for name, algo in exp.algos.items()
-              if topo.nccl is not None}  # NCCL_ALGO for that schedule
+    forced = {
+        name: dataclasses.replace(topo, algo=algo)
+        for name, algo in exp.algos.items()
+        if topo.nccl is not None
+    }  # NCCL_ALGO for that schedule
     rows = []
     for b in points:
         size, shape = exp.size_and_shape(b)
         t0 = time.perf_counter()
         base_plan = lower(base, b, world_size)
         measured = (baseline_compute_ms or {}).get(shape)
-        labels = {"baseline": dtype_label(base, dtype), GLOO_BASELINE: dtype_label(base, dtype),
-                  **{name: dtype_label(p, dtype) for name, p in progs.items()}}
-        results = {"baseline": (base_plan, step_median(
-            base_plan, topo, compute_us=library_compute_us(base_plan, measured)))}
+        labels = {
+            "baseline": dtype_label(base, dtype),
+            GLOO_BASELINE: dtype_label(base, dtype),
+            **{name: dtype_label(p, dtype) for name, p in progs.items()},
+        }
+        results = {
+            "baseline": (
+                base_plan,
+                step_median(base_plan, topo, compute_us=library_compute_us(base_plan, measured)),
+            )
+        }
         on = {}  # schedule -> its topology, where not forced/topo
         if gloo is not None:
             on[GLOO_BASELINE] = gloo
-            results[GLOO_BASELINE] = (base_plan, step_median(base_plan, gloo, compute_us=(
-                library_compute_us(base_plan, (gloo_compute_ms or {}).get(shape)))))
+            results[GLOO_BASELINE] = (
+                base_plan,
+                step_median(
+                    base_plan,
+                    gloo,
+                    compute_us=(library_compute_us(base_plan, (gloo_compute_ms or {}).get(shape))),
+                ),
+            )
         for name, p in progs.items():
             plan = lower(p, b, world_size)
             results[name] = (plan, step_median(plan, forced.get(name, topo)))
@@ -281,41 +341,68 @@ def predict(exp: Experiment, topo: Topology, points: list[dict], world_size: int
         for name, (plan, r) in results.items():
             compute, comm, hidden = _split(r)
             picked = choices(plan, on.get(name) or forced.get(name, topo))
-            over_gloo = {} if gloo_ms is None else {
-                "speedup_gloo": round(gloo_ms / r.time_ms, 4)}
-            rows.append({"experiment": exp.name, "schedule": name, "source": "predicted",
-                         "backend": "sim", "topology": topo.name, "world_size": world_size,
-                         "size": size, "shape": shape, "dtype": labels[name],
-                         "time_ms": round(r.time_ms, 6), "speedup": round(base_ms / r.time_ms, 4),
-                         "compute_ms": round(compute, 6), "comm_ms": round(comm, 6),
-                         "overlapped_ms": round(hidden, 6),
-                         "algo": ";".join(a for _, a, _ in picked),
-                         "proto": ";".join(p for _, _, p in picked), **over_gloo,
-                         **({"note": fabric} if fabric else {})})
+            over_gloo = {} if gloo_ms is None else {"speedup_gloo": round(gloo_ms / r.time_ms, 4)}
+            rows.append(
+                {
+                    "experiment": exp.name,
+                    "schedule": name,
+                    "source": "predicted",
+                    "backend": "sim",
+                    "topology": topo.name,
+                    "world_size": world_size,
+                    "size": size,
+                    "shape": shape,
+                    "dtype": labels[name],
+                    "time_ms": round(r.time_ms, 6),
+                    "speedup": round(base_ms / r.time_ms, 4),
+                    "compute_ms": round(compute, 6),
+                    "comm_ms": round(comm, 6),
+                    "overlapped_ms": round(hidden, 6),
+                    "algo": ";".join(a for _, a, _ in picked),
+                    "proto": ";".join(p for _, _, p in picked),
+                    **over_gloo,
+                    **({"note": fabric} if fabric else {}),
+                }
+            )
         if show:
-            best = max((n for n in results if n not in ("baseline", GLOO_BASELINE)),
-                       key=lambda n: base_ms / results[n][1].time_ms)
-            show(f"  predicted {topo.name} P={world_size} {shape:24s} baseline {base_ms:10.3f} ms"
-                 f"  best {best} x{base_ms / results[best][1].time_ms:.2f}"
-                 f"  ({time.perf_counter() - t0:.1f} s)")
+            best = max(
+                (n for n in results if n not in ("baseline", GLOO_BASELINE)),
+                key=lambda n: base_ms / results[n][1].time_ms,
+            )
+            show(
+                f"  predicted {topo.name} P={world_size} {shape:24s} baseline {base_ms:10.3f} ms"
+                f"  best {best} x{base_ms / results[best][1].time_ms:.2f}"
+                f"  ({time.perf_counter() - t0:.1f} s)"
+            )
     return rows
 
 
-def paper_rows(exp: Experiment, scale: str, schedules: Optional[dict] = None,
-               show=None) -> list[dict]:
+def paper_rows(
+    exp: Experiment, scale: str, schedules: Optional[dict] = None, show=None
+) -> list[dict]:
     """The paper's setting of this experiment, predicted on each of its topologies at its world
     size there (`PaperSetting.world_on`), with the schedules in the precision the paper ran
     them (`PaperSetting.published`) beside the others; no rows for an experiment without."""
     setting = exp.paper
     if setting is None:
         return []
-    progs = {n: p for n, p in paper_schedules(exp, setting.dtype).items()
-             if schedules is None or n in schedules or n in published(exp)}
+    progs = {
+        n: p
+        for n, p in paper_schedules(exp, setting.dtype).items()
+        if schedules is None or n in schedules or n in published(exp)
+    }
     rows = []
     for name, nodes in setting.topologies:
         topo = load_topology(name, nodes=nodes)
-        rows += predict(exp, topo, setting.points[scale], setting.world_on(topo), setting.dtype,
-                        schedules=progs, show=show)
+        rows += predict(
+            exp,
+            topo,
+            setting.points[scale],
+            setting.world_on(topo),
+            setting.dtype,
+            schedules=progs,
+            show=show,
+        )
     return rows
 
 
@@ -330,8 +417,9 @@ def paper_schedules(exp: Experiment, dtype) -> dict:
     return {**dict(exp.schedules(dtype)), **published(exp)}
 
 
-def sim_setting(exp: Experiment, topo: Topology, scale: str, world_size: int,
-                max_elements: int) -> tuple[int, list[dict], object]:
+def sim_setting(
+    exp: Experiment, topo: Topology, scale: str, world_size: int, max_elements: int
+) -> tuple[int, list[dict], object]:
     """(world size, points, dtype) to predict `exp` on `topo` alone (backend=sim): the local
     topology at the experiment's own sweep and `world_size`; a GPU topology in the paper's
     setting of the experiment, scaled to it (`PaperSetting.world_on`)."""
@@ -339,14 +427,17 @@ def sim_setting(exp: Experiment, topo: Topology, scale: str, world_size: int,
         return world_size, exp.points(scale, max_elements), f32
     world = exp.paper.world_on(topo)
     if world > topo.devices:
-        raise ValueError(f"{exp.name} needs {world} devices; topology {topo.name} has "
-                         f"{topo.devices} (set topology.nodes)")
+        raise ValueError(
+            f"{exp.name} needs {world} devices; topology {topo.name} has "
+            f"{topo.devices} (set topology.nodes)"
+        )
     return world, exp.paper.points[scale], exp.paper.dtype
 
 
 def dividing(programs: dict, points: list[dict], world: int, show=None) -> list[dict]:
     """The points every program lowers at on `world` ranks (a size that does not divide among
     them, e.g. 2^10 elements on 131,072 GPUs, has no step there: skipped, and said so)."""
+
     def lowers(b):
         try:
             for p in programs.values():
@@ -354,11 +445,14 @@ def dividing(programs: dict, points: list[dict], world: int, show=None) -> list[
         except Exception:  # noqa: BLE001 - dsl.ShapeError and the lowering's own refusals
             return False
         return True
+
     kept = [b for b in points if lowers(b)]
     if show and len(kept) < len(points):
         skipped = [", ".join(f"{k}={v}" for k, v in b.items()) for b in points if b not in kept]
-        show(f"  skipped {len(skipped)} points that do not divide among {world} ranks: "
-             f"{'; '.join(skipped)}")
+        show(
+            f"  skipped {len(skipped)} points that do not divide among {world} ranks: "
+            f"{'; '.join(skipped)}"
+        )
     return kept
 
 
@@ -366,21 +460,25 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     """The predicted rows of one run (see the module doc and experiments.PredictSettings)."""
     topo, chosen = settings.topology, settings.schedules
     if settings.backend == "sim":
-        world, pts, dtype = sim_setting(exp, topo, settings.scale, settings.world_size,
-                                        settings.max_elements)
+        world, pts, dtype = sim_setting(
+            exp, topo, settings.scale, settings.world_size, settings.max_elements
+        )
         if settings.sizes:
             pts = [dict(b) for b in settings.sizes]
-        every = paper_schedules(exp, dtype) if topo.nccl is not None else dict(
-            exp.schedules(dtype))
-        progs = {n: p for n, p in every.items()
-                 if chosen is None or n in chosen or n in published(exp)}
+        every = paper_schedules(exp, dtype) if topo.nccl is not None else dict(exp.schedules(dtype))
+        progs = {
+            n: p for n, p in every.items() if chosen is None or n in chosen or n in published(exp)
+        }
         pts = dividing(progs, pts, world, show)
         rows = predict(exp, topo, pts, world, dtype, schedules=progs, show=show)
         if not settings.paper:
             return rows
         own = {name for name, _ in exp.paper.topologies} if exp.paper else set()
-        paper = [] if topo.name in own or topo.name == "local" and settings.sizes else \
-            paper_rows(exp, settings.scale, schedules=chosen, show=show)
+        paper = (
+            []
+            if topo.name in own or topo.name == "local" and settings.sizes
+            else paper_rows(exp, settings.scale, schedules=chosen, show=show)
+        )
         return rows + paper + paper_result_rows(exp.name) + authors_rows(exp.name)
     local = topo if topo.name == "local" else load_topology("local")
     measured = measured_baseline_compute(settings.measured)
@@ -395,20 +493,32 @@ def predictions(exp: Experiment, settings: PredictSettings, show=None) -> list[d
     for world, b in here:
         compute = {s: ms for (w, s), ms in measured.items() if w == world}
         shape = exp.size_and_shape(b)[1]
-        scale = (memory_scale(exp, local, b, reference.get((world, shape)))
-                 if settings.memory_scale else None)
+        scale = (
+            memory_scale(exp, local, b, reference.get((world, shape)))
+            if settings.memory_scale
+            else None
+        )
         talk = comm_scale(local, world, comm_reference.get((world, shape)))
-        point = predict(exp, local.with_memory_scale(scale or 1.0).with_comm_scale(talk or 1.0),
-                        [b], world, schedules=chosen and dict(chosen),
-                        baseline_compute_ms=compute, show=show,
-                        gloo=gloo and gloo.with_memory_scale(scale or 1.0),
-                        gloo_compute_ms={s: ms for (w, s), ms in on_gloo.items() if w == world})
-        note = " ".join(f"{what} x{x:.3f}" for what, x in (("memory", scale), ("comm", talk))
-                        if x)
+        point = predict(
+            exp,
+            local.with_memory_scale(scale or 1.0).with_comm_scale(talk or 1.0),
+            [b],
+            world,
+            schedules=chosen and dict(chosen),
+            baseline_compute_ms=compute,
+            show=show,
+            gloo=gloo and gloo.with_memory_scale(scale or 1.0),
+            gloo_compute_ms={s: ms for (w, s), ms in on_gloo.items() if w == world},
+        )
+        note = " ".join(f"{what} x{x:.3f}" for what, x in (("memory", scale), ("comm", talk)) if x)
         for r in point if note else ():
             r["note"] = note
         rows += point
     if not settings.paper:
         return rows
-    return rows + paper_rows(exp, settings.scale, schedules=chosen, show=show) + \
-        paper_result_rows(exp.name) + authors_rows(exp.name)
+    return (
+        rows
+        + paper_rows(exp, settings.scale, schedules=chosen, show=show)
+        + paper_result_rows(exp.name)
+        + authors_rows(exp.name)
+    )

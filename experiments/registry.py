@@ -13,6 +13,7 @@ or `experiment.module=path/to/sgd_momentum.py`); a module that calls nothing but
 under a name already taken is an error; registering the same one again (a module imported twice)
 is not.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -22,9 +23,17 @@ from pathlib import Path
 
 from .api import Experiment
 
-SHIPPED = ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel", "calibrate",
-           "collectives", "validate", "autotune",
-           "training")
+SHIPPED = (
+    "adam_fusion",
+    "lamb_fusion",
+    "model_parallel",
+    "pipeline_parallel",
+    "calibrate",
+    "collectives",
+    "validate",
+    "autotune",
+    "training",
+)
 _REGISTRY: dict[str, Experiment] = {}
 _SOURCES: dict[str, str] = {}  # name -> the user's module spec that registered it
 
@@ -97,12 +106,15 @@ def load_module(spec: str) -> list[Experiment]:
     if isinstance(found, Experiment):
         register(found)
     new = [e for n, e in _REGISTRY.items() if before.get(n) is not e] or [
-        e for e in _REGISTRY.values() if _origin(e) == module.__name__]  # imported before
+        e for e in _REGISTRY.values() if _origin(e) == module.__name__
+    ]  # imported before
     for e in new:  # ranks (other processes) load the same module to find it
         _SOURCES[e.name] = str(Path(spec).resolve()) if spec.endswith(".py") else spec
     if not new and not isinstance(found, Experiment):
-        raise RegistryError(f"module {spec!r} registers no experiment (call experiments.register"
-                            " or define EXPERIMENT)")
+        raise RegistryError(
+            f"module {spec!r} registers no experiment (call experiments.register"
+            " or define EXPERIMENT)"
+        )
     return new or [found]
 
 

@@ -58,6 +58,7 @@ Pure rules (`paired`, `bootstrap_median`, `calls_for`, `out_of_time`) are separa
 loop.
 Units: ms, s, %.
 """
+
 from __future__ import annotations
 
 import math
@@ -137,8 +138,9 @@ def paired(base_ms: Sequence[float], other_ms: Sequence[float]) -> np.ndarray:
     return np.asarray(base_ms, dtype=np.float64) / np.asarray(other_ms, dtype=np.float64)
 
 
-def bootstrap_median(samples: Sequence[float], key: tuple = (0,),
-                     resamples: int = RESAMPLES) -> Interval:
+def bootstrap_median(
+    samples: Sequence[float], key: tuple = (0,), resamples: int = RESAMPLES
+) -> Interval:
     """The median of `samples` and the percentile bootstrap 95% interval of the median
     (deterministic for a given key)."""
     x = np.asarray(samples, dtype=np.float64)
@@ -151,16 +153,24 @@ def bootstrap_median(samples: Sequence[float], key: tuple = (0,),
     return Interval(med, float(min(lo, med)), float(max(hi, med)))
 
 
-def converged(times_ms: Mapping[str, Sequence[float]], key: tuple, ci_pct: float,
-              baseline: Optional[str] = "baseline", aside: Sequence[str] = ()) -> bool:
+def converged(
+    times_ms: Mapping[str, Sequence[float]],
+    key: tuple,
+    ci_pct: float,
+    baseline: Optional[str] = "baseline",
+    aside: Sequence[str] = (),
+) -> bool:
     """Every paired speedup's 95% interval within +-ci_pct% of its median (baseline None: every
     time's interval), the functions named in `aside` left out."""
     held = {n: t for n, t in times_ms.items() if n not in aside}
     if baseline is None:
         return all(bootstrap_median(t, key).halfwidth_pct <= ci_pct for t in held.values())
     base = times_ms[baseline]
-    return all(bootstrap_median(paired(base, t), key).halfwidth_pct <= ci_pct
-               for name, t in held.items() if name != baseline)
+    return all(
+        bootstrap_median(paired(base, t), key).halfwidth_pct <= ci_pct
+        for name, t in held.items()
+        if name != baseline
+    )
 
 
 def calls_for(call_ms: float) -> int:
@@ -177,8 +187,9 @@ def needs_untimed(call_ms: float) -> bool:
     return call_ms < LONG_CALL_MS
 
 
-def untimed_calls(names: Sequence[str], warm_ms: Sequence[float],
-                  aside: Sequence[str] = ()) -> dict[str, bool]:
+def untimed_calls(
+    names: Sequence[str], warm_ms: Sequence[float], aside: Sequence[str] = ()
+) -> dict[str, bool]:
     """Per function, whether an untimed call goes before each of its samples: one rule for the
     functions compared with each other (`needs_untimed` of their shortest warm-up), so that
     paired samples are taken alike; a function in `aside`, compared with calibration's
@@ -188,8 +199,14 @@ def untimed_calls(names: Sequence[str], warm_ms: Sequence[float],
     return {n: needs_untimed(w) if n in aside else point for n, w in zip(names, warm_ms)}
 
 
-def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple,
-               clock, baseline: Optional[str] = "baseline", aside: Sequence[str] = ()) -> Rounds:
+def interleave(
+    fns: Mapping[str, Callable[[], None]],
+    budget: Budget,
+    key: tuple,
+    clock,
+    baseline: Optional[str] = "baseline",
+    aside: Sequence[str] = (),
+) -> Rounds:
     """Time `fns` in interleaved rounds on every rank (see the module)."""
     if baseline is not None and baseline not in fns:
         raise ValueError(f"interleave needs the {baseline!r} function to pair speedups with")
@@ -225,8 +242,13 @@ def interleave(fns: Mapping[str, Callable[[], None]], budget: Budget, key: tuple
         if late:
             stopped = "budget"
             break
-    return Rounds({n: tuple(t) for n, t in times.items()}, calls, stopped,
-                  time.monotonic() - started, tuple(key))
+    return Rounds(
+        {n: tuple(t) for n, t in times.items()},
+        calls,
+        stopped,
+        time.monotonic() - started,
+        tuple(key),
+    )
 
 
 def sample_ms(fn: Callable[[], None], calls: int, clock) -> float:

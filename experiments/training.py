@@ -25,14 +25,15 @@ model without DDP and `coconet.FusedAdam` / `coconet.FusedLAMB` (the generated s
 334M, 1.2B, 3.9B on 16 DGX-2 (`experiments._table1`), and the paper's reported range beside it
 (source `paper`, cost_model/data/paper_results.csv).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from codegen.runtime.launch import run_ranks
 from coconet.programs import SLICED
+from codegen.runtime.launch import run_ranks
 from cost_model.topology import load_topology
 from reports.table import append_row
 
@@ -46,10 +47,22 @@ from .registry import register
 NAME = "training"
 LABEL = {"ddp": "baseline", "zero": "zero_redundancy", "fused": SLICED}
 AGREE_RTOL = 1e-5
-HP = {"adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
-               "embedding_lr_scale": 2.0},
-      "lamb": {"lr": 2e-3, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01,
-               "embedding_lr_scale": 2.0}}
+HP = {
+    "adam": {
+        "lr": 1e-3,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+        "embedding_lr_scale": 2.0,
+    },
+    "lamb": {
+        "lr": 2e-3,
+        "betas": (0.9, 0.999),
+        "eps": 1e-6,
+        "weight_decay": 0.01,
+        "embedding_lr_scale": 2.0,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -63,12 +76,15 @@ class Setting:
 
 
 SETTINGS = {
-    "smoke": Setting(B.ModelSize(2, 64, 2, 256, 32), micro_batch=8, cap_mb=6, rounds=5,
-                     steps_per_round=2),
-    "default": Setting(B.ModelSize(2, 128, 4, 1024, 64), micro_batch=8, cap_mb=40, rounds=6,
-                       steps_per_round=2),
-    "paper": Setting(B.ModelSize(4, 128, 4, 1024, 64), micro_batch=8, cap_mb=64, rounds=15,
-                     steps_per_round=3),
+    "smoke": Setting(
+        B.ModelSize(2, 64, 2, 256, 32), micro_batch=8, cap_mb=6, rounds=5, steps_per_round=2
+    ),
+    "default": Setting(
+        B.ModelSize(2, 128, 4, 1024, 64), micro_batch=8, cap_mb=40, rounds=6, steps_per_round=2
+    ),
+    "paper": Setting(
+        B.ModelSize(4, 128, 4, 1024, 64), micro_batch=8, cap_mb=64, rounds=15, steps_per_round=3
+    ),
 }
 
 
@@ -82,33 +98,51 @@ def median_ci(xs, seed: int = 0, n: int = 2000) -> tuple[float, float, float]:
 
 def _base(setting: Setting, world: int, optimizer: str, comm: str) -> dict:
     s = setting.size
-    return {"experiment": NAME, "source": "measured", "backend": "cpu", "topology": "local",
-            "world_size": world, "size": s.parameters(), "dtype": "f32", "optimizer": optimizer,
-            "comm": comm,
-            "shape": f"L={s.layers},H={s.hidden},heads={s.heads},V={s.vocab},S={s.seq}"}
+    return {
+        "experiment": NAME,
+        "source": "measured",
+        "backend": "cpu",
+        "topology": "local",
+        "world_size": world,
+        "size": s.parameters(),
+        "dtype": "f32",
+        "optimizer": optimizer,
+        "comm": comm,
+        "shape": f"L={s.layers},H={s.hidden},heads={s.heads},V={s.vocab},S={s.seq}",
+    }
 
 
 def loss_rows(base: dict, curves) -> list[dict]:
-    return [{**base, "schedule": LABEL[c], "row_kind": "loss",
-             "step": i + 1, "loss": round(v, 7)} for c, losses in curves.items()
-            for i, v in enumerate(losses)]
+    return [
+        {**base, "schedule": LABEL[c], "row_kind": "loss", "step": i + 1, "loss": round(v, 7)}
+        for c, losses in curves.items()
+        for i, v in enumerate(losses)
+    ]
 
 
 def agreement(per_rank: list[dict], optimizer: str) -> dict[str, float]:
     """config -> the largest relative loss difference from the baseline, over ranks and steps."""
     out = {}
     for c in per_rank[0][optimizer]["curves"]:
-        out[c] = max(float(np.max(np.abs(np.subtract(r[optimizer]["curves"][c],
-                                                       r[optimizer]["curves"]["ddp"]))
-                                  / np.abs(r[optimizer]["curves"]["ddp"]))) for r in per_rank)
+        out[c] = max(
+            float(
+                np.max(
+                    np.abs(np.subtract(r[optimizer]["curves"][c], r[optimizer]["curves"]["ddp"]))
+                    / np.abs(r[optimizer]["curves"]["ddp"])
+                )
+            )
+            for r in per_rank
+        )
     return out
 
 
 def timing_rows(setting: Setting, base: dict, result, worst) -> list[dict]:
     timing, memory = result["timing"], result["memory"]
     rows = []
-    for kind, mb_of in (("step", lambda c: setting.micro_batch),
-                        ("table1", lambda c: memory[c]["max_micro_batch"])):
+    for kind, mb_of in (
+        ("step", lambda c: setting.micro_batch),
+        ("table1", lambda c: memory[c]["max_micro_batch"]),
+    ):
         base_key = ("ddp", mb_of("ddp"))
         for c in memory:
             key = (c, mb_of(c))
@@ -121,46 +155,83 @@ def timing_rows(setting: Setting, base: dict, result, worst) -> list[dict]:
             t, t_lo, t_hi = median_ci(ms)
             s, s_lo, s_hi = median_ci(thr)
             r, r_lo, r_hi = median_ci(ratio)
-            rows.append({**base, "schedule": LABEL[c],
-                         "row_kind": kind, "micro_batch": key[1], "time_ms": round(t, 3),
-                         "time_ms_lo": round(t_lo, 3), "time_ms_hi": round(t_hi, 3),
-                         "time_ms_min": round(float(ms.min()), 3),
-                         "time_ms_max": round(float(ms.max()), 3),
-                         "samples_per_s": round(s, 2), "samples_per_s_lo": round(s_lo, 2),
-                         "samples_per_s_hi": round(s_hi, 2), "speedup": round(r, 4),
-                         "speedup_lo": round(r_lo, 4), "speedup_hi": round(r_hi, 4),
-                         "verified": worst[c] <= AGREE_RTOL,
-                         "note": f"{len(ms)} interleaved rounds of {setting.steps_per_round} "
-                                 f"steps; loss agreement {worst[c]:.1e}"})
+            rows.append(
+                {
+                    **base,
+                    "schedule": LABEL[c],
+                    "row_kind": kind,
+                    "micro_batch": key[1],
+                    "time_ms": round(t, 3),
+                    "time_ms_lo": round(t_lo, 3),
+                    "time_ms_hi": round(t_hi, 3),
+                    "time_ms_min": round(float(ms.min()), 3),
+                    "time_ms_max": round(float(ms.max()), 3),
+                    "samples_per_s": round(s, 2),
+                    "samples_per_s_lo": round(s_lo, 2),
+                    "samples_per_s_hi": round(s_hi, 2),
+                    "speedup": round(r, 4),
+                    "speedup_lo": round(r_lo, 4),
+                    "speedup_hi": round(r_hi, 4),
+                    "verified": worst[c] <= AGREE_RTOL,
+                    "note": f"{len(ms)} interleaved rounds of {setting.steps_per_round} "
+                    f"steps; loss agreement {worst[c]:.1e}",
+                }
+            )
     return rows
 
 
 def memory_rows(setting: Setting, base: dict, memory) -> list[dict]:
     cap = setting.cap_mb << 20
-    return [{**base, "schedule": LABEL[c], "row_kind": "memory",
-             "micro_batch": m["max_micro_batch"], "state_bytes": m["state"],
-             "memory_bytes": m["params"] + m["grads"] + m["comm"] + m["state"],
-             "memory_cap_bytes": cap,
-             "note": f"params {m['params']}, grads {m['grads']}, communication buffers "
-                     f"{m['comm']}, state {m['state']}, activations per sample "
-                     f"{m['activations_per_sample']} (bytes)"} for c, m in memory.items()]
+    return [
+        {
+            **base,
+            "schedule": LABEL[c],
+            "row_kind": "memory",
+            "micro_batch": m["max_micro_batch"],
+            "state_bytes": m["state"],
+            "memory_bytes": m["params"] + m["grads"] + m["comm"] + m["state"],
+            "memory_cap_bytes": cap,
+            "note": f"params {m['params']}, grads {m['grads']}, communication buffers "
+            f"{m['comm']}, state {m['state']}, activations per sample "
+            f"{m['activations_per_sample']} (bytes)",
+        }
+        for c, m in memory.items()
+    ]
 
 
 def measure(settings) -> list[dict]:
     if settings.backend != "cpu":
-        print(f"measure: skipped: training measures torch DDP and the fused optimizers on cpu "
-              f"gloo ranks only (backend={settings.backend})", flush=True)
+        print(
+            f"measure: skipped: training measures torch DDP and the fused optimizers on cpu "
+            f"gloo ranks only (backend={settings.backend})",
+            flush=True,
+        )
         return []
     setting = SETTINGS[settings.scale]
-    spec = Spec(size=setting.size, hp=HP, steps=setting.steps, micro_batch=setting.micro_batch,
-                cap_bytes=setting.cap_mb << 20, rounds=setting.rounds, warmup_rounds=1,
-                steps_per_round=setting.steps_per_round, seed=settings.seed,
-                comm=settings.comm or "ring")
-    print(f"training: {setting.size} ({setting.size.parameters()} parameters), "
-          f"{setting.steps} steps per set-up, micro-batch {setting.micro_batch}", flush=True)
-    per_rank = run_ranks(rank_main, settings.world_size, args=(spec,),
-                         timeout_s=settings.timeout_s,
-                         collective_timeout_s=settings.collective_timeout_s)
+    spec = Spec(
+        size=setting.size,
+        hp=HP,
+        steps=setting.steps,
+        micro_batch=setting.micro_batch,
+        cap_bytes=setting.cap_mb << 20,
+        rounds=setting.rounds,
+        warmup_rounds=1,
+        steps_per_round=setting.steps_per_round,
+        seed=settings.seed,
+        comm=settings.comm or "ring",
+    )
+    print(
+        f"training: {setting.size} ({setting.size.parameters()} parameters), "
+        f"{setting.steps} steps per set-up, micro-batch {setting.micro_batch}",
+        flush=True,
+    )
+    per_rank = run_ranks(
+        rank_main,
+        settings.world_size,
+        args=(spec,),
+        timeout_s=settings.timeout_s,
+        collective_timeout_s=settings.collective_timeout_s,
+    )
     rows = []
     for optimizer, result in per_rank[0].items():
         worst = agreement(per_rank, optimizer)
@@ -183,18 +254,29 @@ def summary(measured: list, predicted: list) -> str:
     lines = ["training: throughput over the baseline (median [95% CI]); Table 1 predicted"]
     for r in measured:
         if r.get("row_kind") in ("step", "table1"):
-            lines.append(f"  measured {r['optimizer']} {r['row_kind']:6s} {r['schedule']:24s} "
-                         f"mb {r['micro_batch']:3d} {r['samples_per_s']:9.1f} samples/s "
-                         f"x{r['speedup']:.2f} [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]")
+            lines.append(
+                f"  measured {r['optimizer']} {r['row_kind']:6s} {r['schedule']:24s} "
+                f"mb {r['micro_batch']:3d} {r['samples_per_s']:9.1f} samples/s "
+                f"x{r['speedup']:.2f} [{r['speedup_lo']:.2f}, {r['speedup_hi']:.2f}]"
+            )
     for r in predicted:
         if r.get("row_kind") == "table1":
             fits = "does not fit" if not r["micro_batch"] else "the baseline does not fit"
-            lines.append(f"  predicted {r['optimizer']} {r['shape'][:10]} {r['schedule']:24s} "
-                         f"mb {r['micro_batch']:3d} "
-                         + (f"x{r['speedup']:.2f}" if r["speedup"] != "" else fits))
+            lines.append(
+                f"  predicted {r['optimizer']} {r['shape'][:10]} {r['schedule']:24s} "
+                f"mb {r['micro_batch']:3d} "
+                + (f"x{r['speedup']:.2f}" if r["speedup"] != "" else fits)
+            )
     return "\n".join(lines)
 
 
-EXPERIMENT = register(Experiment(
-    name=NAME, figure="Table 1 (section 6.1)", measure=measure, predict=predict, summary=summary,
-    doc=__doc__))
+EXPERIMENT = register(
+    Experiment(
+        name=NAME,
+        figure="Table 1 (section 6.1)",
+        measure=measure,
+        predict=predict,
+        summary=summary,
+        doc=__doc__,
+    )
+)

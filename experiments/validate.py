@@ -15,13 +15,12 @@ saw it). `summary(rows)` gives per system and split the points, the median and l
 and the thresholds the check split is held to (`reports.validation.split_summary`: median |error| <= 8%,
 every point of 16 MiB and up within 15%).
 """
+
 from __future__ import annotations
 
-import statistics
-
 from cost_model import validation
-from reports.validation import split_summary
 from cost_model.topology import load_topology
+from reports.validation import split_summary
 
 from .api import Experiment
 from .registry import register
@@ -31,21 +30,49 @@ CURVE_SIZES = [1 << k for k in range(10, 35)]  # 1 KiB .. 16 GiB
 
 
 def _row(p: validation.Point, source: str, nbytes: int, busbw: float, **extra) -> dict:
-    return {"experiment": NAME, "schedule": p.series, "source": source, "backend": "sim"
-            if source == "predicted" else "", "topology": p.system, "world_size": p.gpus,
-            "size": nbytes, "shape": f"[{nbytes}]", "dtype": "", "busbw_gbps": round(busbw, 3),
-            "nodes": p.nodes, "split": p.split, **extra}
+    return {
+        "experiment": NAME,
+        "schedule": p.series,
+        "source": source,
+        "backend": "sim" if source == "predicted" else "",
+        "topology": p.system,
+        "world_size": p.gpus,
+        "size": nbytes,
+        "shape": f"[{nbytes}]",
+        "dtype": "",
+        "busbw_gbps": round(busbw, 3),
+        "nodes": p.nodes,
+        "split": p.split,
+        **extra,
+    }
 
 
 def point_rows(p: validation.Point) -> list[dict]:
     pred = validation.predict_point(p)
     err = validation.error(pred, p) * 100
-    published = _row(p, "published", p.bytes, p.busbw_gbps, nccl_version=p.nccl_version,
-                     reference=p.source, date=p.date, note=f"{p.gpu}: {p.note}",
-                     row_kind="point")
-    predicted = _row(p, "predicted", p.bytes, pred.busbw_gbps, time_ms=round(pred.time_us / 1e3, 6),
-                     algo=pred.algo, proto=pred.proto, published_busbw_gbps=p.busbw_gbps,
-                     error_pct=round(err, 2), row_kind="point")
+    published = _row(
+        p,
+        "published",
+        p.bytes,
+        p.busbw_gbps,
+        nccl_version=p.nccl_version,
+        reference=p.source,
+        date=p.date,
+        note=f"{p.gpu}: {p.note}",
+        row_kind="point",
+    )
+    predicted = _row(
+        p,
+        "predicted",
+        p.bytes,
+        pred.busbw_gbps,
+        time_ms=round(pred.time_us / 1e3, 6),
+        algo=pred.algo,
+        proto=pred.proto,
+        published_busbw_gbps=p.busbw_gbps,
+        error_pct=round(err, 2),
+        row_kind="point",
+    )
     return [published, predicted]
 
 
@@ -54,8 +81,18 @@ def curve_rows(p: validation.Point) -> list[dict]:
     out = []
     for b in CURVE_SIZES:
         pred = validation.predict(p.collective, b, p.gpus, topo)
-        out.append(_row(p, "predicted", b, pred.busbw_gbps, time_ms=round(pred.time_us / 1e3, 6),
-                        algo=pred.algo, proto=pred.proto, row_kind="curve"))
+        out.append(
+            _row(
+                p,
+                "predicted",
+                b,
+                pred.busbw_gbps,
+                time_ms=round(pred.time_us / 1e3, 6),
+                algo=pred.algo,
+                proto=pred.proto,
+                row_kind="curve",
+            )
+        )
     return out
 
 
@@ -75,13 +112,25 @@ def scaling_rows(systems=SCALING, nodes=SCALING_NODES, kinds=SCALING_KINDS) -> l
             for kind in kinds:
                 for b in CURVE_SIZES:
                     pred = validation.predict(kind, b, topo.devices, topo)
-                    rows.append({"experiment": NAME, "schedule": f"{kind} ({n} nodes x "
-                                 f"{topo.devices_per_node})", "source": "predicted",
-                                 "backend": "sim", "topology": system,
-                                 "world_size": topo.devices, "size": b, "shape": f"[{b}]",
-                                 "dtype": "", "busbw_gbps": round(pred.busbw_gbps, 3),
-                                 "time_ms": round(pred.time_us / 1e3, 6), "algo": pred.algo,
-                                 "proto": pred.proto, "nodes": n, "row_kind": "nodes"})
+                    rows.append(
+                        {
+                            "experiment": NAME,
+                            "schedule": f"{kind} ({n} nodes x {topo.devices_per_node})",
+                            "source": "predicted",
+                            "backend": "sim",
+                            "topology": system,
+                            "world_size": topo.devices,
+                            "size": b,
+                            "shape": f"[{b}]",
+                            "dtype": "",
+                            "busbw_gbps": round(pred.busbw_gbps, 3),
+                            "time_ms": round(pred.time_us / 1e3, 6),
+                            "algo": pred.algo,
+                            "proto": pred.proto,
+                            "nodes": n,
+                            "row_kind": "nodes",
+                        }
+                    )
     return rows
 
 
@@ -105,10 +154,21 @@ def summary(rows: list[dict]) -> list[dict]:
     out = []
     for system in dict.fromkeys(r["topology"] for r in pts):
         mine = [r for r in pts if r["topology"] == system]
-        out.append({"system": system, **{
-            split: split_summary([(int(r["size"]), float(r["error_pct"]))
-                                             for r in mine if r["split"] == split])
-            for split in validation.SPLITS}})
+        out.append(
+            {
+                "system": system,
+                **{
+                    split: split_summary(
+                        [
+                            (int(r["size"]), float(r["error_pct"]))
+                            for r in mine
+                            if r["split"] == split
+                        ]
+                    )
+                    for split in validation.SPLITS
+                },
+            }
+        )
     return out
 
 
@@ -121,14 +181,21 @@ def _cell(s: dict) -> str:
 def table(rows: list[dict]) -> str:
     """The console summary: one line per system, the check split (held to the thresholds) and
     the fit split beside it."""
-    lines = [f"{'system':10s} {'check: n  median  max>=16M':>26s}  {'fit: n  median  max>=16M':>24s}"
-             "  thresholds (check)"]
+    lines = [
+        f"{'system':10s} {'check: n  median  max>=16M':>26s}  {'fit: n  median  max>=16M':>24s}"
+        "  thresholds (check)"
+    ]
     for s in summary(rows):
         verdict = {True: "met", False: "NOT met", None: "no check points"}[s["check"]["ok"]]
         lines.append(f"{s['system']:10s} {_cell(s['check'])} {_cell(s['fit'])} {verdict}")
     return "\n".join(lines)
 
 
-EXPERIMENT = register(Experiment(
-    name=NAME, figure="published nccl-tests results (no paper figure): the cost model validated",
-    predict=predict, summary=lambda measured, predicted: table(predicted)))
+EXPERIMENT = register(
+    Experiment(
+        name=NAME,
+        figure="published nccl-tests results (no paper figure): the cost model validated",
+        predict=predict,
+        summary=lambda measured, predicted: table(predicted),
+    )
+)

@@ -5,6 +5,7 @@ against the principal tensor's size (log2 axis), one line per schedule, one pane
 topology present (measured on local ranks, predicted on local, dgx2, ...); experiments whose
 points are shapes (model and pipeline parallel) get grouped bars, one group per point. Colours are fixed per schedule across all figures.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,9 @@ import zlib
 from pathlib import Path
 
 # the suite's cache (codegen.cache, which suite exports as COCONET_CACHE_DIR), else the checkout's
-_CACHE = Path(os.environ.get("COCONET_CACHE_DIR") or
-              Path(__file__).resolve().parent.parent / ".cache")
+_CACHE = Path(
+    os.environ.get("COCONET_CACHE_DIR") or Path(__file__).resolve().parent.parent / ".cache"
+)
 os.environ.setdefault("MPLCONFIGDIR", str(_CACHE / "matplotlib"))
 
 import matplotlib  # noqa: E402
@@ -21,17 +23,32 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ORDER = ["baseline", "AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
-         "fuse(RS-C-AG)+as_slice", "MM-AR-C", "MM-RS-C-AG", "ol(MM,fuse(RS-C-AG))", "AR-C-P2P",
-         "AR-P2P-C", "RS-P2P-C-AG", "ol(RS,fuse(P2P-C-AG))"]
+ORDER = [
+    "baseline",
+    "AR-C",
+    "RS-C-AG",
+    "RS-C-AG+as_slice",
+    "fuse(RS-C-AG)",
+    "fuse(RS-C-AG)+as_slice",
+    "MM-AR-C",
+    "MM-RS-C-AG",
+    "ol(MM,fuse(RS-C-AG))",
+    "AR-C-P2P",
+    "AR-P2P-C",
+    "RS-P2P-C-AG",
+    "ol(RS,fuse(P2P-C-AG))",
+]
 
 
 def colour(schedule: str) -> str:
     """A fixed colour per schedule: ORDER's, else one picked by a stable hash of the name (the
     same in every run and process: Python's own `hash` of a string is salted per process)."""
     palette = plt.get_cmap("tab20").colors
-    k = ORDER.index(schedule) if schedule in ORDER else len(ORDER) + zlib.crc32(
-        schedule.encode()) % 8
+    k = (
+        ORDER.index(schedule)
+        if schedule in ORDER
+        else len(ORDER) + zlib.crc32(schedule.encode()) % 8
+    )
     return matplotlib.colors.to_hex(palette[k % len(palette)])
 
 
@@ -61,8 +78,7 @@ def _sweep(ax, part) -> None:
     """One line per schedule against the size (a 1-D sweep, Fig. 10 style)."""
     for schedule in sorted(set(part.schedule), key=_rank):
         line = part[part.schedule == schedule].sort_values(["world_size", "size"])
-        ax.plot(line["size"], line["speedup"], marker="o", label=schedule,
-                color=colour(schedule))
+        ax.plot(line["size"], line["speedup"], marker="o", label=schedule, color=colour(schedule))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("elements of the principal tensor (log2)")
 
@@ -75,15 +91,19 @@ def _bars(ax, part) -> None:
     for j, schedule in enumerate(schedules):
         xs, ys = [], []
         for i, (world, shape) in enumerate(points):
-            hit = part[(part.schedule == schedule) & (part.world_size == world)
-                       & (part["shape"].astype(str) == shape)]
+            hit = part[
+                (part.schedule == schedule)
+                & (part.world_size == world)
+                & (part["shape"].astype(str) == shape)
+            ]
             if not hit.empty:
                 xs.append(i + j * width)
                 ys.append(float(hit.speedup.iloc[0]))
         ax.bar(xs, ys, width, label=schedule, color=colour(schedule))
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(points))])
-    ax.set_xticklabels([f"{shape.replace(',', ' ')}\n{world} ranks" for world, shape in points],
-                       fontsize=6)
+    ax.set_xticklabels(
+        [f"{shape.replace(',', ' ')}\n{world} ranks" for world, shape in points], fontsize=6
+    )
     ax.set_xlabel("point (shape, ranks)")
 
 
@@ -93,7 +113,7 @@ def speedup_figure(df, experiment: str, path) -> Path:
     ncols = min(3, len(keys))
     nrows = -(-len(keys) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
-    for ax in axes.flat[len(keys):]:
+    for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
     for ax, (source, topo) in zip(axes.flat, keys):
         part = rows[(rows.source == source) & (rows.topology == topo)]
@@ -119,8 +139,11 @@ def breakdown_figure(df, experiment: str, path, source: str = "measured") -> Pat
     schedules = sorted(set(rows.schedule), key=_rank)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(points) * len(schedules) / 3), 4.2))
     width = 0.8 / len(schedules)
-    parts = (("compute", "#4c72b0", None), ("overlapped", "#55a868", "//"),
-             ("exposed comm", "#dd8452", None))
+    parts = (
+        ("compute", "#4c72b0", None),
+        ("overlapped", "#55a868", "//"),
+        ("exposed comm", "#dd8452", None),
+    )
     for i, (world, shape) in enumerate(points):
         at = rows[(rows.world_size == world) & (rows["shape"] == shape)]
         base = at[at.schedule == "baseline"].time_ms
@@ -134,15 +157,22 @@ def breakdown_figure(df, experiment: str, path, source: str = "measured") -> Pat
             heights = (float(r.compute_ms) - hidden, hidden, float(r.comm_ms))
             bottom = 0.0
             for (label, col, hatch), h in zip(parts, heights):
-                ax.bar(i + j * width, h / scale, width, bottom=bottom, color=col, hatch=hatch,
-                       edgecolor=colour(sched), linewidth=1.2,
-                       label=label if (i, j) == (0, 0) else None)
+                ax.bar(
+                    i + j * width,
+                    h / scale,
+                    width,
+                    bottom=bottom,
+                    color=col,
+                    hatch=hatch,
+                    edgecolor=colour(sched),
+                    linewidth=1.2,
+                    label=label if (i, j) == (0, 0) else None,
+                )
                 bottom += h / scale
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(points))])
     ax.set_xticklabels([f"{s}\n{w} ranks" for w, s in points], fontsize=7)
     ax.set_ylabel("time / baseline time")
-    ax.set_title(f"{experiment} ({source}): bars left to right: {', '.join(schedules)}",
-                 fontsize=8)
+    ax.set_title(f"{experiment} ({source}): bars left to right: {', '.join(schedules)}", fontsize=8)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.legend(fontsize=8)
     return _save(fig, path)

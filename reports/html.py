@@ -5,6 +5,7 @@
 images are read from `base_dir` and embedded as base64 data URIs (PNG, or SVG inline as data).
 `write_html(md_path)` writes report.html beside report.md and returns its path.
 """
+
 from __future__ import annotations
 
 import base64
@@ -39,7 +40,7 @@ def _image(alt: str, src: str, base: Path) -> str:
 def _inline(text: str, base: Path) -> str:
     out, at = [], 0
     for m in _IMAGE.finditer(text):
-        out += [_text(text[at:m.start()]), _image(m.group(1), m.group(2), base)]
+        out += [_text(text[at : m.start()]), _image(m.group(1), m.group(2), base)]
         at = m.end()
     return "".join(out + [_text(text[at:])])
 
@@ -47,8 +48,11 @@ def _inline(text: str, base: Path) -> str:
 def _table(lines: list[str], base: Path) -> str:
     rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
     head, body = rows[0], [r for r in rows[2:]]
-    out = ["<table><thead><tr>" + "".join(f"<th>{_inline(c, base)}</th>" for c in head)
-           + "</tr></thead><tbody>"]
+    out = [
+        "<table><thead><tr>"
+        + "".join(f"<th>{_inline(c, base)}</th>" for c in head)
+        + "</tr></thead><tbody>"
+    ]
     out += ["<tr>" + "".join(f"<td>{_inline(c, base)}</td>" for c in r) + "</tr>" for r in body]
     return "\n".join(out) + "</tbody></table>"
 
@@ -61,7 +65,7 @@ def markdown_to_html(text: str, base_dir: Path, title: str = "coconet-suite repo
             j = k + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            out.append("<pre><code>" + html.escape("\n".join(lines[k + 1:j])) + "</code></pre>")
+            out.append("<pre><code>" + html.escape("\n".join(lines[k + 1 : j])) + "</code></pre>")
             k = j + 1
         elif ln.startswith("#"):
             level = len(ln) - len(ln.lstrip("#"))
@@ -77,8 +81,11 @@ def markdown_to_html(text: str, base_dir: Path, title: str = "coconet-suite repo
             j = k
             while j < len(lines) and lines[j].startswith("- "):
                 j += 1
-            out.append("<ul>" + "".join(f"<li>{_inline(x[2:], base_dir)}</li>"
-                                         for x in lines[k:j]) + "</ul>")
+            out.append(
+                "<ul>"
+                + "".join(f"<li>{_inline(x[2:], base_dir)}</li>" for x in lines[k:j])
+                + "</ul>"
+            )
             k = j
         elif ln.strip():
             j = k
@@ -88,8 +95,10 @@ def markdown_to_html(text: str, base_dir: Path, title: str = "coconet-suite repo
             k = j
         else:
             k += 1
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(out) + "\n</body></html>\n")
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>\n" + "\n".join(out) + "\n</body></html>\n"
+    )
 
 
 def write_html(md_path) -> Path:

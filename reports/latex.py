@@ -5,6 +5,7 @@
 per schedule and one column per point, cells `time ms (speedup x)`. `write_tables(df, out_dir)`
 writes `tables/<experiment>_<source>.{csv,tex}` for every experiment and source present.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,22 +21,29 @@ def _tex(s: str) -> str:
 
 def pivot(df, experiment: str, source: str):
     rows = df[(df.experiment == experiment) & (df.source == source)].copy()
-    rows["point"] = [(f"{r.world_size}r " if rows.world_size.nunique() > 1 else "")
-                     + point_label(r) for r in rows.itertuples()]
+    rows["point"] = [
+        (f"{r.world_size}r " if rows.world_size.nunique() > 1 else "") + point_label(r)
+        for r in rows.itertuples()
+    ]
     return rows
 
 
 def latex_table(df, experiment: str, source: str = "measured") -> str:
     rows = pivot(df, experiment, source)
     points = list(dict.fromkeys(rows.point))
-    lines = [r"\begin{tabular}{l" + "r" * len(points) + "}", r"\toprule",
-             "schedule & " + " & ".join(_tex(p) for p in points) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{tabular}{l" + "r" * len(points) + "}",
+        r"\toprule",
+        "schedule & " + " & ".join(_tex(p) for p in points) + r" \\",
+        r"\midrule",
+    ]
     for sched in dict.fromkeys(rows.schedule):
         cells = []
         for p in points:
             r = rows[(rows.schedule == sched) & (rows.point == p)]
-            cells.append("" if r.empty else
-                         f"{r.iloc[0].time_ms:.2f} ({r.iloc[0].speedup:.2f}$\\times$)")
+            cells.append(
+                "" if r.empty else f"{r.iloc[0].time_ms:.2f} ({r.iloc[0].speedup:.2f}$\\times$)"
+            )
         lines.append(_tex(sched) + " & " + " & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ cost of an item, e.g. its elements: a sweep's last, largest points take the long
 left, estimated as elapsed x (weight left / weight done). `step(detail)` marks one more item done
 and returns the line. Times are wall-clock seconds from construction (`clock`, for tests).
 """
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,9 @@ def clock_text(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, weights: Sequence[float], label: str = "",
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, weights: Sequence[float], label: str = "", clock: Callable[[], float] = time.monotonic
+    ):
         if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
             raise ValueError("progress needs at least one item and positive weights")
         self.weights, self.label, self.clock = list(weights), label, clock
@@ -37,7 +39,7 @@ class Progress:
         return len(self.weights)
 
     def fraction(self) -> float:
-        return sum(self.weights[:self.done]) / sum(self.weights)
+        return sum(self.weights[: self.done]) / sum(self.weights)
 
     def left_s(self) -> float | None:
         """Estimated seconds left; None before anything measurable is done."""
@@ -53,9 +55,11 @@ class Progress:
         eta = "?" if left is None else clock_text(left)
         head = f"{self.label} " if self.label else ""
         tail = f"  {detail}" if detail else ""
-        return (f"{head}[{'#' * filled}{'.' * (WIDTH - filled)}] {self.done}/{self.total} "
-                f"{100 * f:3.0f}%  {clock_text(self.clock() - self.start)} elapsed, "
-                f"~{eta} left{tail}")
+        return (
+            f"{head}[{'#' * filled}{'.' * (WIDTH - filled)}] {self.done}/{self.total} "
+            f"{100 * f:3.0f}%  {clock_text(self.clock() - self.start)} elapsed, "
+            f"~{eta} left{tail}"
+        )
 
     def step(self, detail: str = "") -> str:
         self.done = min(self.done + 1, self.total)

@@ -12,6 +12,7 @@ schedule's time: computation, communication exposed, the algorithm and protocol 
 the figure `figures/<experiment>_authors.png` (speedup against size). Nothing where the table
 has no published rows. Units: ms, %.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,11 @@ def points(df, experiment: str) -> list[dict]:
     the predicted ones on dgx2 at that world size (None where not predicted)."""
     ours = df[(df.experiment == experiment) & (df.topology == "dgx2")]
     theirs = ours[ours.source == "published"].drop_duplicates(["world_size", "size", "schedule"])
-    pred = ours[ours.source == "predicted"].drop_duplicates(
-        ["world_size", "size", "schedule"]).set_index(["world_size", "size", "schedule"])
+    pred = (
+        ours[ours.source == "predicted"]
+        .drop_duplicates(["world_size", "size", "schedule"])
+        .set_index(["world_size", "size", "schedule"])
+    )
     out = []
     for (world, size), at in theirs.groupby(["world_size", "size"], sort=True):
         by = at.set_index("schedule")
@@ -43,11 +47,19 @@ def points(df, experiment: str) -> list[dict]:
             k = (*key, schedule)
             return float(pred.loc[k, col]) if k in pred.index else None
 
-        out.append({"world": int(world), "size": int(size),
-                    "base_ms": float(by.time_ms["baseline"]), "fused_ms": float(by.time_ms[FUSED]),
-                    "speedup": float(by.speedup[FUSED]), "p_base_ms": p("baseline"),
-                    "p_fused_ms": p(FUSED), "p_speedup": p(FUSED, "speedup"),
-                    "p_published": p(AS_PUBLISHED, "speedup")})
+        out.append(
+            {
+                "world": int(world),
+                "size": int(size),
+                "base_ms": float(by.time_ms["baseline"]),
+                "fused_ms": float(by.time_ms[FUSED]),
+                "speedup": float(by.speedup[FUSED]),
+                "p_base_ms": p("baseline"),
+                "p_fused_ms": p(FUSED),
+                "p_speedup": p(FUSED, "speedup"),
+                "p_published": p(AS_PUBLISHED, "speedup"),
+            }
+        )
     return out
 
 
@@ -66,15 +78,27 @@ def _gap(theirs: float, predicted) -> str:
 def breakdown(df, experiment: str, pt: dict) -> str:
     """How far their times are from the predicted ones, then 'schedule t ms = compute a +
     communication exposed b (algo/proto, ...)' of each predicted schedule at the point."""
-    rows = df[(df.experiment == experiment) & (df.source == "predicted") &
-              (df.topology == "dgx2") & (df.world_size == pt["world"]) & (df["size"] == pt["size"])]
-    parts = [f"their baseline {_gap(pt['base_ms'], pt['p_base_ms'])} and fused step "
-             f"{_gap(pt['fused_ms'], pt['p_fused_ms'])} the predicted time"]
+    rows = df[
+        (df.experiment == experiment)
+        & (df.source == "predicted")
+        & (df.topology == "dgx2")
+        & (df.world_size == pt["world"])
+        & (df["size"] == pt["size"])
+    ]
+    parts = [
+        f"their baseline {_gap(pt['base_ms'], pt['p_base_ms'])} and fused step "
+        f"{_gap(pt['fused_ms'], pt['p_fused_ms'])} the predicted time"
+    ]
     for r in rows[rows.schedule.isin(("baseline", FUSED))].fillna({"proto": ""}).itertuples():
-        picks = ", ".join(f"{a}/{p}" if p else a for a, p in
-                          zip(str(r.algo).split(";"), str(r.proto).split(";")) if a)
-        parts.append(f"{r.schedule} {r.time_ms:.3f} ms = compute {r.compute_ms:.3f} + "
-                     f"communication exposed {r.comm_ms:.3f} ({picks})")
+        picks = ", ".join(
+            f"{a}/{p}" if p else a
+            for a, p in zip(str(r.algo).split(";"), str(r.proto).split(";"))
+            if a
+        )
+        parts.append(
+            f"{r.schedule} {r.time_ms:.3f} ms = compute {r.compute_ms:.3f} + "
+            f"communication exposed {r.comm_ms:.3f} ({picks})"
+        )
     return "; ".join(parts)
 
 
@@ -84,8 +108,10 @@ def authors_figure(pts: list[dict], experiment: str, path) -> Path:
         mine = [p for p in pts if p["world"] == world]
         xs = [p["size"] for p in mine]
         ax.plot(xs, [p["speedup"] for p in mine], "ko-", label=f"authors' logs ({world} V100)")
-        for key, style, what in (("p_speedup", "s--", "predicted, f32"),
-                                 ("p_published", "^:", "predicted, f16 as published")):
+        for key, style, what in (
+            ("p_speedup", "s--", "predicted, f32"),
+            ("p_published", "^:", "predicted, f16 as published"),
+        ):
             got = [(x, p[key]) for x, p in zip(xs, mine) if p[key] is not None]
             if got:
                 ax.plot(*zip(*got), style, label=f"{what} ({world} V100)")
@@ -106,28 +132,42 @@ def authors_section(df, experiment: str, out_dir: Path) -> str:
     if not pts:
         return ""
     ref = df[(df.experiment == experiment) & (df.source == "published")]
-    lines = ["## The paper's cluster: the authors' timings and the prediction", "",
-             "The authors' own logs of the baseline (all-reduce + Apex FusedAdam, f32) and of "
-             f"their fused kernel (f32) on DGX-2 nodes, NCCL's default algorithm, beside this "
-             f"run's prediction on dgx2 at the same size: {FUSED} in f32 (like for like) and, "
-             f"where predicted, {AS_PUBLISHED} (the precision the paper's fused binary ran: "
-             "f16 gradient and weight copy, f32 state, against the same f32 baseline). Sources: "
-             + "; ".join(sorted(set(ref.reference.astype(str)))) + ". Caveats: "
-             + " / ".join(sorted(set(ref.caveat.astype(str)))) + ".", "",
-             "| ranks | size | their baseline ms | predicted | their fused ms | predicted | "
-             "their speedup | predicted f32 | error | predicted f16 |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## The paper's cluster: the authors' timings and the prediction",
+        "",
+        "The authors' own logs of the baseline (all-reduce + Apex FusedAdam, f32) and of "
+        f"their fused kernel (f32) on DGX-2 nodes, NCCL's default algorithm, beside this "
+        f"run's prediction on dgx2 at the same size: {FUSED} in f32 (like for like) and, "
+        f"where predicted, {AS_PUBLISHED} (the precision the paper's fused binary ran: "
+        "f16 gradient and weight copy, f32 state, against the same f32 baseline). Sources: "
+        + "; ".join(sorted(set(ref.reference.astype(str))))
+        + ". Caveats: "
+        + " / ".join(sorted(set(ref.caveat.astype(str))))
+        + ".",
+        "",
+        "| ranks | size | their baseline ms | predicted | their fused ms | predicted | "
+        "their speedup | predicted f32 | error | predicted f16 |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in pts:
         lines.append(
             f"| {p['world']} | {_size(p['size'])} | {p['base_ms']:.3f} | "
             f"{_fmt(p['p_base_ms'], '.3f')} | {p['fused_ms']:.3f} | {_fmt(p['p_fused_ms'], '.3f')}"
             f" | x{p['speedup']:.2f} | {_fmt(p['p_speedup'], '.2f', 'x')} | "
-            f"{_fmt(_error(p), '+.1f')}% | {_fmt(p['p_published'], '.2f', 'x')} |")
+            f"{_fmt(_error(p), '+.1f')}% | {_fmt(p['p_published'], '.2f', 'x')} |"
+        )
     far = [p for p in pts if _error(p) is not None and abs(_error(p)) > EXPLAIN_PCT]
     if far:
-        lines += ["", f"Points whose predicted speedup differs from theirs by more than "
-                  f"{EXPLAIN_PCT:g}%, with the predicted breakdown:", ""]
-        lines += [f"- {p['world']} ranks, {_size(p['size'])} ({_error(p):+.1f}%): "
-                  + breakdown(df, experiment, p) for p in far]
+        lines += [
+            "",
+            f"Points whose predicted speedup differs from theirs by more than "
+            f"{EXPLAIN_PCT:g}%, with the predicted breakdown:",
+            "",
+        ]
+        lines += [
+            f"- {p['world']} ranks, {_size(p['size'])} ({_error(p):+.1f}%): "
+            + breakdown(df, experiment, p)
+            for p in far
+        ]
     fig = authors_figure(pts, experiment, out_dir / "figures" / f"{experiment}_authors.png")
     return "\n".join(lines + ["", f"![authors' timings](figures/{fig.name})", ""]) + "\n"

@@ -18,6 +18,7 @@ The experiment sections reuse `reports.sections.measured_section` and
 `<name>/figures/`); their headings move one level down and their links gain the `<name>/` prefix.
 `checks` maps an experiment to (verified, total) verification checks.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,9 +28,14 @@ from .predicted import predicted_section
 from .sections import measured_section
 from .summary import experiment_summary, markdown_table
 
-FIGURES = {"adam_fusion": "Fig. 10a", "lamb_fusion": "Fig. 10b", "model_parallel": "Fig. 11",
-           "pipeline_parallel": "Fig. 12", "collectives": "nccl-tests bandwidth",
-           "calibrate": "the cost model's local topology"}
+FIGURES = {
+    "adam_fusion": "Fig. 10a",
+    "lamb_fusion": "Fig. 10b",
+    "model_parallel": "Fig. 11",
+    "pipeline_parallel": "Fig. 12",
+    "collectives": "nccl-tests bandwidth",
+    "calibrate": "the cost model's local topology",
+}
 _LINK = re.compile(r"\]\((?!https?:|/)([^)]+)\)")
 
 
@@ -43,10 +49,15 @@ def summary_rows(df, names: list[str], checks: dict) -> tuple[list[str], list[li
         header = header or h
         verified, total = checks.get(name, (0, 0))
         rows.append(row[:1] + [f"{verified}/{total}" if total else "-"] + row[1:])
-    header = header or ["experiment", "measured points (verified)", "best measured speedup",
-                        "local time error (median, largest)",
-                        "local speedup error (median, largest)", "repeatability (time, speedup)",
-                        "best predicted speedup (GPUs)"]
+    header = header or [
+        "experiment",
+        "measured points (verified)",
+        "best measured speedup",
+        "local time error (median, largest)",
+        "local speedup error (median, largest)",
+        "repeatability (time, speedup)",
+        "best predicted speedup (GPUs)",
+    ]
     return header[:1] + ["checks verified"] + header[1:], rows
 
 
@@ -92,30 +103,53 @@ def repeatability(df) -> str:
         if both.empty:
             continue
         diff = (both.time_ms_y / both.time_ms_x - 1).abs()
-        lines.append(f"| {kind} | {len(both)} | {100 * diff.median():.1f}% | "
-                     f"{100 * diff.max():.1f}% |")
+        lines.append(
+            f"| {kind} | {len(both)} | {100 * diff.median():.1f}% | {100 * diff.max():.1f}% |"
+        )
     if not lines:
         return ""
-    return "\n".join(["## Repeatability of this machine", "",
-                      "The same collective through the same runtime call, measured twice in this "
-                      "run the same way (by `calibrate`, in its rounds of collectives only, "
-                      "then by `collectives` minutes later: the median over "
-                      "interleaved rounds of a sample's median call, each call after a "
-                      "barrier), differs by |second/first - 1| (the sizes both "
-                      "measured, 4 KiB and up): no prediction of this machine can be trusted "
-                      "closer than this.", "",
-                      "| collective | sizes | median | largest |", "|---|---:|---:|---:|",
-                      *lines]) + "\n"
+    return (
+        "\n".join(
+            [
+                "## Repeatability of this machine",
+                "",
+                "The same collective through the same runtime call, measured twice in this "
+                "run the same way (by `calibrate`, in its rounds of collectives only, "
+                "then by `collectives` minutes later: the median over "
+                "interleaved rounds of a sample's median call, each call after a "
+                "barrier), differs by |second/first - 1| (the sizes both "
+                "measured, 4 KiB and up): no prediction of this machine can be trusted "
+                "closer than this.",
+                "",
+                "| collective | sizes | median | largest |",
+                "|---|---:|---:|---:|",
+                *lines,
+            ]
+        )
+        + "\n"
+    )
 
 
 def environment_section(env: dict) -> str:
-    labels = [("date", "date"), ("suite_commit", "suite commit"), ("command", "command"),
-              ("cpu", "CPU"), ("cores", "cores"), ("memory_gib", "memory (GiB)"), ("os", "OS"),
-              ("python", "Python"), ("torch", "torch"), ("compiler", "C++ compiler"),
-              ("scale", "scale"), ("backend", "backend"), ("world_size", "ranks measured"),
-              ("world_sizes_note", "world sizes"), ("verify_world_sizes",
-                                                    "verification world sizes"),
-              ("predict_also", "also predicted on"), ("elapsed_s", "run time (s)")]
+    labels = [
+        ("date", "date"),
+        ("suite_commit", "suite commit"),
+        ("command", "command"),
+        ("cpu", "CPU"),
+        ("cores", "cores"),
+        ("memory_gib", "memory (GiB)"),
+        ("os", "OS"),
+        ("python", "Python"),
+        ("torch", "torch"),
+        ("compiler", "C++ compiler"),
+        ("scale", "scale"),
+        ("backend", "backend"),
+        ("world_size", "ranks measured"),
+        ("world_sizes_note", "world sizes"),
+        ("verify_world_sizes", "verification world sizes"),
+        ("predict_also", "also predicted on"),
+        ("elapsed_s", "run time (s)"),
+    ]
     lines = ["## Environment", ""]
     lines += [f"- {label}: `{env[key]}`" for key, label in labels if key in env]
     return "\n".join(lines) + "\n"
@@ -123,12 +157,20 @@ def environment_section(env: dict) -> str:
 
 def experiment_section(df, out_dir: Path, name: str, checks: dict) -> str:
     run_dir = out_dir / name
-    lines = [f"## {name}", "", f"Reproduces the paper's {FIGURES.get(name, name)}. The full run "
-             f"(schedules, programs, verification table): `{name}/report.md`.", ""]
+    lines = [
+        f"## {name}",
+        "",
+        f"Reproduces the paper's {FIGURES.get(name, name)}. The full run "
+        f"(schedules, programs, verification table): `{name}/report.md`.",
+        "",
+    ]
     verified, total = checks.get(name, (0, 0))
     if total:
-        lines += [f"{verified} of {total} checks verified the schedules against the unscheduled "
-                  "program (`dsl.interpret`).", ""]
+        lines += [
+            f"{verified} of {total} checks verified the schedules against the unscheduled "
+            "program (`dsl.interpret`).",
+            "",
+        ]
     rows = df[df.experiment == name] if not df.empty else df
     if rows.empty:
         return "\n".join(lines + ["_no results_", ""])
@@ -141,15 +183,23 @@ def experiment_section(df, out_dir: Path, name: str, checks: dict) -> str:
 def reproduction_report(df, out_dir, names: list[str], checks: dict, env: dict) -> str:
     out_dir = Path(out_dir)
     header, rows = summary_rows(df, names, checks)
-    text = ["# CoCoNeT reproduction report", "",
-            "Does breaking the wall between computation and communication pay, here and on the "
-            "clusters of the paper? Every schedule below was derived by the DSL's transformations,"
-            " verified against the unscheduled program, generated as C++ and measured on local "
-            "gloo ranks against the library it replaces; the cost model (SimPy) predicts the same "
-            "schedules on this machine (calibrated in this run) and on GPU clusters.", "",
-            f"Regenerate: `{env.get('command', 'python -m suite experiment=paper')}`", "",
-            "## Summary", "", markdown_table(header, rows), repeatability(df),
-            environment_section(env)]
+    text = [
+        "# CoCoNeT reproduction report",
+        "",
+        "Does breaking the wall between computation and communication pay, here and on the "
+        "clusters of the paper? Every schedule below was derived by the DSL's transformations,"
+        " verified against the unscheduled program, generated as C++ and measured on local "
+        "gloo ranks against the library it replaces; the cost model (SimPy) predicts the same "
+        "schedules on this machine (calibrated in this run) and on GPU clusters.",
+        "",
+        f"Regenerate: `{env.get('command', 'python -m suite experiment=paper')}`",
+        "",
+        "## Summary",
+        "",
+        markdown_table(header, rows),
+        repeatability(df),
+        environment_section(env),
+    ]
     ordered = [n for n in names if n != "calibrate"] + [n for n in names if n == "calibrate"]
     text += [experiment_section(df, out_dir, n, checks) for n in ordered]
     return "\n".join(text)

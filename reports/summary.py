@@ -15,6 +15,7 @@ reproduction report's overview.
   the best with its size (`best_busbw`).
 - `text_table(header, rows)` / `markdown_table(header, rows)`: either as text.
 """
+
 from __future__ import annotations
 
 from .predicted import _bytes, accuracy, summary
@@ -28,8 +29,11 @@ def _largest(rows):
     if rows.empty:
         return rows
     top = rows.sort_values(["world_size", "size"]).iloc[-1]
-    return rows[(rows.world_size == top.world_size) & (rows["size"] == top["size"])
-                & (rows["shape"].astype(str) == str(top["shape"]))]
+    return rows[
+        (rows.world_size == top.world_size)
+        & (rows["size"] == top["size"])
+        & (rows["shape"].astype(str) == str(top["shape"]))
+    ]
 
 
 def _first(rows):
@@ -46,17 +50,21 @@ def schedule_summary(df, experiment: str) -> Table:
     rows = df[df.experiment == experiment]
     busbw = experiment == "collectives"
     if busbw and "comm" in rows and rows["comm"].dropna().nunique() > 1:  # comm=shm: a row each
-        rows = rows.assign(schedule=rows.schedule + rows["comm"].map(
-            lambda c: f" ({c})" if isinstance(c, str) else ""))
+        rows = rows.assign(
+            schedule=rows.schedule
+            + rows["comm"].map(lambda c: f" ({c})" if isinstance(c, str) else "")
+        )
     meas = rows[rows.source == "measured"]
     pred = rows[rows.source == "predicted"]
     column, fmt = ("busbw_gbps", "{:.2f}") if busbw else ("speedup", "x{:.2f}")
     top = _largest(meas)
     local = pred[pred.topology == "local"]
     if not top.empty:  # the whole point: points may share a size and differ in shape (K)
-        local = local[(local.world_size == top.world_size.iloc[0])
-                      & (local["size"] == top["size"].iloc[0])
-                      & (local["shape"].astype(str) == str(top["shape"].iloc[0]))]
+        local = local[
+            (local.world_size == top.world_size.iloc[0])
+            & (local["size"] == top["size"].iloc[0])
+            & (local["shape"].astype(str) == str(top["shape"].iloc[0]))
+        ]
     header = ["collective" if busbw else "schedule"]
     cols = []
     if not top.empty:
@@ -76,25 +84,44 @@ def schedule_summary(df, experiment: str) -> Table:
 def experiment_summary(df, experiment: str) -> Table:
     rows = df[df.experiment == experiment]
     meas = rows[(rows.source == "measured") & (rows.schedule != "baseline")]
-    header = ["experiment", "measured points (verified)", "best measured speedup",
-              "local time error (median, largest)", "local speedup error (median, largest)",
-              "repeatability (time, speedup)", "best predicted speedup (GPUs)"]
-    verified = int(meas.verified.astype(str).isin(["True", "true", "1"]).sum()) \
-        if "verified" in meas else 0
+    header = [
+        "experiment",
+        "measured points (verified)",
+        "best measured speedup",
+        "local time error (median, largest)",
+        "local speedup error (median, largest)",
+        "repeatability (time, speedup)",
+        "best predicted speedup (GPUs)",
+    ]
+    verified = (
+        int(meas.verified.astype(str).isin(["True", "true", "1"]).sum())
+        if "verified" in meas
+        else 0
+    )
     best = ""
     if not meas.empty and "speedup" in meas and meas.speedup.notna().any():
         b = _first(meas.loc[[meas.speedup.idxmax()]])
         best = f"x{b.speedup:.2f} {b.schedule} @ {point_label(b)}"
     acc = summary(accuracy(df, experiment))
     pct = lambda x: "n/a" if x != x else f"{x:.1f}%"  # noqa: E731  (NaN: none)
-    error = (f"{pct(100 * acc['median_abs_error'])}, {pct(100 * acc['max_abs_error'])}"
-             if acc.get("points") else "")
-    sp_error = (f"{pct(100 * acc['median_abs_speedup_error'])}, "
-                f"{pct(100 * acc['max_abs_speedup_error'])}" if acc.get("speedup_points") else "")
-    repeat = (f"+-{pct(acc['time_repeatability_pct'])}, +-{pct(acc['speedup_repeatability_pct'])}"
-              if acc.get("points") else "")
-    pred = rows[(rows.source == "predicted") & (rows.topology != "local")
-                & (rows.schedule != "baseline")]
+    error = (
+        f"{pct(100 * acc['median_abs_error'])}, {pct(100 * acc['max_abs_error'])}"
+        if acc.get("points")
+        else ""
+    )
+    sp_error = (
+        f"{pct(100 * acc['median_abs_speedup_error'])}, {pct(100 * acc['max_abs_speedup_error'])}"
+        if acc.get("speedup_points")
+        else ""
+    )
+    repeat = (
+        f"+-{pct(acc['time_repeatability_pct'])}, +-{pct(acc['speedup_repeatability_pct'])}"
+        if acc.get("points")
+        else ""
+    )
+    pred = rows[
+        (rows.source == "predicted") & (rows.topology != "local") & (rows.schedule != "baseline")
+    ]
     if "dtype" in rows:  # like for like: not a schedule in another precision than the baseline's
         base = rows[(rows.source == "predicted") & (rows.schedule == "baseline")]
         pred = pred[pred.dtype.isin(set(base.dtype))] if not base.empty else pred
@@ -105,8 +132,9 @@ def experiment_summary(df, experiment: str) -> Table:
             gpus.append(f"{topo}: x{b.speedup:.2f} {b.schedule}")
     elif not pred.empty:  # collectives: no speedups
         gpus = [busbw_summary(t, p) for t, p in pred.groupby("topology", sort=False)]
-    return header, [[experiment, f"{len(meas)} ({verified})", best, error, sp_error, repeat,
-                     "; ".join(gpus)]]
+    return header, [
+        [experiment, f"{len(meas)} ({verified})", best, error, sp_error, repeat, "; ".join(gpus)]
+    ]
 
 
 def busbw_at(rows, size: int, collective: str = "all_reduce"):
@@ -127,8 +155,11 @@ def best_busbw(rows, collective: str = "all_reduce"):
 def busbw_summary(topology: str, rows) -> str:
     """'dgx_a100: all_reduce 119.5 GB/s at 1 GiB (best 155.1 at 512 MiB)': the all-reduce's bus
     bandwidth at the largest size predicted, and the best over sizes with where it is."""
-    largest = int(rows[rows.schedule == "all_reduce"]["size"].max()) if (
-        rows.schedule == "all_reduce").any() else None
+    largest = (
+        int(rows[rows.schedule == "all_reduce"]["size"].max())
+        if (rows.schedule == "all_reduce").any()
+        else None
+    )
     at, best = (busbw_at(rows, largest), best_busbw(rows)) if largest else (None, None)
     if at is None or best is None:
         return f"{topology}: -"

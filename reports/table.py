@@ -40,6 +40,7 @@ in us: the median call's, the slowest rank's; on the CPU the step's own time).
 file begun with other columns, by an older version, under that file's header), so a crash loses
 nothing already measured. `read_table(path)` reads it back as a pandas DataFrame.
 """
+
 from __future__ import annotations
 
 import csv
@@ -48,16 +49,67 @@ import os
 from pathlib import Path
 from typing import Mapping, Union
 
-COLUMNS = ("experiment", "schedule", "source", "backend", "topology", "world_size", "size", "shape",
-           "dtype", "time_ms", "time_ms_min", "time_ms_max", "time_ms_lo", "time_ms_hi", "speedup",
-           "speedup_lo", "speedup_hi", "rounds", "stopped", "verified", "compute_ms",
-           "comm_ms", "overlapped_ms", "algbw_gbps", "busbw_gbps", "algo", "proto", "nodes",
-           "row_kind", "published_busbw_gbps", "error_pct", "speedup_max", "reference", "note",
-           "caveat", "nccl_version", "date", "comm", "ranks_per_node", "optimizer", "step", "loss",
-           "micro_batch", "samples_per_s", "samples_per_s_lo", "samples_per_s_hi", "state_bytes",
-           "memory_bytes", "memory_cap_bytes", "speedup_gloo", "speedup_gloo_lo",
-           "speedup_gloo_hi", "library_ms", "probe_ms", "comm_probe_ms", "host_us", "graphed",
-           "graph_reason", "split")
+COLUMNS = (
+    "experiment",
+    "schedule",
+    "source",
+    "backend",
+    "topology",
+    "world_size",
+    "size",
+    "shape",
+    "dtype",
+    "time_ms",
+    "time_ms_min",
+    "time_ms_max",
+    "time_ms_lo",
+    "time_ms_hi",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+    "rounds",
+    "stopped",
+    "verified",
+    "compute_ms",
+    "comm_ms",
+    "overlapped_ms",
+    "algbw_gbps",
+    "busbw_gbps",
+    "algo",
+    "proto",
+    "nodes",
+    "row_kind",
+    "published_busbw_gbps",
+    "error_pct",
+    "speedup_max",
+    "reference",
+    "note",
+    "caveat",
+    "nccl_version",
+    "date",
+    "comm",
+    "ranks_per_node",
+    "optimizer",
+    "step",
+    "loss",
+    "micro_batch",
+    "samples_per_s",
+    "samples_per_s_lo",
+    "samples_per_s_hi",
+    "state_bytes",
+    "memory_bytes",
+    "memory_cap_bytes",
+    "speedup_gloo",
+    "speedup_gloo_lo",
+    "speedup_gloo_hi",
+    "library_ms",
+    "probe_ms",
+    "comm_probe_ms",
+    "host_us",
+    "graphed",
+    "graph_reason",
+    "split",
+)
 
 
 def append_row(path: Union[str, Path], row: Mapping[str, object]) -> None:
@@ -85,7 +137,7 @@ def write_whole(path: Path, data: bytes) -> None:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         except OSError as e:
             os.ftruncate(fd, size)
             raise OSError(e.errno, e.strerror, str(path)) from None

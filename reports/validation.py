@@ -9,6 +9,7 @@ named; one figure per system (`figures/validate_<system>.png`): busbw
 against size, published as points, predicted as lines, the line's markers coloured by the
 algorithm/protocol the tuner picks along it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -24,37 +25,37 @@ from .figures import _save  # noqa: E402
 # Why a system's points can fall outside: the model's structure, not the data (printed where
 # that system has points outside the thresholds).
 WHY = {
-    "dgx_h100": "one check point misses: a user's \"~320 GB/s beyond 2 nodes\" on 4 x 8 H100 over "
-                "8 x 400 Gb/s RoCE (NVIDIA/nccl issue 1221, size not stated), where the model's "
-                "ring reaches 94% of the NICs (369 GB/s), as single NICs do (46-48 of 50); "
-                "every 1- and 2-node check point is within 9%.",
+    "dgx_h100": 'one check point misses: a user\'s "~320 GB/s beyond 2 nodes" on 4 x 8 H100 over '
+    "8 x 400 Gb/s RoCE (NVIDIA/nccl issue 1221, size not stated), where the model's "
+    "ring reaches 94% of the NICs (369 GB/s), as single NICs do (46-48 of 50); "
+    "every 1- and 2-node check point is within 9%.",
     "dgx_a100": "the check points outside are NDm A100 v4's jobs of one GPU a node (2 x 1: "
-                "all_reduce +22%): a GPU alone on its node reaches 62-75% of its 200 Gb/s NIC "
-                "in all three collectives published (15.5-18.7 GB/s), where 8 GPUs reach 92-94%; "
-                "the model gives every NIC the same rate. sendrecv (8 GPUs, each sending to the "
-                "next) reaches 195 GB/s where the model's send runs on all 12 ring channels "
-                "(240): NCCL gives a peer fewer channels than a ring (+23%; the 128 MiB point, "
-                "the run's first, took 1.2 ms where 256 MiB took 1.4). The 1 KiB all_to_all "
-                "across 2 nodes (+93%, a fit point) is NCCL's per-peer cost of 15 sends, which "
-                "it does not carry.",
-    "dgx_b200": "its one published point (an 8-GPU NVLS all_reduce, a user's \"830+\") is a "
-                "check point: nothing is fitted on B200, whose NVLS rate is the datasheet's "
-                "(40.1 GB/s a link), 8% above the report.",
+    "all_reduce +22%): a GPU alone on its node reaches 62-75% of its 200 Gb/s NIC "
+    "in all three collectives published (15.5-18.7 GB/s), where 8 GPUs reach 92-94%; "
+    "the model gives every NIC the same rate. sendrecv (8 GPUs, each sending to the "
+    "next) reaches 195 GB/s where the model's send runs on all 12 ring channels "
+    "(240): NCCL gives a peer fewer channels than a ring (+23%; the 128 MiB point, "
+    "the run's first, took 1.2 ms where 256 MiB took 1.4). The 1 KiB all_to_all "
+    "across 2 nodes (+93%, a fit point) is NCCL's per-peer cost of 15 sends, which "
+    "it does not carry.",
+    "dgx_b200": 'its one published point (an 8-GPU NVLS all_reduce, a user\'s "830+") is a '
+    "check point: nothing is fitted on B200, whose NVLS rate is the datasheet's "
+    "(40.1 GB/s a link), 8% above the report.",
     "aws_p4de": "from 256 MiB up the 2-node tree (at the NICs' rate, not half) is within 6%; "
-                "below, EFA takes 310 us for a 1 MiB all_reduce (6.35 GB/s) where NCCL's tables "
-                "give InfiniBand's 50-100 us: the EFA plugin's own costs, which NCCL's tuner "
-                "tables do not hold.",
+    "below, EFA takes 310 us for a 1 MiB all_reduce (6.35 GB/s) where NCCL's tables "
+    "give InfiniBand's 50-100 us: the EFA plugin's own costs, which NCCL's tuner "
+    "tables do not hold.",
     "aws_p5": "two curves of the same instances disagree by 2x at 64-256 MiB (one on EKS, "
-              "NCCL 2.18.5, 126-167 GB/s; the other 209-343 GB/s): one network fill "
-              "(`net_fill_us`, fitted at its grid's top) cannot follow both.",
+    "NCCL 2.18.5, 126-167 GB/s; the other 209-343 GB/s): one network fill "
+    "(`net_fill_us`, fitted at its grid's top) cannot follow both.",
     "abci_v100": "NCCL 2.8.4 (2021): its tree and LL128 on Volta differ from the 2.20 tables "
-                 "the model follows; from 16 nodes the model picks the tree at 1-16 MiB and "
-                 "predicts 50-85% more than measured, and 4-node rings 22% less at 16-32 MiB.",
+    "the model follows; from 16 nodes the model picks the tree at 1-16 MiB and "
+    "predicts 50-85% more than measured, and 4-node rings 22% less at 16-32 MiB.",
     "abci_a100": "its 2-16 node curves plateau at 15-33 GB/s busbw at 32 MiB, a third of its "
-                 "4 x 200 Gb/s NICs' 92 GB/s (and lower on 8 nodes than on 16): the network "
-                 "as measured there (NCCL 2.8.4, GPUDirect RDMA limited to the GPU's PCIe "
-                 "switch) is not the network the topology states, which the model takes at "
-                 "its NICs' rate.",
+    "4 x 200 Gb/s NICs' 92 GB/s (and lower on 8 nodes than on 16): the network "
+    "as measured there (NCCL 2.8.4, GPUDirect RDMA limited to the GPU's PCIe "
+    "switch) is not the network the topology states, which the model takes at "
+    "its NICs' rate.",
 }
 MIB = 1 << 20
 LIMIT_MEDIAN, LIMIT_LARGE = 8.0, 15.0  # %, on the check split: the median, and every point ...
@@ -66,15 +67,17 @@ def split_summary(errors: list[tuple[int, float]]) -> dict:
     median |error| is at most LIMIT_MEDIAN and every point from LARGE_FROM up within
     LIMIT_LARGE (the thresholds the check split is held to); empty: {points: 0, ok: None}."""
     if not errors:
-        return {"points": 0, "median_pct": None, "max_pct": None, "max_large_pct": None,
-                "ok": None}
+        return {"points": 0, "median_pct": None, "max_pct": None, "max_large_pct": None, "ok": None}
     absolute = sorted(abs(e) for _, e in errors)
     median = float(statistics.median(absolute))
     large = max((abs(e) for b, e in errors if b >= LARGE_FROM), default=0.0)
-    return {"points": len(errors), "median_pct": median, "max_pct": absolute[-1],
-            "max_large_pct": large, "ok": median <= LIMIT_MEDIAN and large <= LIMIT_LARGE}
-
-
+    return {
+        "points": len(errors),
+        "median_pct": median,
+        "max_pct": absolute[-1],
+        "max_large_pct": large,
+        "ok": median <= LIMIT_MEDIAN and large <= LIMIT_LARGE,
+    }
 
 
 def _size(n: int) -> str:
@@ -100,23 +103,38 @@ def _cells(s: dict) -> list[str]:
 
 
 def system_figure(df, system: str, path) -> Path:
-    part = df[(df.experiment == "validate") & (df.topology == system) &
-              (df.row_kind != "nodes")]
+    part = df[(df.experiment == "validate") & (df.topology == system) & (df.row_kind != "nodes")]
     fig, ax = plt.subplots(figsize=(10.0, 4.6))
-    labels = sorted(set((part.algo.fillna("").astype(str) + "/" + part.proto.fillna("").astype(str))
-                        [part.source == "predicted"]))
+    labels = sorted(
+        set(
+            (part.algo.fillna("").astype(str) + "/" + part.proto.fillna("").astype(str))[
+                part.source == "predicted"
+            ]
+        )
+    )
     cmap = plt.get_cmap("tab10")
     colour = {lab: cmap(i % 10) for i, lab in enumerate(labels)}
     for k, (series, rows) in enumerate(part.groupby("schedule", sort=False)):
         curve = rows[(rows.source == "predicted") & (rows.row_kind == "curve")].sort_values("size")
         pub = rows[rows.source == "published"].sort_values("size")
         ls = ("-", "--", ":", "-.")[k % 4]
-        ax.plot(curve["size"], curve.busbw_gbps, color="grey", lw=1, ls=ls,
-                label=f"{series} predicted")
-        for lab, seg in curve.groupby(curve.algo.fillna("").astype(str) + "/" + curve.proto.fillna("").astype(str)):
+        ax.plot(
+            curve["size"], curve.busbw_gbps, color="grey", lw=1, ls=ls, label=f"{series} predicted"
+        )
+        for lab, seg in curve.groupby(
+            curve.algo.fillna("").astype(str) + "/" + curve.proto.fillna("").astype(str)
+        ):
             ax.scatter(seg["size"], seg.busbw_gbps, s=10, color=colour[lab], zorder=3)
-        ax.scatter(pub["size"], pub.busbw_gbps, marker="D", s=30, facecolor="none",
-                   edgecolor="black", zorder=4, label=f"{series} published")
+        ax.scatter(
+            pub["size"],
+            pub.busbw_gbps,
+            marker="D",
+            s=30,
+            facecolor="none",
+            edgecolor="black",
+            zorder=4,
+            label=f"{series} published",
+        )
     for lab in labels:
         ax.scatter([], [], s=10, color=colour[lab], label=f"model picks {lab}")
     ax.set_xscale("log", base=2)
@@ -129,8 +147,7 @@ def system_figure(df, system: str, path) -> Path:
 
 
 def _points(df):
-    pred = df[(df.experiment == "validate") & (df.source == "predicted") &
-              (df.row_kind == "point")]
+    pred = df[(df.experiment == "validate") & (df.source == "predicted") & (df.row_kind == "point")]
     pub = df[(df.experiment == "validate") & (df.source == "published")]
     return pred.reset_index(drop=True), pub.reset_index(drop=True)
 
@@ -139,51 +156,107 @@ def validation_section(df, out_dir: Path) -> str:
     pred, pub = _points(df)
     if pred.empty:
         return ""
-    text = ["## Validation against published measurements", "",
-            "Each published nccl-tests point (cost_model/data/published_collectives.csv) predicted "
-            "alone on its system's topology by the DES (NCCL's tuner picks the algorithm and "
-            "protocol, or the published run's forced one). Error: predicted / published busbw "
-            "- 1. Each point is in one split, drawn by a fixed rule before any fit "
-            "(`cost_model.validation.check_split`: every third point of a system): a system's "
-            "fitted constants (its topology file's FITTED values) are fitted on its `fit` points "
-            "only; the `check` points, which no fit saw, measure the error. Thresholds, on the "
-            f"check split: median |error| <= {LIMIT_MEDIAN:g}%, every point of "
-            f"{_size(LARGE_FROM)} and up within {LIMIT_LARGE:g}%.", "",
-            "### Per system", ""]
+    text = [
+        "## Validation against published measurements",
+        "",
+        "Each published nccl-tests point (cost_model/data/published_collectives.csv) predicted "
+        "alone on its system's topology by the DES (NCCL's tuner picks the algorithm and "
+        "protocol, or the published run's forced one). Error: predicted / published busbw "
+        "- 1. Each point is in one split, drawn by a fixed rule before any fit "
+        "(`cost_model.validation.check_split`: every third point of a system): a system's "
+        "fitted constants (its topology file's FITTED values) are fitted on its `fit` points "
+        "only; the `check` points, which no fit saw, measure the error. Thresholds, on the "
+        f"check split: median |error| <= {LIMIT_MEDIAN:g}%, every point of "
+        f"{_size(LARGE_FROM)} and up within {LIMIT_LARGE:g}%.",
+        "",
+        "### Per system",
+        "",
+    ]
     rows = []
     for system, part in pred.groupby("topology", sort=False):
-        by = {split: split_summary([(int(b), float(e)) for b, e, sp in
-                                    zip(part["size"], part.error_pct, part.split) if sp == split])
-              for split in ("check", "fit")}
+        by = {
+            split: split_summary(
+                [
+                    (int(b), float(e))
+                    for b, e, sp in zip(part["size"], part.error_pct, part.split)
+                    if sp == split
+                ]
+            )
+            for split in ("check", "fit")
+        }
         verdict = {True: "met", False: "not met", None: "no check points"}[by["check"]["ok"]]
         rows.append([system, *_cells(by["check"]), *_cells(by["fit"]), verdict])
-    text += [markdown_table(["system", "check points", "check median", "check largest >= 16 MiB",
-                             "fit points", "fit median", "fit largest >= 16 MiB",
-                             "thresholds (check)"], rows), ""]
+    text += [
+        markdown_table(
+            [
+                "system",
+                "check points",
+                "check median",
+                "check largest >= 16 MiB",
+                "fit points",
+                "fit median",
+                "fit largest >= 16 MiB",
+                "thresholds (check)",
+            ],
+            rows,
+        ),
+        "",
+    ]
     text += ["### Per point", ""]
     body, misses = [], []
     for i, r in pred.iterrows():
-        p = pub[(pub.topology == r.topology) & (pub.schedule == r.schedule) &
-                (pub["size"] == r["size"])].iloc[0]
+        p = pub[
+            (pub.topology == r.topology) & (pub.schedule == r.schedule) & (pub["size"] == r["size"])
+        ].iloc[0]
         flag = " **outside**" if _outside(r.error_pct, int(r["size"])) else ""
-        body.append([r.topology, r.schedule, _size(int(r["size"])), str(r.split), f"{p.busbw_gbps:.1f}",
-                     f"{r.busbw_gbps:.1f}", f"{r.error_pct:+.1f}%{flag}",
-                     f"{r.algo}/{r.proto}", f"{p.nccl_version if str(p.nccl_version) != 'nan' else ''}",
-                     f"[source]({p.reference.split(' and ')[0]})"])
+        body.append(
+            [
+                r.topology,
+                r.schedule,
+                _size(int(r["size"])),
+                str(r.split),
+                f"{p.busbw_gbps:.1f}",
+                f"{r.busbw_gbps:.1f}",
+                f"{r.error_pct:+.1f}%{flag}",
+                f"{r.algo}/{r.proto}",
+                f"{p.nccl_version if str(p.nccl_version) != 'nan' else ''}",
+                f"[source]({p.reference.split(' and ')[0]})",
+            ]
+        )
         if flag and r.split == "check":
-            misses.append(f"- {r.topology}, {r.schedule} at {_size(int(r['size']))}: "
-                          f"{r.error_pct:+.1f}% ({p.note})")
-    text += [markdown_table(["system", "series", "size", "split", "published GB/s", "predicted GB/s",
-                             "error", "model's pick", "NCCL", "source"], body), ""]
+            misses.append(
+                f"- {r.topology}, {r.schedule} at {_size(int(r['size']))}: "
+                f"{r.error_pct:+.1f}% ({p.note})"
+            )
+    text += [
+        markdown_table(
+            [
+                "system",
+                "series",
+                "size",
+                "split",
+                "published GB/s",
+                "predicted GB/s",
+                "error",
+                "model's pick",
+                "NCCL",
+                "source",
+            ],
+            body,
+        ),
+        "",
+    ]
     if misses:
         text += ["### Check points outside the thresholds", "", *misses, ""]
         for system in dict.fromkeys(m.split(",")[0][2:] for m in misses):
             if system in WHY:
                 text += [f"Why ({system}): {WHY[system]}", ""]
-    dgx2 = ("The paper's DGX-2 (16 V100 behind NVSwitch) has no published nccl-tests curve we "
-            "found: its predictions rest on NCCL's tables with V100's constants fitted on a "
-            "DGX-1's curve (dgx1_v100 above); ABCI's V100 nodes, checked apart, show how far "
-            "an older NCCL (2.8) on V100 clusters is from those tables.")
+    dgx2 = (
+        "The paper's DGX-2 (16 V100 behind NVSwitch) has no published nccl-tests curve we "
+        "found: its predictions rest on NCCL's tables with V100's constants fitted on a "
+        "DGX-1's curve (dgx1_v100 above); ABCI's V100 nodes, checked apart, show how far "
+        "an older NCCL (2.8) on V100 clusters is from those tables."
+    )
     text += [dgx2, ""]
     for system in dict.fromkeys(pred.topology):
         fig = system_figure(df, system, out_dir / "figures" / f"validate_{system}.png")
@@ -208,19 +281,26 @@ def scaling_section(df, out_dir: Path) -> list[str]:
     part = df[(df.experiment == "validate") & (df.row_kind == "nodes")]
     if part.empty:
         return []
-    text = ["### Across nodes (predicted)", "",
-            "Where the data end: each system's collectives over 2, 4, 8 and 16 whole nodes, "
-            "the algorithm and protocol NCCL's tuner picks along each curve (NCCL 2.20.3's "
-            "tables), and the busbw at 1 GiB. No published point checks these beyond 2 nodes "
-            "(a user's ~320 GB/s on 4 x 8 H100 over RoCE aside, NVIDIA/nccl issue 1221).", ""]
+    text = [
+        "### Across nodes (predicted)",
+        "",
+        "Where the data end: each system's collectives over 2, 4, 8 and 16 whole nodes, "
+        "the algorithm and protocol NCCL's tuner picks along each curve (NCCL 2.20.3's "
+        "tables), and the busbw at 1 GiB. No published point checks these beyond 2 nodes "
+        "(a user's ~320 GB/s on 4 x 8 H100 over RoCE aside, NVIDIA/nccl issue 1221).",
+        "",
+    ]
     body = []
     for (system, series), rows in part.groupby(["topology", "schedule"], sort=False):
         rows = rows.sort_values("size")
         at = rows[rows["size"] == 1 << 30].busbw_gbps
-        body.append([system, series, f"{float(at.iloc[0]):.0f}" if len(at) else "-",
-                     _picks(rows)])
-    text += [markdown_table(["system", "collective", "busbw at 1 GiB (GB/s)",
-                             "NCCL's pick along the curve"], body), ""]
+        body.append([system, series, f"{float(at.iloc[0]):.0f}" if len(at) else "-", _picks(rows)])
+    text += [
+        markdown_table(
+            ["system", "collective", "busbw at 1 GiB (GB/s)", "NCCL's pick along the curve"], body
+        ),
+        "",
+    ]
     for system, rows in part.groupby("topology", sort=False):
         fig = scaling_figure(rows, system, out_dir / "figures" / f"nodes_{system}.png")
         text += [f"![{system} across nodes](figures/{fig.name})", ""]
@@ -236,11 +316,18 @@ def scaling_figure(rows, system: str, path) -> Path:
     colour = {lab: cmap(i % 10) for i, lab in enumerate(sorted(set(picks)))}
     for k, (series, curve) in enumerate(rows.groupby("schedule", sort=False)):
         curve = curve.sort_values("size")
-        ax.plot(curve["size"], curve.busbw_gbps, color="grey", lw=1,
-                ls=("-", "--", ":", "-.")[k % 4], label=series)
+        ax.plot(
+            curve["size"],
+            curve.busbw_gbps,
+            color="grey",
+            lw=1,
+            ls=("-", "--", ":", "-.")[k % 4],
+            label=series,
+        )
         labels = curve.algo.astype(str) + "/" + curve.proto.astype(str)
-        ax.scatter(curve["size"], curve.busbw_gbps, s=12, zorder=3,
-                   color=[colour[lab] for lab in labels])
+        ax.scatter(
+            curve["size"], curve.busbw_gbps, s=12, zorder=3, color=[colour[lab] for lab in labels]
+        )
     for lab, c in colour.items():
         ax.scatter([], [], s=12, color=c, label=f"NCCL picks {lab}")
     ax.set_xscale("log", base=2)

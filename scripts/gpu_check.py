@@ -13,6 +13,7 @@ per step as one CUDA graph, the fused step against the baseline at world_size=1,
 virtual-rank symmetric kernel, the generated Adam against torch's) come from
 `scripts/gpu_figures.py`, one command of a few minutes.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -26,8 +27,16 @@ def command(argv: list[str]) -> list[str]:
     """The suite command for `argv` (an optional run directory first, then overrides)."""
     out = argv[0] if argv and "=" not in argv[0] else "runs/gpu_check"
     rest = argv[1:] if argv and "=" not in argv[0] else argv
-    return [sys.executable, "-m", "suite", "experiment=paper", "backend=cuda", "scale=smoke",
-            f"hydra.run.dir={out}", *rest]
+    return [
+        sys.executable,
+        "-m",
+        "suite",
+        "experiment=paper",
+        "backend=cuda",
+        "scale=smoke",
+        f"hydra.run.dir={out}",
+        *rest,
+    ]
 
 
 if __name__ == "__main__":

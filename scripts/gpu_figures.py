@@ -33,6 +33,7 @@ did not verify; 2 bad arguments; 3 a check raised (its error printed in one line
 checks still run); 69 no GPU here (EX_UNAVAILABLE: one line saying why, nothing run; `--list`
 still works). Units: us, ms, GB/s as printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,20 +79,26 @@ class Check:
 # -- measuring on the GPU ------------------------------------------------------------------------
 def sync() -> None:
     import torch
+
     if BACKEND == "cuda":
         torch.cuda.synchronize()
 
 
 def device() -> "torch.device":  # noqa: F821
     import torch
-    return torch.device("cuda", torch.cuda.current_device()) if BACKEND == "cuda" else (
-        torch.device("cpu"))
+
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if BACKEND == "cuda"
+        else (torch.device("cpu"))
+    )
 
 
 def device_ms(fn: Callable[[], None], reps: int = 50, warm: int = 5) -> float:
     """Mean device time per call of `reps` back-to-back calls (CUDA events on the current stream;
     wall time on the CPU)."""
     import torch
+
     for _ in range(warm):
         fn()
     if BACKEND != "cuda":
@@ -113,6 +120,7 @@ def fused_step(n: int):
     """(program, coconet.Step): fuse(RS-C-AG)+as_slice of Adam on n elements, for this GPU."""
     import coconet
     from coconet.programs import adam_program, sliced_schedule
+
     program = sliced_schedule(adam_program())
     return program, coconet.compile(program, None, {"N": n}, backend=BACKEND)
 
@@ -124,6 +132,7 @@ def graph_host() -> list:
     import dsl
     from benchmarks.one_rank import host_us
     from codegen.runtime.graph import StepGraph
+
     program, step = fused_step(HOST_N)
     runner = step.runner
     graph = StepGraph.capture(runner)
@@ -136,32 +145,48 @@ def graph_host() -> list:
     same = all(np.array_equal(eager_out[k], v) for k, v in runner.outputs().items())
     eager_us, graph_us = host_us(runner.run, sync), host_us(graph.run, sync)
     how = "graph" if graph.graphed else f"eager ({graph.reason})"
-    return [Figure("host per step, eager", f"{eager_us:.1f} us"),
-            Figure(f"host per step, {how}", f"{graph_us:.1f} us", f"< {HOST_TARGET_US:.0f} us",
-                   graph.graphed and graph_us < HOST_TARGET_US),
-            Figure("device per step, eager / graph",
-                   f"{device_ms(runner.run):.4f} / {device_ms(graph.run):.4f} ms"),
-            Figure("graph replay == eager step (w, m, v)", str(same), verified=same)]
+    return [
+        Figure("host per step, eager", f"{eager_us:.1f} us"),
+        Figure(
+            f"host per step, {how}",
+            f"{graph_us:.1f} us",
+            f"< {HOST_TARGET_US:.0f} us",
+            graph.graphed and graph_us < HOST_TARGET_US,
+        ),
+        Figure(
+            "device per step, eager / graph",
+            f"{device_ms(runner.run):.4f} / {device_ms(graph.run):.4f} ms",
+        ),
+        Figure("graph replay == eager step (w, m, v)", str(same), verified=same),
+    ]
 
 
 def one_rank() -> list:
     from benchmarks.one_rank import baseline_step, timed
     from codegen.runtime.graph import StepGraph
+
     base = timed(baseline_step(STEP_N, device()), sync)
     _, step = fused_step(STEP_N)
     eager = timed(step.runner.run, sync)
     graph = StepGraph.capture(step.runner)
     t = timed(graph.run, sync)
     how = "graph" if graph.graphed else f"eager ({graph.reason})"
-    return [Figure("baseline (all_reduce + fused Adam)", f"{base:.3f} ms"),
-            Figure(f"{FUSED}, eager", f"{eager:.3f} ms  x{base / eager:.3f}"),
-            Figure(f"{FUSED}, {how}", f"{t:.3f} ms  x{base / t:.3f}",
-                   f">= {SPEEDUP_TARGET}x", base / t >= SPEEDUP_TARGET)]
+    return [
+        Figure("baseline (all_reduce + fused Adam)", f"{base:.3f} ms"),
+        Figure(f"{FUSED}, eager", f"{eager:.3f} ms  x{base / eager:.3f}"),
+        Figure(
+            f"{FUSED}, {how}",
+            f"{t:.3f} ms  x{base / t:.3f}",
+            f">= {SPEEDUP_TARGET}x",
+            base / t >= SPEEDUP_TARGET,
+        ),
+    ]
 
 
 def copy_gbps(nbytes: int) -> float:
     """A device-to-device copy's bandwidth (bytes read + written per second, GB/s)."""
     import torch
+
     src = torch.empty(nbytes, dtype=torch.uint8, device=device())
     dst = torch.empty_like(src)
     return 2 * nbytes / (device_ms(lambda: dst.copy_(src)) * 1e6)
@@ -181,14 +206,19 @@ def virtual_ranks() -> list:
     import numpy as np
 
     import dsl
+    from coconet.programs import adam_program, sliced_schedule
     from codegen.lower import lower
     from codegen.runtime.symm_ranks import only_step
-    from coconet.programs import adam_program, sliced_schedule
+
     try:
         from codegen.runtime.symm import run_virtual
     except ImportError as e:
-        return [Figure("symmetric-memory fused kernel", f"not available: {SYMM_LAUNCHER} "
-                       f"cannot be imported ({e})")]
+        return [
+            Figure(
+                "symmetric-memory fused kernel",
+                f"not available: {SYMM_LAUNCHER} cannot be imported ({e})",
+            )
+        ]
     program = sliced_schedule(adam_program())
     copy = copy_gbps(1 << 28)
     out = [Figure("device-to-device copy", f"{copy:.0f} GB/s")]
@@ -202,10 +232,16 @@ def virtual_ranks() -> list:
         big = lower(program, {"N": SYMM_N}, P, fused_chunks=SYMM_CHUNKS)
         _, ms = run_virtual(big, [{}] * P, launches=3)  # zeros: the time is the values'
         gbps = symm_bytes(only_step(big)) / (ms * 1e6)
-        out.append(Figure(f"P={P}: verified {ok} at 2^{VERIFY_N.bit_length() - 1}, at 2^"
-                          f"{SYMM_N.bit_length() - 1}", f"{ms:.4f} ms, {gbps:.0f} GB/s = "
-                          f"{gbps / copy:.0%} of a copy", f">= {COPY_GOAL:.0%} (goal)",
-                          gbps / copy >= COPY_GOAL, verified=ok))
+        out.append(
+            Figure(
+                f"P={P}: verified {ok} at 2^{VERIFY_N.bit_length() - 1}, at 2^"
+                f"{SYMM_N.bit_length() - 1}",
+                f"{ms:.4f} ms, {gbps:.0f} GB/s = {gbps / copy:.0%} of a copy",
+                f">= {COPY_GOAL:.0%} (goal)",
+                gbps / copy >= COPY_GOAL,
+                verified=ok,
+            )
+        )
     return out
 
 
@@ -213,11 +249,12 @@ def adam_kernel() -> list:
     import numpy as np
     import torch
 
+    from coconet.programs import adam_program
     from codegen.lower import lower
     from codegen.plan import Compute
     from codegen.runtime import backend as backends
     from codegen.runtime.execute import PlanRunner
-    from coconet.programs import adam_program
+
     program = adam_program()
     plan = lower(program, {"N": ADAM_N}, 1)
     backend = backends.get(BACKEND)
@@ -232,10 +269,14 @@ def adam_kernel() -> list:
     dev = backend.device
     p = torch.tensor(w, device=dev, requires_grad=True)
     p.grad = torch.tensor(g, device=dev)
-    opt = torch.optim.Adam([p], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
-                           fused=True)
-    opt.state[p] = {"step": torch.tensor(hp["step"] - 1, dtype=torch.float32, device=dev),
-                    "exp_avg": torch.tensor(m, device=dev), "exp_avg_sq": torch.tensor(v, device=dev)}
+    opt = torch.optim.Adam(
+        [p], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"], fused=True
+    )
+    opt.state[p] = {
+        "step": torch.tensor(hp["step"] - 1, dtype=torch.float32, device=dev),
+        "exp_avg": torch.tensor(m, device=dev),
+        "exp_avg_sq": torch.tensor(v, device=dev),
+    }
     opt.step()  # step counts to hp["step"], as the program's bias correction takes it
     theirs = {"w": p.detach(), "m": opt.state[p]["exp_avg"], "v": opt.state[p]["exp_avg_sq"]}
     errors = {k: float(np.max(np.abs(ours[k] - theirs[k].cpu().numpy()))) for k in theirs}
@@ -244,21 +285,45 @@ def adam_kernel() -> list:
     computes = [s for s in plan.steps if isinstance(s, Compute)]
     kernel = device_ms(lambda: runner.run(steps=computes))
     library = device_ms(opt.step)
-    return [Figure("generated kernel / torch fused Adam", f"{kernel:.4f} / {library:.4f} ms = "
-                   f"x{kernel / library:.2f} the time"),
-            Figure("max abs error w, m, v", ", ".join(f"{errors[k]:.2e}" for k in ("w", "m", "v")),
-                   f"<= {ADAM_TOL:g} (relative above 1)", ok, verified=ok)]
+    return [
+        Figure(
+            "generated kernel / torch fused Adam",
+            f"{kernel:.4f} / {library:.4f} ms = x{kernel / library:.2f} the time",
+        ),
+        Figure(
+            "max abs error w, m, v",
+            ", ".join(f"{errors[k]:.2e}" for k in ("w", "m", "v")),
+            f"<= {ADAM_TOL:g} (relative above 1)",
+            ok,
+            verified=ok,
+        ),
+    ]
 
 
 CHECKS = (
-    Check("graph_host", f"host time per step of {FUSED} at 2^16 as one CUDA graph (target < "
-          f"{HOST_TARGET_US:.0f} us), replay == eager", graph_host),
-    Check("one_rank", f"{FUSED} (graph) against all_reduce + fused Adam at 2^24, world_size=1 "
-          f"(target >= {SPEEDUP_TARGET}x)", one_rank),
-    Check("virtual_ranks", f"symmetric-memory fused kernel at P = 2, 4, 8 on one GPU: verified, "
-          f"bandwidth / device copy (goal {COPY_GOAL:.0%})", virtual_ranks),
-    Check("adam_kernel", "generated Adam kernel against torch's fused Adam at 2^24: time ratio, "
-          "max abs error", adam_kernel),
+    Check(
+        "graph_host",
+        f"host time per step of {FUSED} at 2^16 as one CUDA graph (target < "
+        f"{HOST_TARGET_US:.0f} us), replay == eager",
+        graph_host,
+    ),
+    Check(
+        "one_rank",
+        f"{FUSED} (graph) against all_reduce + fused Adam at 2^24, world_size=1 "
+        f"(target >= {SPEEDUP_TARGET}x)",
+        one_rank,
+    ),
+    Check(
+        "virtual_ranks",
+        f"symmetric-memory fused kernel at P = 2, 4, 8 on one GPU: verified, "
+        f"bandwidth / device copy (goal {COPY_GOAL:.0%})",
+        virtual_ranks,
+    ),
+    Check(
+        "adam_kernel",
+        "generated Adam kernel against torch's fused Adam at 2^24: time ratio, max abs error",
+        adam_kernel,
+    ),
 )
 
 
@@ -279,19 +344,21 @@ def select(only: Optional[str]) -> list:
     names = [n.strip() for n in only.split(",") if n.strip()]
     unknown = [n for n in names if n not in {c.name for c in CHECKS}]
     if unknown:
-        raise ValueError(f"unknown check {unknown[0]!r}; checks: "
-                         f"{', '.join(c.name for c in CHECKS)}")
+        raise ValueError(
+            f"unknown check {unknown[0]!r}; checks: {', '.join(c.name for c in CHECKS)}"
+        )
     return [c for c in CHECKS if c.name in names]
 
 
 def line(check: str, f: Figure) -> str:
-    target = (f"  target {f.target}: {'met' if f.met else 'MISSED'}" if f.target else "")
+    target = f"  target {f.target}: {'met' if f.met else 'MISSED'}" if f.target else ""
     return f"{check:14s} {f.name:44s} {f.value}{target}"
 
 
 def start_group() -> None:
     import torch
     import torch.distributed as dist
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -305,8 +372,12 @@ def run(checks: list) -> int:
     import cupy
     import torch
     import torch.distributed as dist
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}, NCCL "
-          f"{'.'.join(map(str, torch.cuda.nccl.version()))}, CuPy {cupy.__version__}", flush=True)
+
+    print(
+        f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}, NCCL "
+        f"{'.'.join(map(str, torch.cuda.nccl.version()))}, CuPy {cupy.__version__}",
+        flush=True,
+    )
     start_group()
     code, t0 = OK, time.perf_counter()
     try:

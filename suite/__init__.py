@@ -6,6 +6,7 @@ it as an editable one does). Importing the package points matplotlib's and torch
 into the suite's cache (`codegen.cache.cache_dir`: the checkout's `.cache/`, or the user's cache
 folder for an installed package; unless the environment already sets them).
 """
+
 import os
 from pathlib import Path
 

@@ -13,6 +13,7 @@ before Hydra touches it, moved aside whole (`existing=aside`) or continued (`res
 run refused after Hydra started (exit 2) leaves Hydra's files there as they were
 (`suite.rundir`).
 """
+
 import sys
 
 import hydra
@@ -51,14 +52,18 @@ def plugins_on_path() -> None:
     installed package puts `hydra_plugins/coconet_suite` (the SLURM launcher) in site-packages,
     where that walk finds it; an editable install maps the packages with an import hook the walk
     cannot see, so there (only) the checkout that holds the plugin goes on the path."""
-    if (PROJECT_ROOT / "hydra_plugins").is_dir() and (PROJECT_ROOT / "pyproject.toml").exists() \
-            and str(PROJECT_ROOT) not in sys.path:
+    if (
+        (PROJECT_ROOT / "hydra_plugins").is_dir()
+        and (PROJECT_ROOT / "pyproject.toml").exists()
+        and str(PROJECT_ROOT) not in sys.path
+    ):
         sys.path.append(str(PROJECT_ROOT))
 
 
 def main() -> None:
     if sys.argv[1:2] == ["report"]:  # python -m suite report DIR
         from .report.__main__ import main as report_main
+
         report_main(sys.argv[2:])
         return
     plugins_on_path()

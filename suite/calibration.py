@@ -29,6 +29,7 @@ alike, is also kept in `.cache/calibration/history/<key>/` (`history_dir`: keyed
 and the measurement code alone), and the fit reads it pooled with the `calibration_pool - 1`
 latest kept ones of the same scale and ranks (`experiments.calibration_history`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,9 +58,16 @@ MODES = ("auto", "refresh", "off")
 # the calibration code's version (experiments.rounds: how calibrate samples communications;
 # experiments._benches: what it measures, experiments.optimizers the baseline step it times;
 # cost_model.curves and .microbench: how the fit reads the sizes and models each benchmark)
-CODE = ("experiments/calibrate.py", "experiments/_benches.py", "experiments/rounds.py",
-        "experiments/optimizers.py", "cost_model/calibration.py", "cost_model/curves.py",
-        "cost_model/microbench.py", "cost_model/calibration_device.py")
+CODE = (
+    "experiments/calibrate.py",
+    "experiments/_benches.py",
+    "experiments/rounds.py",
+    "experiments/optimizers.py",
+    "cost_model/calibration.py",
+    "cost_model/curves.py",
+    "cost_model/microbench.py",
+    "cost_model/calibration_device.py",
+)
 MEASURING = CODE[:4]  # what the measurements alone depend on: the history's key (`history_dir`)
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
@@ -84,20 +92,32 @@ def fingerprint(keep_awake: bool = True, files=CODE) -> dict:
     code = hashlib.sha256()
     for rel in files:
         code.update((PROJECT_ROOT / rel).read_bytes())
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gib": _memory_gib(),
-            "torch": torch.__version__, "compiler": _compiler(), "code": code.hexdigest()[:16],
-            "keep_awake": bool(keep_awake)}
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "torch": torch.__version__,
+        "compiler": _compiler(),
+        "code": code.hexdigest()[:16],
+        "keep_awake": bool(keep_awake),
+    }
 
 
 def key_of(fp: dict) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "calibration"
-                      ) -> Optional[Calibration]:
+def local_calibration(
+    cfg, exp, world_size: int, cache: Path = CACHE_DIR / "calibration"
+) -> Optional[Calibration]:
     """The calibration the run predicts this machine with (see the module); None: none applies."""
-    if (cfg.calibration == "off" or cfg.topology.path or cfg.topology.name != "local"
-            or cfg.backend.name != "cpu" or exp.fits_topology):
+    if (
+        cfg.calibration == "off"
+        or cfg.topology.path
+        or cfg.topology.name != "local"
+        or cfg.backend.name != "cpu"
+        or exp.fits_topology
+    ):
         return None
     fp = fingerprint(cfg.keep_awake)
     key = key_of(fp)
@@ -106,19 +126,34 @@ def local_calibration(cfg, exp, world_size: int, cache: Path = CACHE_DIR / "cali
     name = TOPOLOGY_SHM if shm else TOPOLOGY
     meta = cached(where, name) if cfg.calibration == "auto" else None
     if meta is not None:
-        return Calibration(key, where / name, meta.get("created", "?"), False,
-                           gloo_path=where / TOPOLOGY if shm else None)
+        return Calibration(
+            key,
+            where / name,
+            meta.get("created", "?"),
+            False,
+            gloo_path=where / TOPOLOGY if shm else None,
+        )
     why = "calibration=refresh" if cfg.calibration == "refresh" else "none cached for this machine"
-    print(f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
-          f"cached in {where} for later runs) ...", flush=True)
+    print(
+        f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
+        f"cached in {where} for later runs) ...",
+        flush=True,
+    )
     started = time.monotonic()
-    _calibrate(where, fp, world_size, "shm" if shm else None,
-               history_dir(cfg.keep_awake, cache), cfg.calibration_pool)
+    _calibrate(
+        where,
+        fp,
+        world_size,
+        "shm" if shm else None,
+        history_dir(cfg.keep_awake, cache),
+        cfg.calibration_pool,
+    )
     took = time.monotonic() - started
     print(f"calibrated in {took:.0f} s: {where / name}", flush=True)
     meta = json.loads((where / FINGERPRINT).read_text())
-    return Calibration(key, where / name, meta["created"], True, took,
-                       gloo_path=where / TOPOLOGY if shm else None)
+    return Calibration(
+        key, where / name, meta["created"], True, took, gloo_path=where / TOPOLOGY if shm else None
+    )
 
 
 def cached(where: Path, name: str) -> Optional[dict]:
@@ -142,8 +177,10 @@ def cached(where: Path, name: str) -> Optional[dict]:
                 raise ValueError(f"{file} is not as it was written (checksum)")
         load_topology(path=where / name)
     except (OSError, ValueError, TopologyError, yaml.YAMLError) as e:
-        raise SuiteError(f"the cached calibration in {where} is damaged ({one_line(e)[:200]}); "
-                         "calibrate again with calibration=refresh") from None
+        raise SuiteError(
+            f"the cached calibration in {where} is damaged ({one_line(e)[:200]}); "
+            "calibrate again with calibration=refresh"
+        ) from None
     return meta
 
 
@@ -166,30 +203,47 @@ def describe(found: Optional[Calibration], cfg, fitted: Optional[Path] = None) -
     if cfg.topology.path:
         return f"topology.path={cfg.topology.path} (given)"
     if found is None:
-        return (f"none (calibration={cfg.calibration}): the shipped figures of "
-                f"suite/conf/topology/{cfg.topology.name}.yaml")
+        return (
+            f"none (calibration={cfg.calibration}): the shipped figures of "
+            f"suite/conf/topology/{cfg.topology.name}.yaml"
+        )
     how = f"measured by this run in {found.took_s:.0f} s" if found.fresh else "cached"
     return f"{found.key} ({how}, {found.created}): {found.path}"
 
 
-def _calibrate(where: Path, fp: dict, world_size: int, comm: Optional[str] = None,
-               history: Optional[Path] = None, pool: int = 1) -> None:
+def _calibrate(
+    where: Path,
+    fp: dict,
+    world_size: int,
+    comm: Optional[str] = None,
+    history: Optional[Path] = None,
+    pool: int = 1,
+) -> None:
     where.parent.mkdir(parents=True, exist_ok=True)
     for stale in where.parent.glob(".calibrating-*"):  # left by a calibration killed outright
         if time.time() - stale.stat().st_mtime > STALE_S:
             shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".calibrating-", dir=where.parent))
     try:
-        settings = MeasureSettings(scale="quick", max_elements=1 << 25,
-                                   world_size=max(2, world_size), warmup=1, repeats=3,
-                                   csv_path=tmp / "results.csv", kernels_dir=tmp / "kernels",
-                                   comm=comm, calibration_history=history,
-                                   calibration_pool=pool)
+        settings = MeasureSettings(
+            scale="quick",
+            max_elements=1 << 25,
+            world_size=max(2, world_size),
+            warmup=1,
+            repeats=3,
+            csv_path=tmp / "results.csv",
+            kernels_dir=tmp / "kernels",
+            comm=comm,
+            calibration_history=history,
+            calibration_pool=pool,
+        )
         experiments.get("calibrate").measure(settings)
         created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         sums = {f.name: _sha256(f) for f in sorted(tmp.glob("topology*.yaml"))}
-        (tmp / FINGERPRINT).write_text(json.dumps(
-            {**fp, "created": created, "schema": SCHEMA, "checksums": sums}, indent=2) + "\n")
+        (tmp / FINGERPRINT).write_text(
+            json.dumps({**fp, "created": created, "schema": SCHEMA, "checksums": sums}, indent=2)
+            + "\n"
+        )
         if where.exists():
             shutil.rmtree(where)
         tmp.replace(where)
@@ -209,7 +263,7 @@ def _cpu_model() -> str:
 
 def _memory_gib() -> int:
     try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30)
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
     except (ValueError, OSError, AttributeError):
         return 0
 

@@ -15,6 +15,7 @@ dotted module on the Python path or a .py file that registers NAME), and adds
 `experiment.name=NAME` when the module is given alone and registers exactly one experiment.
 The experiment option is checked against suite/conf/experiment/ and the registry (after the module).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,16 @@ from .config import Config, register, validate
 from .errors import SuiteError, one_line
 from .load import check_experiment, load_experiment
 
-INFO_FLAGS = ("--help", "-h", "--hydra-help", "--version", "--info", "--shell-completion", "-sc",
-              "--experimental-rerun")
+INFO_FLAGS = (
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--info",
+    "--shell-completion",
+    "-sc",
+    "--experimental-rerun",
+)
 GROUPS = ("experiment", "scale", "backend", "topology")  # each option sets <group>.name
 MAX_CHECKED_JOBS = 256  # a larger sweep is checked on its first jobs only
 
@@ -53,8 +62,10 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
     if args.config_dir or args.config_path:  # configuration from elsewhere: Hydra checks it
         return None
     if not conf_dir.is_dir():
-        raise SuiteError(f"configuration folder {conf_dir} not found; install the project "
-                         "editable from its checkout (pip install -e .)")
+        raise SuiteError(
+            f"configuration folder {conf_dir} not found; install the project "
+            "editable from its checkout (pip install -e .)"
+        )
     register()
     first = None
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3", job_name="suite"):
@@ -71,8 +82,9 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
     return first
 
 
-def compose_config(overrides: list[str], config_name: str = "config",
-                   conf_dir: Path = CONF_DIR) -> Config:
+def compose_config(
+    overrides: list[str], config_name: str = "config", conf_dir: Path = CONF_DIR
+) -> Config:
     """Compose one job's configuration (inside initialize_config_dir) as a typed Config."""
     try:
         cfg = compose(config_name=config_name, overrides=overrides)
@@ -82,8 +94,9 @@ def compose_config(overrides: list[str], config_name: str = "config",
         raise SuiteError(_describe(e)) from None
     unknown = _unknown_keys(cfg)
     if unknown:  # `+key=value` adds keys even to a structured config
-        raise SuiteError(f"bad configuration: unknown key {unknown[0]!r} (not in the schema, "
-                         "suite/config.py)")
+        raise SuiteError(
+            f"bad configuration: unknown key {unknown[0]!r} (not in the schema, suite/config.py)"
+        )
     if not isinstance(obj, Config):
         raise SuiteError(f"config {config_name!r} does not start from config_schema")
     return obj
@@ -160,8 +173,10 @@ def user_experiment_overrides(argv: Sequence[str], conf_dir: Path = CONF_DIR) ->
         except experiments.RegistryError as e:
             raise SuiteError(one_line(e)) from None
         if len(found) != 1:
-            raise SuiteError(f"module {module!r} registers {len(found)} experiments "
-                             f"({', '.join(e.name for e in found)}): name one with experiment=NAME")
+            raise SuiteError(
+                f"module {module!r} registers {len(found)} experiments "
+                f"({', '.join(e.name for e in found)}): name one with experiment=NAME"
+            )
         argv.append(f"experiment.name={found[0].name}")
     return argv
 
@@ -193,8 +208,10 @@ def run_dir(overrides: Sequence[str]) -> Optional[Path]:
     if not given or "${" in given[-1]:
         return None
     if not given[-1].strip():
-        raise SuiteError("hydra.run.dir is empty: name the run's directory (an empty one would "
-                         "write the run into the current directory)")
+        raise SuiteError(
+            "hydra.run.dir is empty: name the run's directory (an empty one would "
+            "write the run into the current directory)"
+        )
     return Path(given[-1]).expanduser().absolute()
 
 
@@ -202,8 +219,9 @@ def holds_a_run(path: Optional[Path]) -> bool:
     return path is not None and path.is_dir() and any((path / f).exists() for f in RUN_FILES)
 
 
-def check_run_dir(overrides: Sequence[str], cfg: Optional[Config] = None,
-                  multirun: bool = False) -> None:
+def check_run_dir(
+    overrides: Sequence[str], cfg: Optional[Config] = None, multirun: bool = False
+) -> None:
     """`hydra.run.dir=DIR` must be a directory this user can create or write into, and one
     that holds no earlier run unless the run continues it (resume=true) or moves it aside
     (existing=aside)."""
@@ -213,15 +231,23 @@ def check_run_dir(overrides: Sequence[str], cfg: Optional[Config] = None,
     given = str(path)
     if path.exists() and not path.is_dir():
         raise SuiteError(f"hydra.run.dir={given} is a file, not a directory")
-    if holds_a_run(path) and cfg is not None and not multirun and not cfg.resume \
-            and cfg.existing == "stop":
-        raise SuiteError(f"hydra.run.dir={given} holds an earlier run; name a new directory, "
-                         "continue it (resume=true) or move it aside (existing=aside)")
+    if (
+        holds_a_run(path)
+        and cfg is not None
+        and not multirun
+        and not cfg.resume
+        and cfg.existing == "stop"
+    ):
+        raise SuiteError(
+            f"hydra.run.dir={given} holds an earlier run; name a new directory, "
+            "continue it (resume=true) or move it aside (existing=aside)"
+        )
     probe = path
     while not probe.exists():
         probe = probe.parent
     try:  # a real try (root passes os.access checks, /proc refuses anyway)
         os.rmdir(tempfile.mkdtemp(prefix=".suite-probe-", dir=probe))
     except OSError as e:
-        raise SuiteError(f"hydra.run.dir={given} cannot be written ({probe}: "
-                         f"{e.strerror or e})") from None
+        raise SuiteError(
+            f"hydra.run.dir={given} cannot be written ({probe}: {e.strerror or e})"
+        ) from None

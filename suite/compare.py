@@ -15,6 +15,7 @@ then one line with the median and the largest spread over the points.
 Writes the same table as Markdown to FILE (default: comparison.md in the current folder). A
 missing or unreadable results.csv ends with a one-line error and exit status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,9 @@ def load(run_dir: str, value: str = "time_ms"):
     """The run's points (KEY) with their `value` column (NaN where a row has none)."""
     import pandas as pd
 
-    df = pd.concat([pd.read_csv(p, low_memory=False) for p in results_files(run_dir)],
-                   ignore_index=True)
+    df = pd.concat(
+        [pd.read_csv(p, low_memory=False) for p in results_files(run_dir)], ignore_index=True
+    )
     for k in KEY:
         if k not in df:
             df[k] = ""
@@ -65,8 +67,11 @@ def compare_speedups(dirs: list[str]):
     for i, df in enumerate(load(d, "speedup") for d in dirs):
         df = df[(df.source == "measured") & (df.schedule != "baseline") & df.speedup.notna()]
         df = df.drop(columns=["source"]).rename(columns={"speedup": f"speedup[{i}]"})
-        table = df if table is None else table.merge(df, on=[k for k in KEY if k != "source"],
-                                                     how="inner")
+        table = (
+            df
+            if table is None
+            else table.merge(df, on=[k for k in KEY if k != "source"], how="inner")
+        )
     cols = [f"speedup[{i}]" for i in range(len(dirs))]
     table["mean"] = table[cols].mean(axis=1)
     table["spread"] = 100.0 * table[cols].div(table["mean"], axis=0).sub(1.0).abs().max(axis=1)
@@ -76,9 +81,11 @@ def compare_speedups(dirs: list[str]):
 def spread_line(table) -> str:
     """One line: the median and the largest spread over the points, and where the largest is."""
     worst = table.loc[table["spread"].idxmax()]
-    return (f"speedup spread across runs: median {table['spread'].median():.1f}%, largest "
-            f"{worst['spread']:.1f}% ({worst['experiment']} {worst['schedule']} at "
-            f"{worst['shape'] or worst['size']})")
+    return (
+        f"speedup spread across runs: median {table['spread'].median():.1f}%, largest "
+        f"{worst['spread']:.1f}% ({worst['experiment']} {worst['schedule']} at "
+        f"{worst['shape'] or worst['size']})"
+    )
 
 
 def to_markdown(table, dirs: list[str]) -> str:
@@ -94,8 +101,11 @@ def to_markdown(table, dirs: list[str]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m suite.compare")
     ap.add_argument("dirs", nargs="+", help="run directories (each with a results.csv)")
-    ap.add_argument("--speedup", action="store_true",
-                    help="measured speedups per run, their mean and spread (see the module)")
+    ap.add_argument(
+        "--speedup",
+        action="store_true",
+        help="measured speedups per run, their mean and spread (see the module)",
+    )
     ap.add_argument("--out", default="comparison.md")
     args = ap.parse_args(argv)
     try:

@@ -16,6 +16,7 @@ One config group per axis of variation:
 `validate(cfg)` checks what types cannot express (world sizes >= 1, trials >= 1, ...); checks that
 need the experiment's program (divisibility by its pipeline stages) live in `suite.run`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,7 @@ import yaml
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from cost_model.topology import (Topology, TopologyError, curve_us, hydra_schema,
-                                 load_topology)
+from cost_model.topology import Topology, TopologyError, curve_us, hydra_schema, load_topology
 
 from .errors import SuiteError, one_line
 
@@ -39,6 +39,7 @@ from .errors import SuiteError, one_line
 @dataclass(kw_only=True)
 class PaperRun:
     """One run of experiment=paper: an experiment and its typical seconds at default scale (ETA)."""
+
     name: str = MISSING
     share_s: float = 60.0
 
@@ -93,8 +94,9 @@ class BackendConf:
 # NICs, efficiency curves, overlap slowdowns: see that module), plus `path`: a calibrated
 # topology file (an experiment that fits the local topology writes one) to load instead of the group's figures. Types
 # are checked at compose time; ranges and required fields when the run loads it (`topology_of`).
-TopologyConf = hydra_schema(Topology, "TopologyConf",
-                            extra=(("path", Optional[str], field(default=None)),))
+TopologyConf = hydra_schema(
+    Topology, "TopologyConf", extra=(("path", Optional[str], field(default=None)),)
+)
 
 
 def _importable(schema: type) -> None:
@@ -124,6 +126,7 @@ _importable(TopologyConf)
 class ExtraTopology:
     """A topology to predict on besides the run's own (`predict_also`): `suite/conf/topology/<name>`
     at `nodes` nodes (null: the file's), in the experiment's paper setting scaled to it."""
+
     name: str = MISSING
     nodes: Optional[int] = None
 
@@ -235,8 +238,12 @@ def validate(cfg: Config) -> None:
     for ws in [*cfg.verify.world_sizes, cfg.world_size]:
         if ws < 1:
             raise SuiteError(f"world size {ws} is impossible; world sizes must be >= 1")
-    positive = {"verify.trials": cfg.verify.trials, "scale.repeats": cfg.scale.repeats,
-                "scale.max_elements": cfg.scale.max_elements, "topology.nodes": cfg.topology.nodes}
+    positive = {
+        "verify.trials": cfg.verify.trials,
+        "scale.repeats": cfg.scale.repeats,
+        "scale.max_elements": cfg.scale.max_elements,
+        "topology.nodes": cfg.topology.nodes,
+    }
     for key, value in positive.items():
         if value < 1:
             raise SuiteError(f"{key}={value} is impossible; it must be >= 1")
@@ -247,33 +254,48 @@ def validate(cfg: Config) -> None:
         if not 0 < value < math.inf:
             raise SuiteError(f"{key}={value} is impossible; it must be > 0 and finite")
     if not 0 <= cfg.scale.long_budget_s < math.inf:
-        raise SuiteError(f"scale.long_budget_s={cfg.scale.long_budget_s} is impossible; it must "
-                         "be >= 0 and finite")
+        raise SuiteError(
+            f"scale.long_budget_s={cfg.scale.long_budget_s} is impossible; it must "
+            "be >= 0 and finite"
+        )
     if cfg.backend.name == "cpu" and cfg.world_size > max_ranks():
-        raise SuiteError(f"world_size={cfg.world_size} is more ranks than this machine can run "
-                         f"({max_ranks()}: {RANKS_PER_CORE} per core, {os.cpu_count()} cores)")
+        raise SuiteError(
+            f"world_size={cfg.world_size} is more ranks than this machine can run "
+            f"({max_ranks()}: {RANKS_PER_CORE} per core, {os.cpu_count()} cores)"
+        )
     if cfg.scale.long_rounds < 0 or cfg.scale.long_budget_s < 0:
-        raise SuiteError(f"scale.long_rounds={cfg.scale.long_rounds}, scale.long_budget_s="
-                         f"{cfg.scale.long_budget_s} are impossible; they must be >= 0")
+        raise SuiteError(
+            f"scale.long_rounds={cfg.scale.long_rounds}, scale.long_budget_s="
+            f"{cfg.scale.long_budget_s} are impossible; they must be >= 0"
+        )
     if not 1 <= cfg.scale.min_rounds <= cfg.scale.max_rounds:
-        raise SuiteError(f"scale.min_rounds={cfg.scale.min_rounds}, scale.max_rounds="
-                         f"{cfg.scale.max_rounds} are impossible; need 1 <= min <= max")
-    if not 0 <= cfg.seed < 2 ** 32:
+        raise SuiteError(
+            f"scale.min_rounds={cfg.scale.min_rounds}, scale.max_rounds="
+            f"{cfg.scale.max_rounds} are impossible; need 1 <= min <= max"
+        )
+    if not 0 <= cfg.seed < 2**32:
         raise SuiteError(f"seed={cfg.seed} is out of range; seeds are integers in [0, 2^32)")
     if cfg.existing not in EXISTING:
         raise SuiteError(f"existing={cfg.existing!r} is not one of {', '.join(EXISTING)}")
     if cfg.calibration not in ("auto", "refresh", "off"):
         raise SuiteError(f"calibration={cfg.calibration!r} is not one of auto, refresh, off")
     if not 1 <= cfg.calibration_pool <= 100:
-        raise SuiteError(f"calibration_pool={cfg.calibration_pool} is out of range; it is how "
-                         "many calibrations a fit pools, 1 to 100")
+        raise SuiteError(
+            f"calibration_pool={cfg.calibration_pool} is out of range; it is how "
+            "many calibrations a fit pools, 1 to 100"
+        )
     takes = TAKES.get(cfg.backend.name, cfg.backend.comm)
     if cfg.comm is not None and transport(cfg.comm, "") != cfg.backend.comm:
-        raise SuiteError(f"comm={cfg.comm} and backend.comm={cfg.backend.comm} disagree; give "
-                         f"one (backend={cfg.backend.name} takes comm={takes})")
+        raise SuiteError(
+            f"comm={cfg.comm} and backend.comm={cfg.backend.comm} disagree; give "
+            f"one (backend={cfg.backend.name} takes comm={takes})"
+        )
     if cfg.backend.name in TAKES and cfg.backend.comm not in COMMS[cfg.backend.name]:
-        said = (f"comm={cfg.comm} and backend={cfg.backend.name} disagree" if cfg.comm is not None
-                else f"backend.comm={cfg.backend.comm} is unknown")
+        said = (
+            f"comm={cfg.comm} and backend={cfg.backend.name} disagree"
+            if cfg.comm is not None
+            else f"backend.comm={cfg.backend.comm} is unknown"
+        )
         raise SuiteError(f"{said} (backend={cfg.backend.name} takes comm={takes})")
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
@@ -300,14 +322,24 @@ def topology_of(cfg: Config) -> Topology:
         if conf.path:
             top = yaml.safe_load(Path(conf.path).read_text()) if Path(conf.path).is_file() else {}
             if not isinstance(top, dict):
-                raise SuiteError(f"bad topology file {conf.path}: its top level is a "
-                                 f"{type(top).__name__}, not a mapping of the topology's fields")
+                raise SuiteError(
+                    f"bad topology file {conf.path}: its top level is a "
+                    f"{type(top).__name__}, not a mapping of the topology's fields"
+                )
             return load_topology(path=conf.path)
         data = {k: v for k, v in dataclasses.asdict(conf).items() if k != "path"}
         return Topology.from_dict(data)
     except TopologyError as e:
         raise SuiteError(f"bad topology: {e}") from None
-    except (yaml.YAMLError, UnicodeDecodeError, OSError, ValueError, TypeError,
-            AttributeError, KeyError) as e:  # a file that does not parse as a topology
-        raise SuiteError(f"bad topology file {conf.path}: {type(e).__name__}: "
-                         f"{one_line(e)}") from None
+    except (
+        yaml.YAMLError,
+        UnicodeDecodeError,
+        OSError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        KeyError,
+    ) as e:  # a file that does not parse as a topology
+        raise SuiteError(
+            f"bad topology file {conf.path}: {type(e).__name__}: {one_line(e)}"
+        ) from None

@@ -12,6 +12,7 @@ one-kernel forms too, `backend.step_kernels`), one progress line per schedule.
 A kernel that does not render or compile is a `codegen.build.BuildError`: the run failed (exit
 status 3, `suite.run`).
 """
+
 from __future__ import annotations
 
 import re
@@ -26,22 +27,33 @@ from dsl.equivalence import default_bindings
 from experiments import Experiment
 
 
-def generate(cfg, exp: Experiment, schedules: dict[str, dsl.Program], backend,
-             out_dir: Path) -> list[Path]:
+def generate(
+    cfg, exp: Experiment, schedules: dict[str, dsl.Program], backend, out_dir: Path
+) -> list[Path]:
     """See the module doc; returns the paths written."""
     folder = Path(out_dir) / "kernels"
-    print(f"generate: {len(schedules)} schedules' kernels for backend {backend.name} into {folder}",
-          flush=True)
+    print(
+        f"generate: {len(schedules)} schedules' kernels for backend {backend.name} into {folder}",
+        flush=True,
+    )
     written = []
     for name, program in schedules.items():
         start = time.perf_counter()
         plans = lower_all(cfg, exp, program)
-        kernels = list({k.name: k for _, _, plan in plans
-                        for k in plan.kernels() + backend.step_kernels(plan)}.values())
+        kernels = list(
+            {
+                k.name: k
+                for _, _, plan in plans
+                for k in plan.kernels() + backend.step_kernels(plan)
+            }.values()
+        )
         paths = backend.write_sources(kernels, folder, f"{exp.name}_{file_name(name)}")
         written += paths
-        print(f"  {name}: {len(kernels)} kernels -> {', '.join(p.name for p in paths)} "
-              f"({time.perf_counter() - start:.2f} s)", flush=True)
+        print(
+            f"  {name}: {len(kernels)} kernels -> {', '.join(p.name for p in paths)} "
+            f"({time.perf_counter() - start:.2f} s)",
+            flush=True,
+        )
     return written
 
 

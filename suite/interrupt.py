@@ -7,6 +7,7 @@ and the exit status is 128 + the signal (130 for SIGINT, 143 for SIGTERM).
 signal number once one came (so that a rank's death the signal caused is not taken for a
 failure), else 0. A second signal while the report is written falls back to the default action.
 """
+
 from __future__ import annotations
 
 import signal

@@ -8,11 +8,11 @@
 
 Each raises `SuiteError` (one line) for a name, module, schedule or setting no run can use.
 """
+
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -48,8 +48,10 @@ def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> 
     (`Experiment.derive`, e.g. autotune), what it makes of `target=NAME`."""
     if exp.derive is None:
         if cfg.target:
-            raise SuiteError(f"target={cfg.target} is for an experiment made from another "
-                             f"(e.g. experiment=autotune); {exp.name} is not")
+            raise SuiteError(
+                f"target={cfg.target} is for an experiment made from another "
+                f"(e.g. experiment=autotune); {exp.name} is not"
+            )
         return exp
     if not cfg.target:
         known = ", ".join(e.name for e in experiments.registry.program_experiments())
@@ -58,9 +60,15 @@ def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> 
     if not target.has_program or target.derive is not None:
         raise SuiteError(f"target {target.name} has no DSL program to work on")
     settings = experiments.DeriveSettings(
-        scale=cfg.scale.name, backend=cfg.backend.name, topology=topology,
-        world_size=cfg.world_size, max_elements=cfg.scale.max_elements, out_dir=Path(out_dir),
-        sizes=cfg.experiment.sizes, verify_world_sizes=tuple(cfg.verify.world_sizes))
+        scale=cfg.scale.name,
+        backend=cfg.backend.name,
+        topology=topology,
+        world_size=cfg.world_size,
+        max_elements=cfg.scale.max_elements,
+        out_dir=Path(out_dir),
+        sizes=cfg.experiment.sizes,
+        verify_world_sizes=tuple(cfg.verify.world_sizes),
+    )
     try:
         return exp.derive(target, settings)
     except ValueError as e:
@@ -90,8 +98,9 @@ def load_programs(exp: Experiment, cfg: Config) -> tuple[dsl.Program, dict[str, 
     reference, schedules = exp.program(), dict(exp.schedules())
     wanted = cfg.experiment.schedules
     if wanted is not None and not wanted:
-        raise SuiteError("experiment.schedules is empty; name at least one schedule, or null for "
-                         "all")
+        raise SuiteError(
+            "experiment.schedules is empty; name at least one schedule, or null for all"
+        )
     if wanted is not None:
         for name in wanted:
             if name not in schedules:
@@ -106,12 +115,15 @@ def check_settings(cfg: Config, reference: dsl.Program, schedules: dict[str, dsl
     for program in [reference, *schedules.values()]:
         for ws in sorted({*cfg.verify.world_sizes, cfg.world_size}):
             if ws % program.stages:
-                raise SuiteError(f"world size {ws} is not divisible by the {program.stages} "
-                                 f"pipeline stages of {program.name}")
+                raise SuiteError(
+                    f"world size {ws} is not divisible by the {program.stages} "
+                    f"pipeline stages of {program.name}"
+                )
 
 
-def check_sizes(cfg: Config, exp: Experiment, reference: dsl.Program,
-                schedules: dict[str, dsl.Program]) -> None:
+def check_sizes(
+    cfg: Config, exp: Experiment, reference: dsl.Program, schedules: dict[str, dsl.Program]
+) -> None:
     """Every point to measure or predict (experiment.sizes, else the scale's sweep) binds exactly
     the program's size symbols to positive integers that every schedule lowers with at the run's
     world size (divisible as its layouts and chunks require), and fits in this machine's memory;
@@ -119,42 +131,61 @@ def check_sizes(cfg: Config, exp: Experiment, reference: dsl.Program,
     given = cfg.experiment.sizes
     points = given or exp.points(cfg.scale.name, cfg.scale.max_elements)
     if not points and cfg.backend.name != "sim" and exp.baseline is not None:
-        raise SuiteError(f"no point of {exp.name} to measure: scale.max_elements="
-                         f"{cfg.scale.max_elements} is below its smallest size")
+        raise SuiteError(
+            f"no point of {exp.name} to measure: scale.max_elements="
+            f"{cfg.scale.max_elements} is below its smallest size"
+        )
     wanted = symbols(reference) - {"P"}
     for b in points or []:
         b = dict(b)
         if set(b) != wanted:
-            raise SuiteError(f"experiment.sizes entry {b} must bind exactly {sorted(wanted)} of "
-                             f"{exp.name}'s program")
+            raise SuiteError(
+                f"experiment.sizes entry {b} must bind exactly {sorted(wanted)} of "
+                f"{exp.name}'s program"
+            )
         bad = {k: v for k, v in b.items() if not isinstance(v, int) or v < 1}
         if bad:
             raise SuiteError(f"experiment.sizes entry {b}: sizes must be positive integers")
         for name, program in schedules.items():
-            for ws in (exp.measure_worlds or (cfg.world_size,)) if cfg.backend.name != "sim" \
-                    else (cfg.world_size,):
+            for ws in (
+                (exp.measure_worlds or (cfg.world_size,))
+                if cfg.backend.name != "sim"
+                else (cfg.world_size,)
+            ):
                 try:
                     lower(program, b, ws)
                 except (dsl.DSLError, ValueError, KeyError, ZeroDivisionError) as e:
-                    raise SuiteError(f"size {b} on {ws} ranks does not fit schedule {name}: "
-                                     f"{one_line(e)}") from None
+                    raise SuiteError(
+                        f"size {b} on {ws} ranks does not fit schedule {name}: {one_line(e)}"
+                    ) from None
         shm = cfg.backend.comm == "shm"
         need = point_bytes(exp, reference, b, len(schedules), cfg.world_size, shm)
         if cfg.backend.name == "cpu" and need > MEMORY_BYTES:
-            raise SuiteError(f"size {b} needs about {need / 2**30:.0f} GiB on {cfg.world_size} "
-                             f"ranks for its {len(schedules)} schedules and "
-                             f"{_baselines(exp, shm)} baseline copies; "
-                             f"this machine has {MEMORY_BYTES / 2**30:.0f} GiB")
+            raise SuiteError(
+                f"size {b} needs about {need / 2**30:.0f} GiB on {cfg.world_size} "
+                f"ranks for its {len(schedules)} schedules and "
+                f"{_baselines(exp, shm)} baseline copies; "
+                f"this machine has {MEMORY_BYTES / 2**30:.0f} GiB"
+            )
 
 
-def point_bytes(exp: Experiment, reference: dsl.Program, b: dict, schedules: int,
-                world_size: int, shm: bool = False) -> int:
+def point_bytes(
+    exp: Experiment,
+    reference: dsl.Program,
+    b: dict,
+    schedules: int,
+    world_size: int,
+    shm: bool = False,
+) -> int:
     """A lower bound of the memory a measured point holds at once (bytes, every rank together):
     at least one whole copy of the inputs per schedule (a schedule's slices add up to one over
     its ranks) and for the reference the checks compare with, and the baselines' copies
     (`_baselines`), each a whole replica on every rank for a data-parallel baseline."""
-    per = world_size if isinstance(exp.baseline, type) and \
-        issubclass(exp.baseline, DataParallelBaseline) else 1
+    per = (
+        world_size
+        if isinstance(exp.baseline, type) and issubclass(exp.baseline, DataParallelBaseline)
+        else 1
+    )
     return _bytes(reference, b) * (schedules + 1 + per * _baselines(exp, shm))
 
 
@@ -189,7 +220,7 @@ def check_experiment(cfg: Config) -> Experiment | None:
         return None
     exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
     if exp.derive is not None:  # made from a target at run time (autotune): the target's
-        if not cfg.target:      # program with its own schedules now, the made ones then
+        if not cfg.target:  # program with its own schedules now, the made ones then
             return exp
         target = load_experiment(cfg.target, cfg.experiment.module)
         if not target.has_program:

@@ -25,6 +25,7 @@ run after it: the reproduction report is written from the runs so far (the stopp
 included, as far as it got), one line on stderr says where it stopped, and the exit status is
 that run's.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,10 +72,11 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
     for exp, _ in runs:
         name = exp.name
         try:
-            print(f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
-                  flush=True)
-            sub = replace(run_config(cfg, name),
-                          topology=replace(cfg.topology, path=topology_path))
+            print(
+                f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
+                flush=True,
+            )
+            sub = replace(run_config(cfg, name), topology=replace(cfg.topology, path=topology_path))
             outcomes[name] = run_one(sub, out_dir / name)
         except (SystemExit, Interrupted) as e:  # the run ended early (its own report written)
             stopped = e.code if isinstance(e, SystemExit) else e.status
@@ -91,9 +93,12 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
         return finish(cfg, out_dir, outcomes, env)
     status = outcomes[name].status
     finish(cfg, out_dir, outcomes, env)
-    print(f"paper: stopped during {name} ({len(outcomes)} of {len(names)} runs, exit status "
-          f"{status}); report (from the runs so far): {out_dir / 'report.md'}",
-          file=sys.stderr, flush=True)
+    print(
+        f"paper: stopped during {name} ({len(outcomes)} of {len(names)} runs, exit status "
+        f"{status}); report (from the runs so far): {out_dir / 'report.md'}",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.exit(status)
 
 
@@ -111,14 +116,16 @@ def runs_of(cfg: Config) -> list:
 def run_config(cfg: Config, name: str) -> Config:
     """The paper run's configuration of its run `name`: that experiment, with its own schedules,
     sizes and no runs of its own."""
-    return replace(cfg, experiment=replace(cfg.experiment, name=name, schedules=None, sizes=None,
-                                           runs=[]))
+    return replace(
+        cfg, experiment=replace(cfg.experiment, name=name, schedules=None, sizes=None, runs=[])
+    )
 
 
 @dataclass(frozen=True)
 class Stopped:
     """A run that ended early (interrupted, a rank failed): its exit status; its report and
     rows are in its folder, as far as it got."""
+
     status: int
     checks: tuple = ()
 
@@ -130,20 +137,29 @@ def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
     (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
     path = merged_report(out_dir, list(outcomes), checks, env)
     status = max((o.status for o in outcomes.values()), default=0)
-    verdict = "every check and measured point verified" if status == 0 else \
-        "FAILED: something did not verify (see the runs' reports)"
+    verdict = (
+        "every check and measured point verified"
+        if status == 0
+        else "FAILED: something did not verify (see the runs' reports)"
+    )
     if any(isinstance(o, Stopped) for o in outcomes.values()):
         verdict = "stopped early (the last run did not finish)"
-    print(f"{verdict}; {len(outcomes)} runs in {clock_text(env['elapsed_s'])}; report: {path} "
-          f"(and {path.with_suffix('.html')})", flush=True)
+    print(
+        f"{verdict}; {len(outcomes)} runs in {clock_text(env['elapsed_s'])}; report: {path} "
+        f"(and {path.with_suffix('.html')})",
+        flush=True,
+    )
     return status
 
 
 def merged_report(out_dir: Path, names: list[str], checks: dict, env: dict) -> Path:
     """The runs' results merged into out_dir/results.csv, the reproduction report (report.md,
     report.html), tables/; prints the summary table. Returns report.md's path."""
-    frames = [read_table(out_dir / n / "results.csv") for n in names
-              if (out_dir / n / "results.csv").exists()]
+    frames = [
+        read_table(out_dir / n / "results.csv")
+        for n in names
+        if (out_dir / n / "results.csv").exists()
+    ]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     df.to_csv(out_dir / "results.csv", index=False)
     path = out_dir / "report.md"
@@ -177,8 +193,11 @@ def rebuild_paper(cfg: Config, out_dir: Path, rebuild_one) -> Path:
 
 def environment(cfg: Config, runs: list) -> dict:
     """Where and how the run was made (the report's environment section)."""
-    worlds = [f"{e.name} measures at {' and '.join(map(str, e.measure_worlds))} ranks"
-              for e in runs if e.measure_worlds]
+    worlds = [
+        f"{e.name} measures at {' and '.join(map(str, e.measure_worlds))} ranks"
+        for e in runs
+        if e.measure_worlds
+    ]
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python -m suite " + " ".join(sys.argv[1:]),
@@ -196,18 +215,27 @@ def environment(cfg: Config, runs: list) -> dict:
         "world_sizes_note": "; ".join(worlds) or "every experiment at world_size",
         "verify_world_sizes": list(cfg.verify.world_sizes),
         "experiments": [e.name for e in runs],
-        "predict_also": [f"{t.name}" + (f" x{t.nodes} nodes" if t.nodes else "")
-                         for t in cfg.predict_also],
+        "predict_also": [
+            f"{t.name}" + (f" x{t.nodes} nodes" if t.nodes else "") for t in cfg.predict_also
+        ],
     }
 
 
 def git_commit() -> str:
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, timeout=10, check=True).stdout
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=10).stdout
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown (not a git checkout)"
     return head.strip() + (" (with uncommitted changes)" if dirty.strip() else "")

@@ -7,6 +7,7 @@ program in a code block, and the verification table (schedule, world size, bindi
 verified), followed by the messages of failed checks, then `results`: the measured and predicted
 sections `suite.run` builds with `reports/` from the results table alone.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,28 +15,37 @@ from typing import Mapping, Sequence
 
 from .verification import Check, format_bindings, format_error
 
-
 MEASURED_BASELINE = {
-    "cpu": ("the library code a practitioner writes today, run on the same ranks: "
-            "torch.distributed's collective on gloo, then torch's own computation (e.g. "
-            "torch.optim.Adam){shm}"),
+    "cpu": (
+        "the library code a practitioner writes today, run on the same ranks: "
+        "torch.distributed's collective on gloo, then torch's own computation (e.g. "
+        "torch.optim.Adam){shm}"
+    ),
     "cuda": "the same library code on the GPU: torch.distributed's collective on NCCL, then torch's "
-            "own CUDA computation",
+    "own CUDA computation",
 }
 PREDICTED_BASELINE = {
-    "local": ("On the local topology the predicted `baseline` is the library's collective at "
-              "the calibrated rate, then the computation at the time the measured baseline's "
-              "library call took at that point."),
-    "gpu": ("On a GPU topology nothing was measured: the predicted `baseline` is NCCL's "
-            "all-reduce (as NCCL's tuner picks it), then the generated kernel, so it equals the "
-            "unscheduled schedule (AR-C x1.00 by construction)."),
+    "local": (
+        "On the local topology the predicted `baseline` is the library's collective at "
+        "the calibrated rate, then the computation at the time the measured baseline's "
+        "library call took at that point."
+    ),
+    "gpu": (
+        "On a GPU topology nothing was measured: the predicted `baseline` is NCCL's "
+        "all-reduce (as NCCL's tuner picks it), then the generated kernel, so it equals the "
+        "unscheduled schedule (AR-C x1.00 by construction)."
+    ),
 }
 SCALE_SHOWS = {
     "smoke": "Scale smoke checks that every step runs: its figures mean nothing.",
-    "default": ("Scale default measures sizes up to this machine's memory and time budget: "
-                "speedups within their printed 95% intervals, on this machine only."),
-    "paper": ("Scale paper measures the paper's sizes where this machine holds them: "
-              "speedups within their printed 95% intervals, on this machine only."),
+    "default": (
+        "Scale default measures sizes up to this machine's memory and time budget: "
+        "speedups within their printed 95% intervals, on this machine only."
+    ),
+    "paper": (
+        "Scale paper measures the paper's sizes where this machine holds them: "
+        "speedups within their printed 95% intervals, on this machine only."
+    ),
 }
 
 
@@ -45,11 +55,17 @@ def compared(backend: str, comm: str, scale: str, measures: bool, gpu_topologies
     topologies, and what `scale` can show."""
     parts = []
     if measures and backend in MEASURED_BASELINE:
-        shm = (" (comm=shm: also `baseline(gloo)`, the same on gloo's transport)"
-               if comm == "shm" else "")
-        parts.append(f"On backend {backend} the measured `baseline` is "
-                     + MEASURED_BASELINE[backend].format(shm=shm) + "; every speedup is "
-                     "over it, at the same point.")
+        shm = (
+            " (comm=shm: also `baseline(gloo)`, the same on gloo's transport)"
+            if comm == "shm"
+            else ""
+        )
+        parts.append(
+            f"On backend {backend} the measured `baseline` is "
+            + MEASURED_BASELINE[backend].format(shm=shm)
+            + "; every speedup is "
+            "over it, at the same point."
+        )
     else:
         parts.append(f"Nothing is measured on backend {backend}: every figure is predicted.")
     if backend != "sim":
@@ -60,9 +76,16 @@ def compared(backend: str, comm: str, scale: str, measures: bool, gpu_topologies
     return " ".join(parts)
 
 
-def render_report(*, experiment: str, figure: str, settings: Mapping[str, object],
-                  programs: Mapping[str, str], checks: Sequence[Check], results: str = "",
-                  comparison: str = "") -> str:
+def render_report(
+    *,
+    experiment: str,
+    figure: str,
+    settings: Mapping[str, object],
+    programs: Mapping[str, str],
+    checks: Sequence[Check],
+    results: str = "",
+    comparison: str = "",
+) -> str:
     lines = [f"# {experiment}", "", f"Reproduces the paper's {figure}.", ""]
     if comparison:
         lines += ["## What is compared", "", comparison, ""]
@@ -74,16 +97,22 @@ def render_report(*, experiment: str, figure: str, settings: Mapping[str, object
     lines += ["## Verification", ""]
     verified = sum(c.verified for c in checks)
     lines += [f"{verified} of {len(checks)} checks verified against the unscheduled program.", ""]
-    lines += ["| schedule | world size | bindings | max abs error | verified |",
-              "|---|---:|---|---:|---|"]
+    lines += [
+        "| schedule | world size | bindings | max abs error | verified |",
+        "|---|---:|---|---:|---|",
+    ]
     for c in checks:
-        lines.append(f"| `{c.schedule}` | {c.world_size} | {format_bindings(c.bindings)} | "
-                     f"{format_error(c.max_abs_error)} | {'yes' if c.verified else 'no'} |")
+        lines.append(
+            f"| `{c.schedule}` | {c.world_size} | {format_bindings(c.bindings)} | "
+            f"{format_error(c.max_abs_error)} | {'yes' if c.verified else 'no'} |"
+        )
     failed = [c for c in checks if not c.verified]
     if failed:
         lines += ["", "### Failures", ""]
-        lines += [f"- `{c.schedule}` at P={c.world_size}, {format_bindings(c.bindings)}: "
-                  f"{c.message}" for c in failed]
+        lines += [
+            f"- `{c.schedule}` at P={c.world_size}, {format_bindings(c.bindings)}: {c.message}"
+            for c in failed
+        ]
     if results:
         lines += ["", results.rstrip("\n")]
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@
 
 Units: none; files are CSV and JSON.
 """
+
 from __future__ import annotations
 
 import io
@@ -69,15 +70,18 @@ def resume_rows(out_dir: Path, settings: dict) -> list[dict]:
     if not csv.exists():
         return []
     if not saved.exists():
-        raise SuiteError(f"resume=true: {out_dir} has results but no {SETTINGS}; it was not "
-                         "written by a run that can be resumed")
+        raise SuiteError(
+            f"resume=true: {out_dir} has results but no {SETTINGS}; it was not "
+            "written by a run that can be resumed"
+        )
     before = json.loads(saved.read_text())
-    differ = sorted(k for k in {*before, *settings} - {REPORT}
-                    if before.get(k) != settings.get(k))
+    differ = sorted(k for k in {*before, *settings} - {REPORT} if before.get(k) != settings.get(k))
     if differ:
         k = differ[0]
-        raise SuiteError(f"resume=true: {out_dir} was run with {k}={before.get(k)!r}, this run "
-                         f"has {k}={settings.get(k)!r}; resume with the same settings")
+        raise SuiteError(
+            f"resume=true: {out_dir} was run with {k}={before.get(k)!r}, this run "
+            f"has {k}={settings.get(k)!r}; resume with the same settings"
+        )
     df = whole_rows(csv)
     df = df[(df.source == "measured") & (df.experiment == settings["experiment"])]
     return [{k: v for k, v in r.items() if v == v} for r in df.to_dict("records")]
@@ -88,7 +92,7 @@ def whole_rows(path: Path):
     disk filled while writing it)."""
     text = path.read_text()
     if text and not text.endswith("\n"):
-        text = text[:text.rfind("\n") + 1]
+        text = text[: text.rfind("\n") + 1]
     return read_table(io.StringIO(text))
 
 

@@ -34,6 +34,7 @@ verification (the report is still written), 2 for bad input before any work (`fa
 stderr, `error: ...`), 3 when the run failed once started (a rank died, a kernel did not compile:
 `fail_run`, one line, the report written from the rows so far), 130 / 143 interrupted.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,12 +64,18 @@ from .config import Config, collective_timeout, extra_topologies, topology_of, v
 from .errors import SuiteError, fail, fail_run
 from .generate import generate
 from .interrupt import Interrupted, received
-from .load import (check_settings, check_sizes, derive_experiment, load_experiment,
-                   load_programs)
+from .load import check_settings, check_sizes, derive_experiment, load_experiment, load_programs
 from .paper import run_paper
 from .report_md import compared, render_report, write_report
-from .resume import (complete, done_points, keep_earlier_results, record_report, restart_with,
-                     resume_rows, write_settings)
+from .resume import (
+    complete,
+    done_points,
+    keep_earlier_results,
+    record_report,
+    restart_with,
+    resume_rows,
+    write_settings,
+)
 from .verification import Check, verify_schedules
 
 
@@ -124,8 +131,15 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
             found = local_calibration(cfg, exp, cfg.world_size)
         calibrated = with_calibration(cfg, found)
         skip = done_points(kept, list(schedules), exp) if kept else frozenset()
-        rows = kept + measure(cfg, exp, schedules, backend, out_dir, skip,
-                              collective_timeout(cfg, topology_of(calibrated)))
+        rows = kept + measure(
+            cfg,
+            exp,
+            schedules,
+            backend,
+            out_dir,
+            skip,
+            collective_timeout(cfg, topology_of(calibrated)),
+        )
         predict(calibrated, exp, schedules, out_dir, rows, gloo_topology(cfg, found))
     except Interrupted as e:
         stopped = e
@@ -133,19 +147,28 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         stopped = Interrupted(received()) if received() else e
     except (SuiteError, dsl.DSLError) as e:
         fail(e)
-    path = report(cfg, exp, schedules, checks, out_dir, describe(
-        found, cfg, out_dir / "topology.yaml" if exp.fits_topology else None))
+    path = report(
+        cfg,
+        exp,
+        schedules,
+        checks,
+        out_dir,
+        describe(found, cfg, out_dir / "topology.yaml" if exp.fits_topology else None),
+    )
     if stopped is not None:
         end_early(stopped, exp, cfg, out_dir, path)
-    print(final_summary(exp.name, out_dir, bool(calibrated.topology.path)
-                        or exp.fits_topology), flush=True)
+    print(
+        final_summary(exp.name, out_dir, bool(calibrated.topology.path) or exp.fits_topology),
+        flush=True,
+    )
     return Outcome(summarize(checks, rows, path), checks, path)
 
 
 def with_calibration(cfg: Config, found) -> Config:
     """cfg with its topology read from the calibration found (None: cfg itself)."""
-    return cfg if found is None else replace(cfg, topology=replace(cfg.topology,
-                                                                   path=str(found.path)))
+    return (
+        cfg if found is None else replace(cfg, topology=replace(cfg.topology, path=str(found.path)))
+    )
 
 
 def gloo_topology(cfg: Config, found):
@@ -158,12 +181,18 @@ def gloo_topology(cfg: Config, found):
 
 def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) -> list[dict]:
     """Earlier results kept numbered; with resume=true, the measured rows to keep (suite.resume)."""
-    settings = {"experiment": exp.name, "scale": dataclasses.asdict(cfg.scale),
-                "seed": cfg.seed, "backend": cfg.backend.name, "comm": cfg.backend.comm,
-                "world_size": cfg.world_size, "schedules": sorted(schedules),
-                "sizes": cfg.experiment.sizes, "keep_awake": cfg.keep_awake}
-    kept = (complete(resume_rows(out_dir, settings), list(schedules), exp) if cfg.resume
-            else [])
+    settings = {
+        "experiment": exp.name,
+        "scale": dataclasses.asdict(cfg.scale),
+        "seed": cfg.seed,
+        "backend": cfg.backend.name,
+        "comm": cfg.backend.comm,
+        "world_size": cfg.world_size,
+        "schedules": sorted(schedules),
+        "sizes": cfg.experiment.sizes,
+        "keep_awake": cfg.keep_awake,
+    }
+    kept = complete(resume_rows(out_dir, settings), list(schedules), exp) if cfg.resume else []
     keep_earlier_results(out_dir)
     write_settings(out_dir, settings)
     restart_with(out_dir, kept)
@@ -172,13 +201,18 @@ def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) 
     return kept
 
 
-def end_early(stopped: BaseException, exp: Experiment, cfg: Config, out_dir: Path,
-              path: Path) -> NoReturn:
+def end_early(
+    stopped: BaseException, exp: Experiment, cfg: Config, out_dir: Path, path: Path
+) -> NoReturn:
     """The line that says how far the run got, then its exit status (130/143, or 3)."""
     if isinstance(stopped, Interrupted):
         done, planned = points_measured(exp, out_dir), points_planned(cfg, exp)
-        print(f"interrupted after {done} of {planned if planned else '?'} points; report "
-              f"(from the rows so far): {path}", file=sys.stderr, flush=True)
+        print(
+            f"interrupted after {done} of {planned if planned else '?'} points; report "
+            f"(from the rows so far): {path}",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(stopped.status)
     print(f"report (from the rows so far): {path}", flush=True)
     fail_run(stopped)
@@ -206,19 +240,34 @@ def show_programs(schedules: dict[str, dsl.Program]) -> None:
         print(f"== {name} ==\n{program}\n", flush=True)
 
 
-def verify(cfg: Config, exp: Experiment, reference: dsl.Program,
-           schedules: dict[str, dsl.Program]) -> list[Check]:
+def verify(
+    cfg: Config, exp: Experiment, reference: dsl.Program, schedules: dict[str, dsl.Program]
+) -> list[Check]:
     """Every schedule against the unscheduled program; the paper setting's schedules in the
     paper's own precision (`PaperSetting.published`) against theirs, where the run predicts
     them (a chosen schedule list names them)."""
     bindings = exp.verify_bindings(cfg.scale.name) or [None]
     show = lambda line: print(line, flush=True)  # noqa: E731
-    checks = verify_schedules(reference, schedules, cfg.verify.world_sizes, bindings,
-                              trials=cfg.verify.trials, seed=cfg.seed, show=show)
+    checks = verify_schedules(
+        reference,
+        schedules,
+        cfg.verify.world_sizes,
+        bindings,
+        trials=cfg.verify.trials,
+        seed=cfg.seed,
+        show=show,
+    )
     if exp.paper is not None and exp.paper.published:
         own, published = exp.paper.published()
-        checks += verify_schedules(own, published, cfg.verify.world_sizes, bindings,
-                                   trials=cfg.verify.trials, seed=cfg.seed, show=show)
+        checks += verify_schedules(
+            own,
+            published,
+            cfg.verify.world_sizes,
+            bindings,
+            trials=cfg.verify.trials,
+            seed=cfg.seed,
+            show=show,
+        )
     return checks
 
 
@@ -232,53 +281,86 @@ def runtime_backend(cfg: Config):
         raise SuiteError(f"backend: {e}") from None
 
 
-def measure(cfg: Config, exp: Experiment, schedules: dict, backend, out_dir: Path,
-            skip: frozenset = frozenset(), timeout_s: Optional[float] = None) -> list[dict]:
+def measure(
+    cfg: Config,
+    exp: Experiment,
+    schedules: dict,
+    backend,
+    out_dir: Path,
+    skip: frozenset = frozenset(),
+    timeout_s: Optional[float] = None,
+) -> list[dict]:
     """Measured rows on the run's backend: the experiment's own measure, else the harness;
     `timeout_s`: each collective's (`suite.config.collective_timeout`), cfg's own by default."""
     if backend is None or not exp.measurable:
-        print(f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local "
-              "measurement)", flush=True)
+        print(
+            f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local measurement)",
+            flush=True,
+        )
         return []
     why = backend.cannot_run()
     if why:
-        print(f"measure: skipped: backend {backend.name} cannot measure on this machine ({why})",
-              flush=True)
+        print(
+            f"measure: skipped: backend {backend.name} cannot measure on this machine ({why})",
+            flush=True,
+        )
         return []
-    settings = MeasureSettings(scale=cfg.scale.name, max_elements=cfg.scale.max_elements,
-                               world_size=cfg.world_size, warmup=cfg.scale.warmup,
-                               repeats=cfg.scale.repeats, csv_path=out_dir / "results.csv",
-                               kernels_dir=out_dir / "kernels", seed=cfg.seed,
-                               collective_timeout_s=timeout_s or collective_timeout(cfg),
-                               backend=backend.name, comm=cfg.backend.comm,
-                               schedules=schedules or None,
-                               points=[dict(b) for b in cfg.experiment.sizes or []] or None,
-                               min_rounds=cfg.scale.min_rounds,
-                               max_rounds=cfg.scale.max_rounds, point_budget_s=cfg.scale.budget_s,
-                               ci_pct=cfg.scale.ci_pct, long_rounds=cfg.scale.long_rounds,
-                               long_budget_s=cfg.scale.long_budget_s, skip=skip,
-                               calibration_history=(history_dir(cfg.keep_awake)
-                                                    if exp.fits_topology else None),
-                               calibration_pool=cfg.calibration_pool)
+    settings = MeasureSettings(
+        scale=cfg.scale.name,
+        max_elements=cfg.scale.max_elements,
+        world_size=cfg.world_size,
+        warmup=cfg.scale.warmup,
+        repeats=cfg.scale.repeats,
+        csv_path=out_dir / "results.csv",
+        kernels_dir=out_dir / "kernels",
+        seed=cfg.seed,
+        collective_timeout_s=timeout_s or collective_timeout(cfg),
+        backend=backend.name,
+        comm=cfg.backend.comm,
+        schedules=schedules or None,
+        points=[dict(b) for b in cfg.experiment.sizes or []] or None,
+        min_rounds=cfg.scale.min_rounds,
+        max_rounds=cfg.scale.max_rounds,
+        point_budget_s=cfg.scale.budget_s,
+        ci_pct=cfg.scale.ci_pct,
+        long_rounds=cfg.scale.long_rounds,
+        long_budget_s=cfg.scale.long_budget_s,
+        skip=skip,
+        calibration_history=(history_dir(cfg.keep_awake) if exp.fits_topology else None),
+        calibration_pool=cfg.calibration_pool,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
-          f"scale; a collective times out after {settings.collective_timeout_s:.0f} s)",
-          flush=True)
+    print(
+        f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
+        f"scale; a collective times out after {settings.collective_timeout_s:.0f} s)",
+        flush=True,
+    )
     return exp.measure(settings) if exp.measure else harness.measure(exp, settings)
 
 
-def predict(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path,
-            measured: list[dict], gloo=None) -> list[dict]:
+def predict(
+    cfg: Config, exp: Experiment, schedules: dict, out_dir: Path, measured: list[dict], gloo=None
+) -> list[dict]:
     """Predicted rows (every backend), appended to results.csv; prints predicted speedups.
     `gloo` (comm=shm): the topology the library baseline on gloo is predicted on."""
-    settings = PredictSettings(scale=cfg.scale.name, backend=cfg.backend.name,
-                               topology=topology_of(cfg), world_size=cfg.world_size,
-                               max_elements=cfg.scale.max_elements, measured=measured,
-                               out_dir=out_dir, sizes=cfg.experiment.sizes,
-                               schedules=None if cfg.experiment.schedules is None else schedules,
-                               gloo_topology=gloo, memory_scale=cfg.memory_scale)
-    print(f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
-          f"{' and the paper setting' if exp.paper else ''})", flush=True)
+    settings = PredictSettings(
+        scale=cfg.scale.name,
+        backend=cfg.backend.name,
+        topology=topology_of(cfg),
+        world_size=cfg.world_size,
+        max_elements=cfg.scale.max_elements,
+        measured=measured,
+        out_dir=out_dir,
+        sizes=cfg.experiment.sizes,
+        schedules=None if cfg.experiment.schedules is None else schedules,
+        gloo_topology=gloo,
+        memory_scale=cfg.memory_scale,
+    )
+    print(
+        f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
+        f"{' and the paper setting' if exp.paper else ''})",
+        flush=True,
+    )
     show = lambda line: print(line, flush=True)  # noqa: E731
     try:
         rows = _predict(exp, settings, show)
@@ -287,8 +369,13 @@ def predict(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path,
                 if topo.name in {r["topology"] for r in rows}:
                     continue  # the paper setting already predicts on it
                 print(f"predicting {exp.name} on {topo.name} ({topo.nodes} nodes)", flush=True)
-                rows += _predict(exp, replace(settings, backend="sim", topology=topo,
-                                              measured=[], sizes=None, paper=False), show)
+                rows += _predict(
+                    exp,
+                    replace(
+                        settings, backend="sim", topology=topo, measured=[], sizes=None, paper=False
+                    ),
+                    show,
+                )
     except ValueError as e:
         raise SuiteError(f"predict: {e}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -315,10 +402,11 @@ def prediction_summary(exp: Experiment, rows: list[dict], measured: list[dict] =
         return f"predict: {len(rows)} rows"
     out = []
     for (topo, ws), part in df.groupby(["topology", "world_size"], sort=False):
-        pivot = part.pivot_table(index="shape", columns="schedule", values="speedup",
-                                 sort=False)
-        out.append(f"predicted speedup over baseline: {topo}, {ws} ranks\n"
-                   f"{pivot.to_string(float_format=lambda x: f'x{x:.2f}')}")
+        pivot = part.pivot_table(index="shape", columns="schedule", values="speedup", sort=False)
+        out.append(
+            f"predicted speedup over baseline: {topo}, {ws} ranks\n"
+            f"{pivot.to_string(float_format=lambda x: f'x{x:.2f}')}"
+        )
     return "\n".join(out)
 
 
@@ -333,32 +421,63 @@ def results_section(exp: Experiment, out_dir: Path) -> str:
     return measured + "\n" + own + "\n" + predicted_section(df, exp.name, out_dir)
 
 
-SMOKE_NOTE = (" (a check that every step runs: its sizes are too small and its rounds too few "
-              "for its times and speedups to mean anything)")
+SMOKE_NOTE = (
+    " (a check that every step runs: its sizes are too small and its rounds too few "
+    "for its times and speedups to mean anything)"
+)
 
 
-def report(cfg: Config, exp: Experiment, schedules: dict[str, dsl.Program], checks: list[Check],
-           out_dir: Path, calibration: str = "", rebuilt: Optional[dict] = None) -> Path:
+def report(
+    cfg: Config,
+    exp: Experiment,
+    schedules: dict[str, dsl.Program],
+    checks: list[Check],
+    out_dir: Path,
+    calibration: str = "",
+    rebuilt: Optional[dict] = None,
+) -> Path:
     """report.md, report.html and tables/ from results.csv and the run's checks; `rebuilt`
     (`python -m suite.report`): the checks and calibration the run recorded, instead."""
-    settings = {"scale": cfg.scale.name + (SMOKE_NOTE if cfg.scale.name == "smoke" else ""),
-                "backend": cfg.backend.name,
-                "topology": (f"{cfg.topology.name} (from {cfg.topology.path})"
-                             if cfg.topology.path else cfg.topology.name),
-                "calibration": calibration or describe(None, cfg),
-                "verify.world_sizes": cfg.verify.world_sizes,
-                "verify.trials": cfg.verify.trials, "seed": cfg.seed}
+    settings = {
+        "scale": cfg.scale.name + (SMOKE_NOTE if cfg.scale.name == "smoke" else ""),
+        "backend": cfg.backend.name,
+        "topology": (
+            f"{cfg.topology.name} (from {cfg.topology.path})"
+            if cfg.topology.path
+            else cfg.topology.name
+        ),
+        "calibration": calibration or describe(None, cfg),
+        "verify.world_sizes": cfg.verify.world_sizes,
+        "verify.trials": cfg.verify.trials,
+        "seed": cfg.seed,
+    }
     if rebuilt is None:  # the run's own: kept for `python -m suite.report`
-        record_report(out_dir, {"calibration": settings["calibration"],
-                                "checks": [dataclasses.asdict(c) for c in checks]})
+        record_report(
+            out_dir,
+            {
+                "calibration": settings["calibration"],
+                "checks": [dataclasses.asdict(c) for c in checks],
+            },
+        )
     else:
         settings["calibration"] = rebuilt.get("calibration", settings["calibration"])
         checks = [Check(**c) for c in rebuilt.get("checks", [])]
-    comparison = compared(cfg.backend.name, cfg.backend.comm, cfg.scale.name, exp.measurable,
-                          bool(cfg.predict_also) or exp.paper is not None)
-    text = render_report(experiment=exp.name, figure=exp.figure, settings=settings,
-                         programs={name: str(p) for name, p in schedules.items()}, checks=checks,
-                         results=results_section(exp, out_dir), comparison=comparison)
+    comparison = compared(
+        cfg.backend.name,
+        cfg.backend.comm,
+        cfg.scale.name,
+        exp.measurable,
+        bool(cfg.predict_also) or exp.paper is not None,
+    )
+    text = render_report(
+        experiment=exp.name,
+        figure=exp.figure,
+        settings=settings,
+        programs={name: str(p) for name, p in schedules.items()},
+        checks=checks,
+        results=results_section(exp, out_dir),
+        comparison=comparison,
+    )
     path = write_report(out_dir, text)
     write_html(path)  # report.html, figures embedded
     if (out_dir / "results.csv").exists():
@@ -377,9 +496,15 @@ def final_summary(name: str, out_dir: Path, calibrated: bool = True) -> str:
     if any(any(cell for cell in r[1:]) for r in rows):
         lines.append(text_table(header, rows))
     if not accuracy(df, name).empty:
-        lines.append(f"local prediction: {summary_line(summary(accuracy(df, name)))}"
-                     + ("" if calibrated else " (uncalibrated local topology: calibration=off; "
-                        "calibration=auto uses this machine's)"))
+        lines.append(
+            f"local prediction: {summary_line(summary(accuracy(df, name)))}"
+            + (
+                ""
+                if calibrated
+                else " (uncalibrated local topology: calibration=off; "
+                "calibration=auto uses this machine's)"
+            )
+        )
     return "\n".join(lines)
 
 
@@ -387,12 +512,18 @@ def summarize(checks: list[Check], rows: list[dict], path: Path) -> int:
     failed = sum(not c.verified for c in checks)
     unverified = [f"{r['schedule']}@{r['size']}" for r in rows if r.get("verified") is False]
     if unverified:
-        print(f"FAILED: measured points not verified: {', '.join(unverified)}; see {path}",
-              file=sys.stderr, flush=True)
+        print(
+            f"FAILED: measured points not verified: {', '.join(unverified)}; see {path}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     if failed:
-        print(f"FAILED: {failed} of {len(checks)} checks did not verify; see {path}",
-              file=sys.stderr, flush=True)
+        print(
+            f"FAILED: {failed} of {len(checks)} checks did not verify; see {path}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     print(f"verified {len(checks)} checks; report: {path}", flush=True)
     return 0

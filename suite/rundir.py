@@ -9,6 +9,7 @@ when a command is refused.
   settings differ, a setting only the run can check) leaves the directory as it found it.
 Units: none.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,14 @@ class Snapshot:
         if path is None or (path.exists() and not path.is_dir()):
             return None
         logs = [p.name for p in path.glob("*.log")] if path.is_dir() else []
-        return cls(path, {n: (path / n).read_bytes() if (path / n).is_file() else None
-                          for n in (*HYDRA_FILES, *logs)}, path.is_dir())
+        return cls(
+            path,
+            {
+                n: (path / n).read_bytes() if (path / n).is_file() else None
+                for n in (*HYDRA_FILES, *logs)
+            },
+            path.is_dir(),
+        )
 
     def restore(self) -> None:
         made = [p.name for p in self.path.glob("*.log") if p.name not in self.files]

@@ -27,6 +27,7 @@ sweep's jobs for `python -m suite`'s exit status (suite/__main__.py). The states
 `sacct` where the cluster keeps accounting, else from `scontrol show job` (jobs stay there for
 MinJobAge after they end).
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,12 +42,12 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf
 from submitit.core.utils import pickle_load
 
 from codegen.runtime.failures import looks_like_echo
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
 from .errors import SuiteError, fail
 from .slurm_job import JobOutcome, first_line, run_task
@@ -56,6 +57,7 @@ from .slurm_job import JobOutcome, first_line, run_task
 class SuiteSlurmConf(SlurmQueueConf):
     """hydra-submitit-launcher's SLURM options, our launcher, and the rendezvous of a job whose
     tasks are the ranks (nodes x tasks_per_node > 1)."""
+
     _target_: str = "hydra_plugins.coconet_suite.slurm_launcher.SweepLauncher"
     rendezvous_timeout_s: float = 300.0  # how long the tasks wait for one another
     rendezvous_port: Optional[int] = None  # rank 0's port; null: drawn from the job id
@@ -69,8 +71,9 @@ def register_launcher() -> None:
     Hydra's plugin scan executes every plugin module again, the submitit plugin's config too,
     which registers its own submitit_slurm: so the scan first (once per process), then ours."""
     Plugins.instance()
-    ConfigStore.instance().store(group="hydra/launcher", name="submitit_slurm",
-                                 node=SuiteSlurmConf, provider="coconet_suite")
+    ConfigStore.instance().store(
+        group="hydra/launcher", name="submitit_slurm", node=SuiteSlurmConf, provider="coconet_suite"
+    )
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,10 @@ SWEPT: list[SweptJob] = []
 
 def slurm_state(job_id: str) -> str:
     """The job's state from sacct, else scontrol; UNKNOWN when neither knows it."""
-    for cmd in (["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
-                ["scontrol", "show", "job", "-o", job_id]):
+    for cmd in (
+        ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
+        ["scontrol", "show", "job", "-o", job_id],
+    ):
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
@@ -127,43 +132,60 @@ def final_state(job_id: str, timeout_s: float = 60.0) -> str:
 class SlurmSweep(SlurmLauncher):
     """submitit's SLURM launcher that reports every job instead of raising on the first failure."""
 
-    def launch(self, job_overrides: Sequence[Sequence[str]],
-               initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
         import submitit  # as the base class: a lazy import keeps Hydra's plugin scan fast
 
         params = {k: v for k, v in self.params.items() if k not in OWN}
         check_world_sizes(self, job_overrides, params["nodes"] * params["tasks_per_node"])
         folder = params.pop("submitit_folder")
-        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder,
-                                         slurm_max_num_timeout=params.pop("max_num_timeout", 0))
+        executor = submitit.AutoExecutor(
+            cluster=self._EXECUTOR,
+            folder=folder,
+            slurm_max_num_timeout=params.pop("max_num_timeout", 0),
+        )
         base = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{k if k in base else f"slurm_{k}": v
-                                      for k, v in params.items()})
+        executor.update_parameters(
+            **{k if k in base else f"slurm_{k}": v for k, v in params.items()}
+        )
         if params["nodes"] * params["tasks_per_node"] > 1:  # a rank 0 that fails ends the tasks
             executor.update_parameters(slurm_srun_args=["--kill-on-bad-exit=1"])
         sweep = Path(str(self.config.hydra.sweep.dir))
         sweep.mkdir(parents=True, exist_ok=True)
         state = Singleton.get_state()
         nums = [initial_job_idx + i for i in range(len(job_overrides))]
-        args = [(list(o), "hydra.sweep.dir", n, f"job_id_for_{n}", state)
-                for o, n in zip(job_overrides, nums)]
+        args = [
+            (list(o), "hydra.sweep.dir", n, f"job_id_for_{n}", state)
+            for o, n in zip(job_overrides, nums)
+        ]
         # the jobs unpickle this launcher: as SlurmSweep, which an editable install can import
         # anywhere, not as the hydra_plugins subclass, found only with the checkout on the path
         task = copy.copy(self)
         task.__class__ = SlurmSweep
         jobs = executor.map_array(task, *zip(*args))
-        print(f"submitted {len(jobs)} SLURM jobs ({', '.join(str(j.job_id) for j in jobs)}); "
-              f"sweep directory {sweep}", flush=True)
+        print(
+            f"submitted {len(jobs)} SLURM jobs ({', '.join(str(j.job_id) for j in jobs)}); "
+            f"sweep directory {sweep}",
+            flush=True,
+        )
         swept: list[SweptJob] = []
         shape = (int(params["nodes"]), int(params["tasks_per_node"]))
-        returns = [_job_return(j, n, list(o), shape, swept)
-                   for j, n, o in zip(jobs, nums, job_overrides)]
+        returns = [
+            _job_return(j, n, list(o), shape, swept) for j, n, o in zip(jobs, nums, job_overrides)
+        ]
         write_summary(sweep, swept)
         SWEPT.extend(swept)
         return returns
 
-    def __call__(self, sweep_overrides: list, job_dir_key: str, job_num: int, job_id: str,
-                 singleton_state: dict) -> Optional[JobOutcome]:
+    def __call__(
+        self,
+        sweep_overrides: list,
+        job_dir_key: str,
+        job_num: int,
+        job_id: str,
+        singleton_state: dict,
+    ) -> Optional[JobOutcome]:
         """In every SLURM task of a job: its part of the job (suite.slurm_job)."""
         return run_task(self, sweep_overrides, job_dir_key, job_num, singleton_state)
 
@@ -173,12 +195,17 @@ def check_world_sizes(launcher, job_overrides, tasks: int) -> None:
     if tasks == 1:
         return
     for overrides in job_overrides:
-        cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config,
-                                                                    list(overrides))
+        cfg = launcher.hydra_context.config_loader.load_sweep_config(
+            launcher.config, list(overrides)
+        )
         if int(cfg.world_size) != tasks:
-            fail(SuiteError(f"hydra.launcher: a job of {tasks} tasks (nodes x tasks_per_node) "
-                            f"runs {tasks} ranks, but world_size={cfg.world_size} (job: "
-                            f"{' '.join(overrides)}); set world_size={tasks}"))
+            fail(
+                SuiteError(
+                    f"hydra.launcher: a job of {tasks} tasks (nodes x tasks_per_node) "
+                    f"runs {tasks} ranks, but world_size={cfg.world_size} (job: "
+                    f"{' '.join(overrides)}); set world_size={tasks}"
+                )
+            )
 
 
 TERMINAL_GRACE_S = 10.0  # how long a finished job's result may take to appear on a shared disk
@@ -198,8 +225,9 @@ def _wait(job, poll_s: float = 1.0) -> None:
         time.sleep(poll_s)
 
 
-def _job_return(job, num: int, overrides: list[str], shape: tuple[int, int],
-                collect: list) -> JobReturn:
+def _job_return(
+    job, num: int, overrides: list[str], shape: tuple[int, int], collect: list
+) -> JobReturn:
     """Wait for one submitit job; record it; a JobReturn Hydra accepts whatever happened."""
     _wait(job)
     outcome = JobOutcome(3, error="no result (the job ended before its task returned)")
@@ -209,14 +237,30 @@ def _job_return(job, num: int, overrides: list[str], shape: tuple[int, int],
     elif kind == "error":
         outcome = JobOutcome(3, error=value)
     if outcome.status and not outcome.error:
-        outcome = JobOutcome(outcome.status, outcome.run_dir, outcome.points_resumed,
-                             outcome.points_measured, _ranks_error(job))
+        outcome = JobOutcome(
+            outcome.status,
+            outcome.run_dir,
+            outcome.points_resumed,
+            outcome.points_measured,
+            _ranks_error(job),
+        )
     state = final_state(str(job.job_id))
     if state == "UNKNOWN":
         state = "COMPLETED" if not outcome.error else "FAILED"
-    collect.append(SweptJob(num, str(job.job_id), state, outcome.status, " ".join(overrides),
-                            outcome.error, *shape, outcome.points_measured,
-                            outcome.points_resumed, outcome.run_dir))
+    collect.append(
+        SweptJob(
+            num,
+            str(job.job_id),
+            state,
+            outcome.status,
+            " ".join(overrides),
+            outcome.error,
+            *shape,
+            outcome.points_measured,
+            outcome.points_resumed,
+            outcome.run_dir,
+        )
+    )
     ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
     ret.return_value = outcome.status
     return ret
@@ -257,13 +301,22 @@ def write_summary(sweep: Path, jobs: list[SweptJob]) -> Path:
 
 
 def summary_table(jobs: list[SweptJob]) -> str:
-    rows = [f"  #{j.num:<3d} job {j.job_id:<10s} {j.state:<11s} exit {j.status}  {_ranks(j)}"
-            f"points measured {j.points_measured}, resumed {j.points_resumed}  {j.overrides}"
-            + (f"  ({j.error})" if j.error else "") for j in sorted(jobs, key=lambda j: j.num)]
+    rows = [
+        f"  #{j.num:<3d} job {j.job_id:<10s} {j.state:<11s} exit {j.status}  {_ranks(j)}"
+        f"points measured {j.points_measured}, resumed {j.points_resumed}  {j.overrides}"
+        + (f"  ({j.error})" if j.error else "")
+        for j in sorted(jobs, key=lambda j: j.num)
+    ]
     return "\n".join([f"== sweep: {len(jobs)} SLURM jobs ==", *rows])
 
 
 def _ranks(j: SweptJob) -> str:
     tasks = j.nodes * j.tasks_per_node
-    return "" if tasks == 1 else (f"{tasks} ranks = {j.nodes} node{'s' * (j.nodes > 1)} x "
-                                  f"{j.tasks_per_node} task{'s' * (j.tasks_per_node > 1)}  ")
+    return (
+        ""
+        if tasks == 1
+        else (
+            f"{tasks} ranks = {j.nodes} node{'s' * (j.nodes > 1)} x "
+            f"{j.tasks_per_node} task{'s' * (j.tasks_per_node > 1)}  "
+        )
+    )

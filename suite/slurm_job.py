@@ -19,6 +19,7 @@ as a JobOutcome (not raised: srun runs the tasks with --kill-on-bad-exit, and ra
 write its report); rank 0 raises only when it cannot rendezvous (RankError, its task failed), and
 srun then ends the others.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,9 @@ class JobOutcome:
     error: str = ""  # the failure's first line ("rank R failed: ..." for a rank's)
 
 
-def run_task(launcher, overrides: list, job_dir_key: str, job_num: int,
-             state: dict) -> Optional[JobOutcome]:
+def run_task(
+    launcher, overrides: list, job_dir_key: str, job_num: int, state: dict
+) -> Optional[JobOutcome]:
     """This SLURM task's part of the job (see the module)."""
     import submitit  # as hydra-submitit-launcher: a lazy import keeps Hydra's plugin scan fast
 
@@ -60,13 +62,20 @@ def run_task(launcher, overrides: list, job_dir_key: str, job_num: int,
         return run()
     params = launcher.params
     port = params.get("rendezvous_port") or port_for(env.job_id)
-    group = join(env.global_rank, env.num_tasks, env.num_tasks // env.num_nodes,
-                 node_address(env.hostnames[0]), int(port),
-                 rendezvous_timeout_s=float(params.get("rendezvous_timeout_s") or 300.0))
+    group = join(
+        env.global_rank,
+        env.num_tasks,
+        env.num_tasks // env.num_nodes,
+        node_address(env.hostnames[0]),
+        int(port),
+        rendezvous_timeout_s=float(params.get("rendezvous_timeout_s") or 300.0),
+    )
     node = os.environ.get("SLURMD_NODENAME") or env.hostname
     where = f"{node} (node {env.node} of {env.num_nodes})"
-    print(f"rank {env.global_rank} of {env.num_tasks} on {where}: joined rank 0 at "
-          f"{group_address()}", flush=True)
+    print(
+        f"rank {env.global_rank} of {env.num_tasks} on {where}: joined rank 0 at {group_address()}",
+        flush=True,
+    )
     if env.global_rank != 0:
         try:
             group.serve()
@@ -77,8 +86,7 @@ def run_task(launcher, overrides: list, job_dir_key: str, job_num: int,
     return replace(outcome, error=outcome.error or group.failure or "")
 
 
-def run_here(launcher, overrides: list, job_dir_key: str, job_num: int,
-             state: dict) -> JobOutcome:
+def run_here(launcher, overrides: list, job_dir_key: str, job_num: int, state: dict) -> JobOutcome:
     """The Hydra job in this process (hydra-submitit-launcher's own steps), with its outcome."""
     import submitit
 
@@ -91,15 +99,21 @@ def run_here(launcher, overrides: list, job_dir_key: str, job_num: int,
     HydraConfig.instance().set_config(cfg)
     run_dir = Path(str(OmegaConf.select(cfg, job_dir_key))) / str(cfg.hydra.sweep.subdir)
     before = measured_points(run_dir) if OmegaConf.select(cfg, "resume", default=False) else 0
-    ret = run_job(hydra_context=launcher.hydra_context, task_function=launcher.task_function,
-                  config=cfg, job_dir_key=job_dir_key, job_subdir_key="hydra.sweep.subdir")
+    ret = run_job(
+        hydra_context=launcher.hydra_context,
+        task_function=launcher.task_function,
+        config=cfg,
+        job_dir_key=job_dir_key,
+        job_subdir_key="hydra.sweep.subdir",
+    )
     try:
         status, error = int(ret.return_value or 0), ""
     except Exception as e:  # noqa: BLE001 - the task raised: run_job kept it in the return
         status, error = 3, first_line(e)
     resumed = before if status != 2 else 0  # exit 2: refused before any work, nothing kept
-    return JobOutcome(status, str(run_dir), resumed,
-                      max(0, measured_points(run_dir) - resumed), error)
+    return JobOutcome(
+        status, str(run_dir), resumed, max(0, measured_points(run_dir) - resumed), error
+    )
 
 
 def measured_points(run_dir: Path) -> int:
@@ -122,8 +136,9 @@ def port_for(job_id: str) -> int:
 def node_address(node: str) -> str:
     """The address SLURM reaches `node` at (NodeAddr), else the node's name."""
     try:
-        out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return node
     fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)

@@ -9,20 +9,49 @@
   else skips and says why): assigned here.
 - `cuda`: needs a GPU (marked on the test; it skips without one).
 """
+
 from __future__ import annotations
 
 import pytest
 
 MULTIPROCESS = {
-    "test_awake", "test_bad_input_fuzz", "test_benchmarks_one_rank", "test_build",
-    "test_build_cuda", "test_caches", "test_calibrate", "test_cost_model_suite",
-    "test_doc_scripts", "test_dp_experiments", "test_fused_optim", "test_gpu_figures",
-    "test_interrupt_resume", "test_joined", "test_layers", "test_multinode", "test_overlap",
-    "test_paper", "test_pipeline_fidelity", "test_rank_safety", "test_render_cuda",
-    "test_reports", "test_rounds", "test_run_dir", "test_runtime_comm", "test_runtime_plans",
-    "test_runtime_timeline", "test_shm_comm", "test_slurm", "test_space", "test_suite_cli",
-    "test_symm_kernel", "test_two_hosts", "test_user_experiment", "test_validate",
-    "test_docs", "test_tutorials",
+    "test_awake",
+    "test_bad_input_fuzz",
+    "test_benchmarks_one_rank",
+    "test_build",
+    "test_build_cuda",
+    "test_caches",
+    "test_calibrate",
+    "test_cost_model_suite",
+    "test_doc_scripts",
+    "test_dp_experiments",
+    "test_fused_optim",
+    "test_gpu_figures",
+    "test_interrupt_resume",
+    "test_joined",
+    "test_layers",
+    "test_multinode",
+    "test_overlap",
+    "test_paper",
+    "test_pipeline_fidelity",
+    "test_rank_safety",
+    "test_render_cuda",
+    "test_reports",
+    "test_rounds",
+    "test_run_dir",
+    "test_runtime_comm",
+    "test_runtime_plans",
+    "test_runtime_timeline",
+    "test_shm_comm",
+    "test_slurm",
+    "test_space",
+    "test_suite_cli",
+    "test_symm_kernel",
+    "test_two_hosts",
+    "test_user_experiment",
+    "test_validate",
+    "test_docs",
+    "test_tutorials",
 }
 
 

@@ -21,6 +21,7 @@ shuffle slots are its own: thread-local pointers).
     lib = EmulatedModule(kernels, workdir, steps=[symm_step])
     lib.run_symm(step, blocks, members, rank0, table)  # table: an int64 tensor of addresses
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -149,23 +150,49 @@ class EmulatedModule:
         self.kernels = unique
         self.launches = {n: renderer.launch(k) for n, k in unique.items()}
         self.steps = {s.name: s for s in steps}
-        text = (render_symm.module(list(unique.values()), list(self.steps.values())) if steps
-                else renderer.render_module(list(unique.values())))
-        source = SHIM + text + LAUNCHER + "".join(
-            f'extern "C" void emu_{n}(int g, int b, int64_t s, int64_t e, int64_t r, void** p) '
-            f"{{ cc_emulate(&{n}, g, b, s, e, r, p); }}\n" for n in sorted(unique)) + "".join(
-            f'extern "C" void emu_{n}(int gx, int gy, int b, int64_t r0, const uint64_t* t) '
-            f"{{ cc_emulate_all(&{n}, gx, gy, b, r0, t); }}\n" for n in sorted(self.steps))
+        text = (
+            render_symm.module(list(unique.values()), list(self.steps.values()))
+            if steps
+            else renderer.render_module(list(unique.values()))
+        )
+        source = (
+            SHIM
+            + text
+            + LAUNCHER
+            + "".join(
+                f'extern "C" void emu_{n}(int g, int b, int64_t s, int64_t e, int64_t r, void** p) '
+                f"{{ cc_emulate(&{n}, g, b, s, e, r, p); }}\n"
+                for n in sorted(unique)
+            )
+            + "".join(
+                f'extern "C" void emu_{n}(int gx, int gy, int b, int64_t r0, const uint64_t* t) '
+                f"{{ cc_emulate_all(&{n}, gx, gy, b, r0, t); }}\n"
+                for n in sorted(self.steps)
+            )
+        )
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         lib = Path(workdir) / f"emulated_{digest}.so"
         if not lib.exists():
             src = lib.with_suffix(".cpp")
             src.write_text(source)
-            cmd = [shutil.which("g++") or "c++", "-std=c++20", "-O1", "-shared", "-fPIC",
-                   "-pthread", "-ffp-contract=off", "-w", str(src), "-o", str(lib)]
+            cmd = [
+                shutil.which("g++") or "c++",
+                "-std=c++20",
+                "-O1",
+                "-shared",
+                "-fPIC",
+                "-pthread",
+                "-ffp-contract=off",
+                "-w",
+                str(src),
+                "-o",
+                str(lib),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if out.returncode:
-                raise RuntimeError(f"host compile of the emulated kernels failed:\n{out.stderr[-4000:]}")
+                raise RuntimeError(
+                    f"host compile of the emulated kernels failed:\n{out.stderr[-4000:]}"
+                )
         self.lib = ctypes.CDLL(str(lib))
 
     def run(self, kernel, begin: int, end: int, rank: int, bufs: Sequence, workspace=None) -> None:
@@ -176,15 +203,26 @@ class EmulatedModule:
         work = -(-(end - begin) // launch.vec)
         grid = max(1, min(-(-work // BLOCK), MAX_GRID))
         fn = getattr(self.lib, f"emu_{kernel.name}")
-        fn(ctypes.c_int(grid), ctypes.c_int(BLOCK), ctypes.c_int64(begin), ctypes.c_int64(end),
-           ctypes.c_int64(rank), (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs))
+        fn(
+            ctypes.c_int(grid),
+            ctypes.c_int(BLOCK),
+            ctypes.c_int64(begin),
+            ctypes.c_int64(end),
+            ctypes.c_int64(rank),
+            (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs),
+        )
 
     def run_symm(self, step, blocks: int, members: int, rank0: int, table) -> None:
         """comm=symm's kernel of `step` on grid (blocks, members), every block at once; `table`
         a CPU int64 tensor of addresses (`codegen.render_symm`'s pointer table)."""
         fn = getattr(self.lib, f"emu_{step.name}")
-        fn(ctypes.c_int(blocks), ctypes.c_int(members), ctypes.c_int(SYMM_BLOCK),
-           ctypes.c_int64(rank0), ctypes.c_void_p(table.data_ptr()))
+        fn(
+            ctypes.c_int(blocks),
+            ctypes.c_int(members),
+            ctypes.c_int(SYMM_BLOCK),
+            ctypes.c_int64(rank0),
+            ctypes.c_void_p(table.data_ptr()),
+        )
 
     def functions(self) -> dict:
         return {n: EmulatedKernel(self, k) for n, k in self.kernels.items()}

@@ -4,6 +4,7 @@
 Cases: `ok` (rank 0 runs two run_ranks; the ranks' values come back in rank order), `fail1` /
 `fail0` (that rank's fn raises ValueError in the second run_ranks, the others are inside a
 collective then), `timeout` (rendezvous_timeout_s=2: run alone, the other ranks never come)."""
+
 import json
 import os
 import sys
@@ -34,14 +35,22 @@ def main() -> None:
     rank, world, port, case = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     seen = {}
     try:
-        group = join(rank, world, 1, "127.0.0.1", port,
-                     rendezvous_timeout_s=2.0 if case == "timeout" else 60.0, timeout_s=60.0)
+        group = join(
+            rank,
+            world,
+            1,
+            "127.0.0.1",
+            port,
+            rendezvous_timeout_s=2.0 if case == "timeout" else 60.0,
+            timeout_s=60.0,
+        )
 
         def body():
             seen["first"] = run_ranks(total, world, args=(10,))
             if case.startswith("fail"):
                 seen["second"] = run_ranks(fails_on, world, args=(int(case[-1]),))
             return "led"
+
         seen["value"] = group.lead(body) if rank == 0 else group.serve()
     except RankError as e:
         seen["error"] = str(e)

@@ -18,6 +18,7 @@ daemons and munge run as root here) and Debian's packages slurmctld, slurmd, slu
 Accounting: jobcomp/filetxt keeps a line per finished job (job id, state, exit code), read by
 `job_states`; there is no slurmdbd.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ def available() -> Optional[str]:
         return "the SLURM daemons need root"
     missing = [b for b in (*DAEMONS, *CLIENTS) if not shutil.which(b, path=_path())]
     if missing:
-        return (f"not installed: {', '.join(missing)} (apt-get install slurmctld slurmd "
-                "slurm-client munge)")
+        return (
+            f"not installed: {', '.join(missing)} (apt-get install slurmctld slurmd "
+            "slurm-client munge)"
+        )
     return None
 
 
@@ -77,9 +80,11 @@ class LocalSlurm:
         if self.nodes == [self.host]:
             return f"NodeName={self.host} CPUs={self.cpus} RealMemory={mem} State=UNKNOWN"
         ports = _free_ports(len(self.nodes))
-        return "\n".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={p} "
-                         f"CPUs={self.cpus} RealMemory={mem // len(self.nodes)} State=UNKNOWN"
-                         for n, p in zip(self.nodes, ports))
+        return "\n".join(
+            f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={p} "
+            f"CPUs={self.cpus} RealMemory={mem // len(self.nodes)} State=UNKNOWN"
+            for n, p in zip(self.nodes, ports)
+        )
 
     def _write_conf(self) -> None:
         ctld, d = _free_ports(2)
@@ -129,9 +134,19 @@ PartitionName={self.partition} Nodes={",".join(self.nodes)} Default=YES MaxTime=
         key.chmod(0o400)
         self._write_conf()
         log = open(r / "daemons.out", "ab")
-        self._spawn(["munged", "--foreground", "--force", f"--key-file={key}",
-                     f"--socket={r}/munge.socket", f"--pid-file={r}/munged.pid",
-                     f"--log-file={r}/munged.log", f"--seed-file={r}/munge.seed"], log)
+        self._spawn(
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={r}/munge.socket",
+                f"--pid-file={r}/munged.pid",
+                f"--log-file={r}/munged.log",
+                f"--seed-file={r}/munge.seed",
+            ],
+            log,
+        )
         self._wait(lambda: (r / "munge.socket").exists(), "munged")
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], log)
         self._wait(lambda: self._ok(["sinfo", "-h"]), "slurmctld")
@@ -141,8 +156,9 @@ PartitionName={self.partition} Nodes={",".join(self.nodes)} Default=YES MaxTime=
         return self
 
     def _spawn(self, cmd: list[str], log) -> None:
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env,
-                                           start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(cmd, stdout=log, stderr=log, env=self.env, start_new_session=True)
+        )
 
     def _ok(self, cmd: list[str]) -> bool:
         return subprocess.run(cmd, env=self.env, capture_output=True, timeout=30).returncode == 0
@@ -152,22 +168,30 @@ PartitionName={self.partition} Nodes={",".join(self.nodes)} Default=YES MaxTime=
         while time.monotonic() < end:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"{' '.join(dead[0].args[:1])} exited with {dead[0].returncode}"
-                                   f" while waiting for {what}; logs in {self.root}")
+                raise RuntimeError(
+                    f"{' '.join(dead[0].args[:1])} exited with {dead[0].returncode}"
+                    f" while waiting for {what}; logs in {self.root}"
+                )
             if ready():
                 return
             time.sleep(0.2)
         raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s; logs in {self.root}")
 
     def node_states(self) -> list[str]:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env,
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return out.stdout.split()
 
     def all_up(self) -> bool:
         states = self.node_states()
         return len(states) == len(self.nodes) and all(
-            s in ("idle", "mixed", "allocated") for s in states)
+            s in ("idle", "mixed", "allocated") for s in states
+        )
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
         self._wait(self.all_up, "slurmd", timeout_s)
@@ -185,10 +209,17 @@ PartitionName={self.partition} Nodes={",".join(self.nodes)} Default=YES MaxTime=
     def cancel_jobs(self, timeout_s: float = 30.0) -> None:
         """Cancel every job still queued or running, and wait for SLURM to end them (their
         steps' processes outlive slurmd otherwise)."""
+
         def queued() -> list[str]:
-            out = subprocess.run(["squeue", "-h", "-o", "%A"], env=self.env, capture_output=True,
-                                 text=True, timeout=30)
+            out = subprocess.run(
+                ["squeue", "-h", "-o", "%A"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             return out.stdout.split() if out.returncode == 0 else []
+
         jobs = queued()
         if jobs:
             subprocess.run(["scancel", *jobs], env=self.env, capture_output=True, timeout=30)

@@ -5,9 +5,11 @@ baseline, so it is verified and predicted, not measured): `all_reduce(g) * 2`, s
 `wrong=True`, as `all_reduce(g) * 3` ("wrong", which fails verification). Run as a script, it is
 `python -m suite` with the toy in place of experiments/ (`--wrong` first to include the bad one).
 """
+
 from __future__ import annotations
 
 import sys
+
 import dsl
 import suite.run
 from experiments import Experiment
@@ -31,8 +33,13 @@ def toy(wrong: bool = False, stages: int = 1) -> Experiment:
     def program(dtype=None) -> dsl.Program:
         return toy_program().with_(stages=stages) if stages > 1 else toy_program()
 
-    return Experiment(name="toy", figure="Fig. 0", program=program, schedules=schedules,
-                      verify_bindings=lambda scale: [{"N": 8}, {"N": 16}])
+    return Experiment(
+        name="toy",
+        figure="Fig. 0",
+        program=program,
+        schedules=schedules,
+        verify_bindings=lambda scale: [{"N": 8}, {"N": 16}],
+    )
 
 
 def main() -> None:

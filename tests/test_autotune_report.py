@@ -1,47 +1,97 @@
 """The autotune report section (reports.autotune) from hand-made tables, and the suite's order of
 steps for experiment=autotune on a measuring backend: calibrate, then rank on the calibrated
 local topology, then measure."""
+
 import pandas as pd
 import pytest
 
 import suite.run
+from reports.autotune import autotune_section
 from suite import PROJECT_ROOT
 from suite.calibration import Calibration
 from suite.cli import prevalidate
 from suite.errors import SuiteError
-from reports.autotune import autotune_section
 
 SHAPE = "[4096]"
 
 
 def _ranking(**extra):
     # predicted order: A (not named), B, C (named), D (named, rank 3: outside the top 2)
-    rows = [("A", False, 1.0), ("B", True, 2.0), ("C", True, 3.0), ("D", True, 4.0),
-            ("X", False, 5.0)]
-    return pd.DataFrame([{"experiment": "adam_fusion", "topology": "local", "world_size": 2,
-                          "size": 4096, "shape": SHAPE, "schedule": s, "named": named,
-                          "predicted_rank": k, "predicted_us": us * 1e3, "closed_us": us * 1e3,
-                          "found": 21, "candidates": 120, "search_s": 1.5, "closed_s": 0.012,
-                          "des_count": 6, "des_s": 0.4, "path": f"path of {s}",
-                          "program": f"program {s} {{}}" if s in "AX" else "", **extra}
-                         for k, (s, named, us) in enumerate(rows)])
+    rows = [
+        ("A", False, 1.0),
+        ("B", True, 2.0),
+        ("C", True, 3.0),
+        ("D", True, 4.0),
+        ("X", False, 5.0),
+    ]
+    return pd.DataFrame(
+        [
+            {
+                "experiment": "adam_fusion",
+                "topology": "local",
+                "world_size": 2,
+                "size": 4096,
+                "shape": SHAPE,
+                "schedule": s,
+                "named": named,
+                "predicted_rank": k,
+                "predicted_us": us * 1e3,
+                "closed_us": us * 1e3,
+                "found": 21,
+                "candidates": 120,
+                "search_s": 1.5,
+                "closed_s": 0.012,
+                "des_count": 6,
+                "des_s": 0.4,
+                "path": f"path of {s}",
+                "program": f"program {s} {{}}" if s in "AX" else "",
+                **extra,
+            }
+            for k, (s, named, us) in enumerate(rows)
+        ]
+    )
 
 
 def _results(measured_ms: dict, wrong=()):
-    rows = [{"experiment": "adam_fusion", "schedule": s, "source": "measured", "topology": "",
-             "world_size": 2, "size": 4096, "shape": SHAPE, "time_ms": ms,
-             "time_ms_lo": ms * 0.9, "time_ms_hi": ms * 1.1, "speedup": 10.0 / ms,
-             "verified": s not in wrong} for s, ms in measured_ms.items()]
-    rows += [{"experiment": "adam_fusion", "schedule": s, "source": "predicted",
-              "topology": "local", "world_size": 2, "size": 4096, "shape": SHAPE,
-              "time_ms": t, "speedup": 5.0 / t, "verified": None}
-             for s, t in (("baseline", 5.0), ("A", 1.0), ("D", 4.0))]
+    rows = [
+        {
+            "experiment": "adam_fusion",
+            "schedule": s,
+            "source": "measured",
+            "topology": "",
+            "world_size": 2,
+            "size": 4096,
+            "shape": SHAPE,
+            "time_ms": ms,
+            "time_ms_lo": ms * 0.9,
+            "time_ms_hi": ms * 1.1,
+            "speedup": 10.0 / ms,
+            "verified": s not in wrong,
+        }
+        for s, ms in measured_ms.items()
+    ]
+    rows += [
+        {
+            "experiment": "adam_fusion",
+            "schedule": s,
+            "source": "predicted",
+            "topology": "local",
+            "world_size": 2,
+            "size": 4096,
+            "shape": SHAPE,
+            "time_ms": t,
+            "speedup": 5.0 / t,
+            "verified": None,
+        }
+        for s, t in (("baseline", 5.0), ("A", 1.0), ("D", 4.0))
+    ]
     return pd.DataFrame(rows)
 
 
 def test_the_measured_best_is_chosen_and_told_apart_from_the_predicted_best(tmp_path):
-    results = _results({"baseline": 10.0, "A": 6.0, "B": 5.5, "C": 7.0, "D": 5.0, "X": 1.0},
-                       wrong=("X",))
+    results = _results(
+        {"baseline": 10.0, "A": 6.0, "B": 5.5, "C": 7.0, "D": 5.0, "X": 1.0}, wrong=("X",)
+    )
     text = autotune_section(results, _ranking(), tmp_path, top_m=2)
     chosen = pd.read_csv(tmp_path / "tables" / "autotune_chosen.csv").iloc[0]
     # D: the fastest measured (X is faster but its result was wrong); A: the predicted best
@@ -54,7 +104,11 @@ def test_the_measured_best_is_chosen_and_told_apart_from_the_predicted_best(tmp_
     assert "+20.0%" in text and "B +10.0%" in text
     assert "NOT VERIFIED" in text and "[4096]: X" in text
     # A is predicted to beat every named schedule: its path and printed program are shown
-    assert "**A** ahead of every named schedule (0.500x" in text and "program A {}" in text and "**X**" not in text
+    assert (
+        "**A** ahead of every named schedule (0.500x" in text
+        and "program A {}" in text
+        and "**X**" not in text
+    )
     assert (tmp_path / "figures" / "autotune.png").exists()
 
 
@@ -81,8 +135,16 @@ def test_autotune_ranks_on_the_calibrated_local_topology(tmp_path, monkeypatch):
 
     monkeypatch.setattr(suite.run, "local_calibration", found)
     out = tmp_path / "run"
-    cfg = prevalidate(["experiment=autotune", "target=adam_fusion", "backend=cpu",
-                       "scale=smoke", "experiment.sizes=[{N:4096}]", f"hydra.run.dir={out}"])
+    cfg = prevalidate(
+        [
+            "experiment=autotune",
+            "target=adam_fusion",
+            "backend=cpu",
+            "scale=smoke",
+            "experiment.sizes=[{N:4096}]",
+            f"hydra.run.dir={out}",
+        ]
+    )
     outcome = suite.run.run_one(cfg, out)
     assert outcome.status == 0
     assert calls == ["autotune"]  # before the target was derived, and only once
@@ -97,8 +159,20 @@ def test_autotune_ranks_on_the_calibrated_local_topology(tmp_path, monkeypatch):
 def test_bad_target_sizes_are_refused_before_any_work():
     """The target's sizes are checked by prevalidate, before the run calibrates or ranks."""
     with pytest.raises(SuiteError, match="bind exactly"):
-        prevalidate(["experiment=autotune", "target=adam_fusion", "backend=cpu",
-                     "experiment.sizes=[{X:1024}]"])
+        prevalidate(
+            [
+                "experiment=autotune",
+                "target=adam_fusion",
+                "backend=cpu",
+                "experiment.sizes=[{X:1024}]",
+            ]
+        )
     with pytest.raises(SuiteError, match="does not fit schedule"):
-        prevalidate(["experiment=autotune", "target=adam_fusion", "backend=cpu",
-                     "experiment.sizes=[{N:1023}]"])
+        prevalidate(
+            [
+                "experiment=autotune",
+                "target=adam_fusion",
+                "backend=cpu",
+                "experiment.sizes=[{N:1023}]",
+            ]
+        )

@@ -1,5 +1,6 @@
 """codegen.runtime.awake: idle-priority spinners, one per CPU, for the block only, and never left
 behind (the block's end, or the launcher killed outright)."""
+
 import os
 import subprocess
 import sys
@@ -59,12 +60,16 @@ def test_a_launcher_killed_outright_leaves_no_spinner():
             time.sleep(60)
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              cwd=root, env={**os.environ, "PYTHONPATH": root})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
     pids = [int(x) for x in parent.stdout.readline().split()]
     assert pids
     time.sleep(0.5)
     parent.kill()
     parent.wait(timeout=10)
     assert all(_gone(pid) for pid in pids)  # PR_SET_PDEATHSIG: SIGKILL with the parent
-

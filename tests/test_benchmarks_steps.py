@@ -1,5 +1,6 @@
 """benchmarks.steps: its summary's statistics (pure), which Plan step each timed piece belongs
 to, and small runs on 2 ranks (the segments and the model beside them too)."""
+
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,13 @@ from codegen.plan import label
 
 
 def _res(parts, whole, kinds):
-    return {"parts": {"s": parts}, "whole": {"s": whole}, "first": {"s": whole[:1]},
-            "later": {"s": whole[1:]}, "kinds": {"s": kinds}}
+    return {
+        "parts": {"s": parts},
+        "whole": {"s": whole},
+        "first": {"s": whole[:1]},
+        "later": {"s": whole[1:]},
+        "kinds": {"s": kinds},
+    }
 
 
 def test_the_sum_of_tailed_parts_lies_above_the_sum_of_their_medians():
@@ -55,8 +61,12 @@ def test_pieces_sum_their_medians():
 
 
 def test_segments_belong_to_their_plan_step():
-    plan = lower(experiments.get("lamb_fusion").schedules()["fuse(RS-C-AG)+as_slice"],
-                 {"N": 4096}, 2, fused_chunks=4)
+    plan = lower(
+        experiments.get("lamb_fusion").schedules()["fuse(RS-C-AG)+as_slice"],
+        {"N": 4096},
+        2,
+        fused_chunks=4,
+    )
     owners = step_of(plan)
     assert _owner("0:Collective reduce_scatter wait c0", owners) == 0
     assert _owner(f"{label(plan.steps[0])}", owners) == 0
@@ -68,8 +78,21 @@ def test_segments_belong_to_their_plan_step():
 @pytest.mark.slow
 def test_segments_and_the_model_on_two_ranks(capsys):
     topo = Path(__file__).resolve().parents[1] / "suite" / "conf" / "topology" / "local.yaml"
-    main(["--experiment", "lamb_fusion", "--schedules", "fuse(RS-C-AG)+as_slice,AR-C",
-          "--size", "N=4K", "--rounds", "2", "--segments", "--topology", str(topo)])
+    main(
+        [
+            "--experiment",
+            "lamb_fusion",
+            "--schedules",
+            "fuse(RS-C-AG)+as_slice,AR-C",
+            "--size",
+            "N=4K",
+            "--rounds",
+            "2",
+            "--segments",
+            "--topology",
+            str(topo),
+        ]
+    )
     out = capsys.readouterr().out
     assert "model" in out.splitlines()[1]
     assert "model, fuse(RS-C-AG)+as_slice: on the lone links" in out
@@ -78,8 +101,10 @@ def test_segments_and_the_model_on_two_ranks(capsys):
 
 
 def test_schedule_names_keep_commas_inside_parentheses():
-    assert schedule_names("ol(RS,fuse(P2P-C-AG)), AR-C-P2P,") == ["ol(RS,fuse(P2P-C-AG))",
-                                                                   "AR-C-P2P"]
+    assert schedule_names("ol(RS,fuse(P2P-C-AG)), AR-C-P2P,") == [
+        "ol(RS,fuse(P2P-C-AG))",
+        "AR-C-P2P",
+    ]
     assert schedule_names("ol(MM,fuse(RS-C-AG))") == ["ol(MM,fuse(RS-C-AG))"]
 
 

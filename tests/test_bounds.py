@@ -1,5 +1,6 @@
 """`dsl.error_bounds`: every rule bounds what a computed run can do, and the bound still catches
 real defects (a dropped residual, a 1e-3 relative perturbation of one element)."""
+
 import math
 
 import numpy as np
@@ -9,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dsl
-from dsl import Builder, Local, P, Replicated, Sliced, f16, f32, f64, i64, sym
-from dsl.bounds import POINTWISE_ERROR, error_bounds, gamma, runs_agree, within
 import experiments
+from dsl import Builder, Local, Replicated, f16, f32, f64, i64, sym
+from dsl.bounds import POINTWISE_ERROR, error_bounds, gamma, runs_agree, within
 from experiments.megatron import DROPOUT_P, DROPOUT_SEED, torch_dropout_
 
 model_parallel, pipeline_parallel = map(experiments.get, ("model_parallel", "pipeline_parallel"))
@@ -29,14 +30,20 @@ def one_output(build, dtype=f32, world=1, layout=Replicated(), shape=(N,), posit
 
 # -- a computed run stays within the bound of the exact value -------------------------------------
 OPS = {
-    "add": lambda b, x, y: x + y, "sub": lambda b, x, y: x - 0.3 * y, "mul": lambda b, x, y: x * y,
-    "div": lambda b, x, y: x / y, "pow": lambda b, x, y: y ** x, "sqrt": lambda b, x, y: b.sqrt(y),
-    "rsqrt": lambda b, x, y: b.rsqrt(y), "exp": lambda b, x, y: b.exp(x),
-    "chain": lambda b, x, y: b.sqrt(y * y + x * x) / (y + 1e-3) - b.exp(x * 0.5) * (1 - 0.9 ** y),
+    "add": lambda b, x, y: x + y,
+    "sub": lambda b, x, y: x - 0.3 * y,
+    "mul": lambda b, x, y: x * y,
+    "div": lambda b, x, y: x / y,
+    "pow": lambda b, x, y: y**x,
+    "sqrt": lambda b, x, y: b.sqrt(y),
+    "rsqrt": lambda b, x, y: b.rsqrt(y),
+    "exp": lambda b, x, y: b.exp(x),
+    "chain": lambda b, x, y: b.sqrt(y * y + x * x) / (y + 1e-3) - b.exp(x * 0.5) * (1 - 0.9**y),
     "where": lambda b, x, y: b.where(x > 0, x * y, y - 1.0),
     "dropout": lambda b, x, y: b.dropout(x * y, p=0.25, seed=3),
     "cast": lambda b, x, y: b.cast(b.cast(x * 1.7, f16), f32),
-    "sum": lambda b, x, y: b.sum(x * y) + x, "mean": lambda b, x, y: b.mean(x) * y,
+    "sum": lambda b, x, y: b.sum(x * y) + x,
+    "mean": lambda b, x, y: b.mean(x) * y,
     "norm": lambda b, x, y: b.norm(x - y) + x,
 }
 
@@ -63,8 +70,17 @@ def test_sums_in_any_order_are_within_the_bound():
     bind = {"N": 16, "K": 4096, "H": 8}
     for init in ("normal", "positive"):
         rng = np.random.default_rng(2)
-        xs = rng.standard_normal((16, 4096)) if init == "normal" else rng.uniform(0.5, 1.5, (16, 4096))
-        ins = [{"x": xs.astype(np.float32), "w": np.abs(rng.standard_normal((4096, 8))).astype(np.float32)}]
+        xs = (
+            rng.standard_normal((16, 4096))
+            if init == "normal"
+            else rng.uniform(0.5, 1.5, (16, 4096))
+        )
+        ins = [
+            {
+                "x": xs.astype(np.float32),
+                "w": np.abs(rng.standard_normal((4096, 8))).astype(np.float32),
+            }
+        ]
         bound = error_bounds(prog, ins, 1, bind)[0]
         terms = ins[0]["x"][:, :, None] * ins[0]["w"][None, :, :]  # products, rounded to f32
         sequential = np.cumsum(terms, axis=1, dtype=np.float32)[:, -1, :]
@@ -88,15 +104,29 @@ def test_collective_reductions_in_any_ring_order_are_within_the_bound():
             assert within(acc, bound.value, bound.error)[1] == 0
 
 
-ROUND = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-         "pow": np.power, "maximum": np.maximum, "minimum": np.minimum}
+ROUND = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
 UNARY = {"sqrt": np.sqrt, "rsqrt": lambda a: 1 / np.sqrt(a), "exp": np.exp, "neg": np.negative}
 
 
 @settings(max_examples=300, deadline=None)
-@given(op=st.sampled_from(sorted(ROUND) + sorted(UNARY)),
-       a=st.floats(0.05, 20), b=st.floats(0.05, 4), sa=st.sampled_from([-1.0, 1.0]),
-       ra=st.floats(0, 0.2), rb=st.floats(0, 0.2), ta=st.floats(-1, 1), tb=st.floats(-1, 1))
+@given(
+    op=st.sampled_from(sorted(ROUND) + sorted(UNARY)),
+    a=st.floats(0.05, 20),
+    b=st.floats(0.05, 4),
+    sa=st.sampled_from([-1.0, 1.0]),
+    ra=st.floats(0, 0.2),
+    rb=st.floats(0, 0.2),
+    ta=st.floats(-1, 1),
+    tb=st.floats(-1, 1),
+)
 def test_propagation_rules_bound_every_perturbation_of_the_operands(op, a, b, sa, ra, rb, ta, tb):
     """|f(a + da, b + db) - f(a, b)| <= rule(a, b, ea, eb) whenever |da| <= ea and |db| <= eb."""
     unary = op in UNARY
@@ -118,8 +148,13 @@ def test_propagation_rules_bound_every_perturbation_of_the_operands(op, a, b, sa
 
 
 def test_comparisons_flag_the_elements_that_may_flip():
-    r = POINTWISE_ERROR["lt"](None, [np.array([1.0, 1.0, 1.0]), np.array([1.5, 1.05, 1.0])],
-                              [np.array([0.1, 0.1, 0.0]), np.array([0.0, 0.0, 0.0])], None, 0.0)
+    r = POINTWISE_ERROR["lt"](
+        None,
+        [np.array([1.0, 1.0, 1.0]), np.array([1.5, 1.05, 1.0])],
+        [np.array([0.1, 0.1, 0.0]), np.array([0.0, 0.0, 0.0])],
+        None,
+        0.0,
+    )
     assert list(r) == [0.0, 1.0, 0.0]
 
 
@@ -180,7 +215,9 @@ def layer_runs(program, bindings, seed, blocked_k=512, chunks=4):
         rows = x2.shape[0] // P
         for lo in range(0, x2.shape[0], rows // chunks):
             for q in range(0, x2.shape[1], blocked_k):
-                y2[lo:lo + rows // chunks] += x2[lo:lo + rows // chunks, q:q + blocked_k] @ r["weight"][q:q + blocked_k]
+                y2[lo : lo + rows // chunks] += (
+                    x2[lo : lo + rows // chunks, q : q + blocked_k] @ r["weight"][q : q + blocked_k]
+                )
         parts.append(y2.view(base.shape))
     return ins, base, tail(parts[1] + parts[0])
 
@@ -232,8 +269,9 @@ def _without_residual(program_fn):
     body = tuple(s for s in p.body if s is not add)
     outputs = tuple((n, other if v.id == add.out.id else v) for n, v in p.outputs)
     if p.stages > 1:  # the pipeline sends the layer's output: send the value before the add
-        body = tuple(s if s.op != "p2p" else s.__class__(s.out, s.op, (other,), s.attrs)
-                     for s in body)
+        body = tuple(
+            s if s.op != "p2p" else s.__class__(s.out, s.op, (other,), s.attrs) for s in body
+        )
     return p.with_(body=body, outputs=outputs)
 
 
@@ -243,8 +281,9 @@ def test_a_dropped_residual_is_caught(experiment):
     dsl.verify(_without_residual(experiment.program))
     for b in experiment.verify_bindings("default"):
         with pytest.raises(dsl.EquivalenceError, match="output out"):
-            dsl.check_equivalent(p, _without_residual(experiment.program), 2 * p.stages,
-                                 trials=1, bindings=b)
+            dsl.check_equivalent(
+                p, _without_residual(experiment.program), 2 * p.stages, trials=1, bindings=b
+            )
 
 
 @pytest.mark.slow

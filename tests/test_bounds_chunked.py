@@ -1,4 +1,5 @@
 """`dsl.bounds_chunked`: the bounds of `dsl.error_bounds`, chunk by chunk, in bounded memory."""
+
 import tracemalloc
 
 import numpy as np
@@ -43,7 +44,7 @@ def test_float32_errors_are_never_below_the_float64_bound():
     for k, e in low.items():
         assert e.dtype == np.float32
         assert np.all(e.astype(np.float64) >= exact[k].error)
-        assert np.all(e.astype(np.float64) <= exact[k].error * (1 + 2 ** -22))
+        assert np.all(e.astype(np.float64) <= exact[k].error * (1 + 2**-22))
 
 
 def test_lamb_needs_its_norms_before_the_update_and_they_span_every_chunk():
@@ -51,9 +52,12 @@ def test_lamb_needs_its_norms_before_the_update_and_they_span_every_chunk():
     program = lamb_program()
     ins = _inputs(program, 4000)
     whole = dsl.error_bounds(program, ins, 2, {"N": 4000})[0]["w"].value
-    first = chunked_error_bounds(program, [{k: (x[:1000] if np.ndim(x) else x)
-                                            for k, x in r.items()} for r in ins], 2,
-                                 {"N": 1000})[0]["w"].value
+    first = chunked_error_bounds(
+        program,
+        [{k: (x[:1000] if np.ndim(x) else x) for k, x in r.items()} for r in ins],
+        2,
+        {"N": 1000},
+    )[0]["w"].value
     chunked = chunked_error_bounds(program, ins, 2, {"N": 4000}, chunk=1000)[0]["w"].value
     assert not np.allclose(first, whole[:1000], rtol=1e-9)
     np.testing.assert_allclose(chunked, whole, rtol=1e-12)

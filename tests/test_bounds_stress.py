@@ -18,24 +18,24 @@ LONG_TIMEOUT_S instead of the suite's 300 s (dp sizes up to 2^24, the largest
 measured at default scale: the chunked bound of 3 chained steps holds the three states' values
 and bounds, 48 bytes per element, not every intermediate).
 """
+
 import os
 
 import numpy as np
 import pytest
 import torch
+from test_bounds import layer_runs
 
 import dsl
-from dsl.equivalence import distribute, to_global
 import experiments
+from coconet.programs import sliced_schedule
 from codegen.runtime.backend import CpuBackend
+from dsl.bounds_chunked import chunked_error_bounds, chunked_errors
+from dsl.equivalence import distribute, to_global
 from experiments import BaselineContext
 from experiments import optimizers as _optim
-from dsl.bounds_chunked import chunked_error_bounds, chunked_errors
-from coconet.programs import sliced_schedule
 from experiments.api import with_defaults
 from experiments.harness import _close
-
-from test_bounds import layer_runs
 
 LONG = os.environ.get("COCONET_STRESS") == "1"
 SEEDS = {"smoke": 20, "default": 20 if LONG else 1}
@@ -50,8 +50,12 @@ def _layer_cases():
     for scale in ("smoke", "default"):
         for mod in map(experiments.get, ("model_parallel", "pipeline_parallel")):
             for b in mod.points(scale, 1 << 40):
-                yield pytest.param(mod, b, SEEDS[scale], id=f"{mod.name}-{scale}-" +
-                                   ",".join(f"{k}={v}" for k, v in b.items()))
+                yield pytest.param(
+                    mod,
+                    b,
+                    SEEDS[scale],
+                    id=f"{mod.name}-{scale}-" + ",".join(f"{k}={v}" for k, v in b.items()),
+                )
 
 
 @pytest.mark.slow
@@ -73,8 +77,7 @@ def _dp_cases():
             for n in (b["N"] for b in _optim.optimizer_points(scale, DP_MAX)):
                 if scale == "default" and not LONG and n > (1 << 20):
                     continue
-                marks = [pytest.mark.timeout(LONG_TIMEOUT_S)] if scale == "default" and LONG \
-                    else []
+                marks = [pytest.mark.timeout(LONG_TIMEOUT_S)] if scale == "default" and LONG else []
                 yield pytest.param(opt, n, SEEDS[scale], id=f"{opt}-{scale}-N={n}", marks=marks)
 
 
@@ -82,8 +85,15 @@ def _torch_steps(opt, w, grads):
     program = _program(opt)
     z = np.zeros_like(w)
     inputs = with_defaults(program, {"w": w, "m": z, "v": z, "g": z, "step": np.float32(1)})
-    ctx = BaselineContext(rank=0, world_size=len(grads[0]), P=len(grads[0]), backend=CpuBackend(),
-                          groups=None, inputs=inputs, exact=True)
+    ctx = BaselineContext(
+        rank=0,
+        world_size=len(grads[0]),
+        P=len(grads[0]),
+        backend=CpuBackend(),
+        groups=None,
+        inputs=inputs,
+        exact=True,
+    )
     base = {"adam": _optim.AdamBaseline, "lamb": _optim.LambBaseline}[opt](ctx)
     for step_grads in grads:
         base.g.copy_(torch.from_numpy(np.sum(step_grads, axis=0, dtype=np.float32)))

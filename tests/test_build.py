@@ -9,6 +9,7 @@ own SIMD loops: 1 ulp). f16/bf16 one-op results are bit-equal too (numpy compute
 and rounds once, as the kernel does); integers are exact. Sums accumulate in double in another
 order and round once: 1 ulp of the dtype (f64: 1e-12 relative). Chunked runs equal one run.
 """
+
 import os
 import subprocess
 import sys
@@ -26,24 +27,65 @@ from codegen.build import BuildError, build, module_source, write_sources
 from codegen.lower import lower
 from codegen.plan import Collective, Compute, Copy
 from codegen.render_cpp import CppRenderer
-from dsl import P, Builder, Local, Replicated, Sliced, bf16, f16, f32, f64, i32, i64, interpret, sym
+from dsl import Builder, Local, P, Replicated, Sliced, bf16, f16, f32, f64, i32, i64, interpret, sym
 from dsl.interpret import dropout_keep, global_flat_index
 from dsl.ops import BINARY, COMPARE, UNARY
 from dsl.types import DType
 
 N, M, K = sym("N"), sym("M"), sym("K")
-SIZE = 40003  # above the OpenMP threshold (32768) in one run, below it in halves; odd (vector tails)
-TORCH = {f16: torch.float16, bf16: torch.bfloat16, f32: torch.float32, f64: torch.float64,
-         i32: torch.int32, i64: torch.int64, DType.bool: torch.bool}
+SIZE = (
+    40003  # above the OpenMP threshold (32768) in one run, below it in halves; odd (vector tails)
+)
+TORCH = {
+    f16: torch.float16,
+    bf16: torch.bfloat16,
+    f32: torch.float32,
+    f64: torch.float64,
+    i32: torch.int32,
+    i64: torch.int64,
+    DType.bool: torch.bool,
+}
 CAST_TO = {f32: i32, f64: f32, f16: f32, bf16: f32, i32: f64, i64: f32}
-SPOT = ("add", "mul", "div", "sqrt", "exp", "maximum", "lt", "where", "cast", "dropout", "sumsq", "const")
-INT_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "lt", "eq", "neg", "where",
-           "cast", "sum", "sumsq", "const")
+SPOT = (
+    "add",
+    "mul",
+    "div",
+    "sqrt",
+    "exp",
+    "maximum",
+    "lt",
+    "where",
+    "cast",
+    "dropout",
+    "sumsq",
+    "const",
+)
+INT_OPS = (
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "pow",
+    "maximum",
+    "minimum",
+    "lt",
+    "eq",
+    "neg",
+    "where",
+    "cast",
+    "sum",
+    "sumsq",
+    "const",
+)
 R = CppRenderer()
 ALL = BINARY + COMPARE + UNARY + ("where", "cast", "dropout", "sum", "sumsq", "update", "const")
-CASES = ([(op, dt) for op in ALL for dt in (f32, f64)] + [(op, dt) for op in SPOT for dt in (f16, bf16)]
-         + [(op, i32) for op in INT_OPS] + [("div", i64), ("sumsq", i64), ("maximum", i64)]
-         + [("cast_f16", f32), ("cast_bf16", f32), ("cast_bool", f32)])
+CASES = (
+    [(op, dt) for op in ALL for dt in (f32, f64)]
+    + [(op, dt) for op in SPOT for dt in (f16, bf16)]
+    + [(op, i32) for op in INT_OPS]
+    + [("div", i64), ("sumsq", i64), ("maximum", i64)]
+    + [("cast_f16", f32), ("cast_bf16", f32), ("cast_bool", f32)]
+)
 ULPS = {"exp": 3, "pow": 1, "sum": 1, "sumsq": 1}
 ULPS_HALF = {"const": 1}  # two ops: the interpreter rounds f16/bf16 in between, the kernel does not
 
@@ -60,7 +102,9 @@ def one_op(op: str, dt: DType):
     elif op == "where":
         out = b.where(b.input("c", DType.bool, [N], Local()), x, y)
     elif op.startswith("cast"):
-        out = b.cast(x, {"cast_f16": f16, "cast_bf16": bf16, "cast_bool": DType.bool}.get(op, CAST_TO[dt]))
+        out = b.cast(
+            x, {"cast_f16": f16, "cast_bf16": bf16, "cast_bool": DType.bool}.get(op, CAST_TO[dt])
+        )
     elif op == "dropout":
         out = b.dropout(x, p=0.3, seed=7)
     elif op == "update":
@@ -76,11 +120,16 @@ def inputs(op: str, dt: DType, n: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     if dt.is_float:
         x, y = rng.standard_normal(n) * 3, rng.standard_normal(n) * 3
-        if op not in ("sum", "sumsq", "cast") and n >= 6:  # NaN propagation, inf, 0/0, ties of -0 and +0
+        if (
+            op not in ("sum", "sumsq", "cast") and n >= 6
+        ):  # NaN propagation, inf, 0/0, ties of -0 and +0
             x[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0]
             y[:6] = [1.0, np.nan, 2.0, 0.0, 0.0, -0.0]
     else:
-        x, y = rng.integers(-8, 9, n), rng.integers(0 if op == "pow" else -8, 6 if op == "pow" else 9, n)
+        x, y = (
+            rng.integers(-8, 9, n),
+            rng.integers(0 if op == "pow" else -8, 6 if op == "pow" else 9, n),
+        )
     return {"x": x.astype(dt.numpy), "y": y.astype(dt.numpy), "c": rng.random(n) < 0.5}
 
 
@@ -88,7 +137,9 @@ def inputs(op: str, dt: DType, n: int, seed: int = 0) -> dict:
 def run_plan(plan, program, fns, given: dict, rank: int = 0, chunks: int = 1) -> dict:
     bufs = {}
     for b in sorted(plan.buffers, key=lambda b: b.alias is not None):
-        bufs[b.id] = bufs[b.alias] if b.alias is not None else torch.zeros(b.shape, dtype=TORCH[b.dtype])
+        bufs[b.id] = (
+            bufs[b.alias] if b.alias is not None else torch.zeros(b.shape, dtype=TORCH[b.dtype])
+        )
     for name, bid in plan.inputs:
         x = given.get(name, program.input(name).default)
         if x is not None:
@@ -105,8 +156,12 @@ def run_plan(plan, program, fns, given: dict, rank: int = 0, chunks: int = 1) ->
         cuts = [k.numel * i // chunks for i in range(chunks + 1)]
         for lo, hi in zip(cuts, cuts[1:]):
             fns[k.name](lo, hi, rank, [bufs[i] for i in k.args()])
-    return {name: bufs[bid].to(torch.float32 if plan.buffer(bid).dtype is bf16 else bufs[bid].dtype)
-            .numpy() for name, bid in plan.outputs}
+    return {
+        name: bufs[bid]
+        .to(torch.float32 if plan.buffer(bid).dtype is bf16 else bufs[bid].dtype)
+        .numpy()
+        for name, bid in plan.outputs
+    }
 
 
 def assert_close(got: np.ndarray, want: np.ndarray, dt: DType, ulps: int = 0, what: str = ""):
@@ -126,8 +181,10 @@ def _assert_ulps(got, want, dt, ulps, what):
     if dt is bf16:
         ulp = ulp * 2.0**16  # bf16 is stored as f32: its ulp is 2^16 f32 ulps
     bad = (g != w) & ~(np.abs(g.astype(np.float64) - w) <= ulps * ulp)
-    assert not bad.any(), f"{what}: {bad.sum()} elements off by more than {ulps} ulp, e.g. " \
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} elements off by more than {ulps} ulp, e.g. "
         f"got {g[bad][:3]} want {w[bad][:3]}"
+    )
 
 
 # -- the one module ---------------------------------------------------------------------------------
@@ -148,9 +205,14 @@ def extra_programs():
     b.output("y", (xs + r) + bias)
     rows = b.build()
     from experiments.optimizers import adam_program, lamb_program
-    return {"drop_sliced": (drop1, {"N": 64}, 2), "drop_sliced2": (drop2, {"M": 6, "K": 20}, 2),
-            "bias_rows": (rows, {"M": 8, "K": 12}, 2), "adam": (adam_program(), {"N": 1003}, 1),
-            "lamb": (lamb_program(), {"N": 1003}, 1)}
+
+    return {
+        "drop_sliced": (drop1, {"N": 64}, 2),
+        "drop_sliced2": (drop2, {"M": 6, "K": 20}, 2),
+        "bias_rows": (rows, {"M": 8, "K": 12}, 2),
+        "adam": (adam_program(), {"N": 1003}, 1),
+        "lamb": (lamb_program(), {"N": 1003}, 1),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -160,14 +222,17 @@ def compiled():
     extras = {k: (p, lower(p, bnd, w), bnd) for k, (p, bnd, w) in extra_programs().items()}
     kernels = [k for _, pl in plans.values() for k in pl.kernels()]
     kernels += [k for _, pl, _ in extras.values() for k in pl.kernels()]
-    return SimpleNamespace(plans=plans, extras=extras, kernels=kernels,
-                           fns=build(kernels, name="test_build"))
+    return SimpleNamespace(
+        plans=plans, extras=extras, kernels=kernels, fns=build(kernels, name="test_build")
+    )
 
 
 @pytest.mark.parametrize("op, dt", CASES, ids=[f"{op}-{dt}" for op, dt in CASES])
 def test_op_matches_interpret(compiled, op, dt):
     program, plan = compiled.plans[(op, dt)]
-    given = {k: v for k, v in inputs(op, dt, SIZE).items() if k in {i.value.name for i in program.inputs}}
+    given = {
+        k: v for k, v in inputs(op, dt, SIZE).items() if k in {i.value.name for i in program.inputs}
+    }
     want = interpret(program, [given], 1, {"N": SIZE})[0]
     for chunks in (1, 2):
         got = run_plan(plan, program, compiled.fns, given, chunks=chunks)
@@ -181,7 +246,7 @@ def test_op_matches_interpret(compiled, op, dt):
                 assert_close(got[name], want[name], out_dt, ulps, what)
 
 
-@pytest.mark.parametrize("op, dt", [c for c in CASES if not c[0].startswith("sum")][:: 7])
+@pytest.mark.parametrize("op, dt", [c for c in CASES if not c[0].startswith("sum")][::7])
 def test_chunks_equal_one_run_exactly(compiled, op, dt):
     program, plan = compiled.plans[(op, dt)]
     given = inputs(op, dt, SIZE, seed=5)
@@ -196,7 +261,9 @@ def test_dropout_of_a_slice_on_rank_1_of_2_keeps_the_interpreters_elements(compi
     program, plan, bnd = compiled.extras[key]
     full = program.inputs[0].value
     shape = tuple(d.evaluate({**bnd, "P": 2}) for d in full.type.shape)
-    x = (np.random.default_rng(1).standard_normal(shape) + 5).astype(full.type.dtype.numpy)  # no zeros
+    x = (np.random.default_rng(1).standard_normal(shape) + 5).astype(
+        full.type.dtype.numpy
+    )  # no zeros
     want = interpret(program, [{"x": x}, {"x": x}], 2, bnd)
     for rank in (0, 1):
         got = run_plan(plan, program, compiled.fns, {"x": x}, rank=rank, chunks=2)["y"]
@@ -210,11 +277,16 @@ def test_dropout_of_a_slice_on_rank_1_of_2_keeps_the_interpreters_elements(compi
 def test_broadcast_and_rank_offset_reads(compiled):
     program, plan, bnd = compiled.extras["bias_rows"]
     rng = np.random.default_rng(2)
-    r, bias = rng.standard_normal((8, 12)).astype(np.float32), rng.standard_normal(12).astype(np.float32)
+    r, bias = (
+        rng.standard_normal((8, 12)).astype(np.float32),
+        rng.standard_normal(12).astype(np.float32),
+    )
     xs = [rng.standard_normal((4, 12)).astype(np.float32) for _ in range(2)]
     want = interpret(program, [{"x": xs[i], "r": r, "bias": bias} for i in range(2)], 2, bnd)
     for rank in (0, 1):
-        got = run_plan(plan, program, compiled.fns, {"x": xs[rank], "r": r, "bias": bias}, rank=rank)
+        got = run_plan(
+            plan, program, compiled.fns, {"x": xs[rank], "r": r, "bias": bias}, rank=rank
+        )
         np.testing.assert_array_equal(got["y"], want[rank]["y"])
 
 
@@ -254,7 +326,10 @@ def test_a_compile_error_is_one_line_with_the_log_kept(tmp_path, monkeypatch):
     with pytest.raises(BuildError) as err:
         build([], name="broken")
     assert "\n" not in str(err.value) and "error" in str(err.value)
-    assert err.value.log_path.exists() and "this is not C++" in err.value.log + err.value.log_path.read_text()
+    assert (
+        err.value.log_path.exists()
+        and "this is not C++" in err.value.log + err.value.log_path.read_text()
+    )
 
 
 CHILD = textwrap.dedent("""
@@ -278,8 +353,16 @@ CHILD = textwrap.dedent("""
 def test_ranks_building_one_module_at_once(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     code = CHILD.format(repo=str(Path(__file__).resolve().parent.parent))
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]

@@ -12,6 +12,7 @@
 - On a GPU (skipped without one): `python -m suite experiment=adam_fusion backend=cuda` measures
   every schedule through the one PlanRunner on the CUDA backend, each point verified.
 """
+
 import shutil
 import subprocess
 import sys
@@ -32,8 +33,7 @@ from dsl.interpret import dropout_keep, global_flat_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_emulation import EmulatedModule  # noqa: E402
-from test_build import (CASES, TORCH, ULPS, ULPS_HALF, assert_close, extra_programs,  # noqa: E402
-                        inputs, one_op)
+from test_build import CASES, TORCH, ULPS, ULPS_HALF, assert_close, extra_programs, inputs, one_op  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SIZE = 4099  # odd: vector loops end in a tail; a second chunk starts unaligned
@@ -48,10 +48,15 @@ def _nvrtc_found() -> bool:
     return True
 
 
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_found(), reason="NVRTC not found: install the gpu "
-                                 "extra (pip install -e '.[gpu]', nvidia-cuda-nvrtc-cu12)")
+needs_nvrtc = pytest.mark.skipif(
+    not _nvrtc_found(),
+    reason="NVRTC not found: install the gpu "
+    "extra (pip install -e '.[gpu]', nvidia-cuda-nvrtc-cu12)",
+)
 needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to emulate kernels with")
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU (CUDA) on this machine")
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU (CUDA) on this machine"
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +127,11 @@ def test_a_damaged_cached_module_is_reported_and_compiled_again(plans, capfd):
 def test_write_sources_writes_the_cu_and_ptx_per_arch(plans, tmp_path):
     kernels = plans.extras["adam"][1].kernels()
     paths = build_cuda.write_sources(kernels, tmp_path / "kernels", "adam_fusion_AR-C")
-    assert [p.name for p in paths] == ["adam_fusion_AR-C.cu", "adam_fusion_AR-C.sm_80.ptx",
-                                       "adam_fusion_AR-C.sm_90.ptx"]
+    assert [p.name for p in paths] == [
+        "adam_fusion_AR-C.cu",
+        "adam_fusion_AR-C.sm_80.ptx",
+        "adam_fusion_AR-C.sm_90.ptx",
+    ]
     assert paths[0].read_text() == build_cuda.module_source(kernels)
     for p, arch in zip(paths[1:], ("sm_80", "sm_90")):
         assert f"\n.target {arch}\n" in p.read_text()
@@ -139,7 +147,9 @@ def test_a_compile_error_is_one_line_with_the_log_kept(monkeypatch):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("archs, match", [(["sm80"], "not of the form"), (["sm_999"], "cannot build")])
+@pytest.mark.parametrize(
+    "archs, match", [(["sm80"], "not of the form"), (["sm_999"], "cannot build")]
+)
 def test_bad_archs_are_named(archs, match):
     with pytest.raises(BuildError, match=match):
         build_cuda.check_archs(archs)
@@ -161,12 +171,14 @@ def test_missing_nvrtc_says_how_to_install_it(monkeypatch):
 # -- every experiment, as `python -m suite experiment=NAME backend=cuda` does ------------------------
 def _cfg(experiment: str):
     from suite.cli import prevalidate
+
     return prevalidate([f"experiment={experiment}", "backend=cuda", "scale=smoke"])
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("experiment", ["adam_fusion", "lamb_fusion", "model_parallel",
-                                        "pipeline_parallel"])
+@pytest.mark.parametrize(
+    "experiment", ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"]
+)
 def test_generate_writes_every_schedules_source_and_ptx(experiment, tmp_path, capsys):
     import experiments
     from codegen.runtime.cuda_backend import CudaBackend
@@ -185,9 +197,22 @@ def test_generate_writes_every_schedules_source_and_ptx(experiment, tmp_path, ca
 
 
 def _suite(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "suite", "experiment=adam_fusion", "scale=smoke",
-                           "backend=cuda", f"hydra.run.dir={tmp_path}", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "suite",
+            "experiment=adam_fusion",
+            "scale=smoke",
+            "backend=cuda",
+            f"hydra.run.dir={tmp_path}",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -233,8 +258,12 @@ def run_emulated(mod, plan, program, given: dict, rank: int = 0, chunks: int = 1
         cuts = [k.numel * i // chunks for i in range(chunks + 1)]
         for lo, hi in zip(cuts, cuts[1:]):
             mod.run(k, lo, hi, rank, [bufs[i] for i in k.args()], ws)
-    return {name: bufs[bid].to(torch.float32 if plan.buffer(bid).dtype is bf16 else bufs[bid].dtype)
-            .numpy() for name, bid in plan.outputs}
+    return {
+        name: bufs[bid]
+        .to(torch.float32 if plan.buffer(bid).dtype is bf16 else bufs[bid].dtype)
+        .numpy()
+        for name, bid in plan.outputs
+    }
 
 
 @pytest.mark.slow
@@ -242,7 +271,9 @@ def run_emulated(mod, plan, program, given: dict, rank: int = 0, chunks: int = 1
 @pytest.mark.parametrize("op, dt", CASES, ids=IDS)
 def test_emulated_op_matches_interpret(plans, emulated, op, dt):
     program, plan = plans.cases[(op, dt)]
-    given = {k: v for k, v in inputs(op, dt, SIZE).items() if k in {i.value.name for i in program.inputs}}
+    given = {
+        k: v for k, v in inputs(op, dt, SIZE).items() if k in {i.value.name for i in program.inputs}
+    }
     want = interpret(program, [given], 1, {"N": SIZE})[0]
     for chunks in (1, 2):
         got = run_emulated(emulated, plan, program, given, chunks=chunks)
@@ -276,11 +307,16 @@ def test_emulated_dropout_of_a_slice_on_rank_1_of_2(plans, emulated, key):
 def test_emulated_broadcast_and_rank_offset_reads(plans, emulated):
     program, plan, bnd = plans.extras["bias_rows"]
     rng = np.random.default_rng(2)
-    r, bias = rng.standard_normal((8, 12)).astype(np.float32), rng.standard_normal(12).astype(np.float32)
+    r, bias = (
+        rng.standard_normal((8, 12)).astype(np.float32),
+        rng.standard_normal(12).astype(np.float32),
+    )
     xs = [rng.standard_normal((4, 12)).astype(np.float32) for _ in range(2)]
     want = interpret(program, [{"x": xs[i], "r": r, "bias": bias} for i in range(2)], 2, bnd)
     for rank in (0, 1):
-        got = run_emulated(emulated, plan, program, {"x": xs[rank], "r": r, "bias": bias}, rank=rank)
+        got = run_emulated(
+            emulated, plan, program, {"x": xs[rank], "r": r, "bias": bias}, rank=rank
+        )
         np.testing.assert_array_equal(got["y"], want[rank]["y"])
 
 
@@ -293,8 +329,9 @@ def test_emulated_optimizers_at_world_size_1(plans, emulated, key, rtol):
     given["v"] = rng.random(bnd["N"]).astype(np.float32)
     want = interpret(program, [given], 1, bnd)[0]
     for chunks in (1, 3):
-        got = run_emulated(emulated, plan, program, {k: v.copy() for k, v in given.items()},
-                           chunks=chunks)
+        got = run_emulated(
+            emulated, plan, program, {k: v.copy() for k, v in given.items()}, chunks=chunks
+        )
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=0)
 

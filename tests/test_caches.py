@@ -1,5 +1,6 @@
 """Caches are checked, not trusted (issue 54): a damaged cached build is built again; a damaged
 cached calibration is refused in one line before any work, naming the fix."""
+
 from __future__ import annotations
 
 import os
@@ -7,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from test_suite_cli import PROJECT_ROOT
 
 BUILD = """
@@ -25,8 +25,14 @@ print("built", len(fns))
 
 def _build(cache) -> subprocess.CompletedProcess:
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "PYTHONPATH": str(PROJECT_ROOT)}
-    return subprocess.run([sys.executable, "-c", BUILD], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", BUILD],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -45,9 +51,15 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-
-from suite.calibration import (FINGERPRINT, SCHEMA, TOPOLOGY, cached, fingerprint, key_of,  # noqa: E402
-                               local_calibration)
+from suite.calibration import (  # noqa: E402
+    FINGERPRINT,
+    SCHEMA,
+    TOPOLOGY,
+    cached,
+    fingerprint,
+    key_of,
+    local_calibration,
+)
 from suite.errors import SuiteError  # noqa: E402
 
 LOCAL = (PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_text()
@@ -57,8 +69,9 @@ def _cache(where, topology: str = LOCAL, schema: int = SCHEMA, fp: str = ""):
     where.mkdir(parents=True, exist_ok=True)
     (where / TOPOLOGY).write_text(topology)
     sums = {TOPOLOGY: hashlib.sha256(LOCAL.encode()).hexdigest()}
-    (where / FINGERPRINT).write_text(fp or json.dumps({"created": "then", "schema": schema,
-                                                       "checksums": sums}))
+    (where / FINGERPRINT).write_text(
+        fp or json.dumps({"created": "then", "schema": schema, "checksums": sums})
+    )
     return where
 
 
@@ -72,9 +85,11 @@ def test_an_older_cache_is_calibrated_again_not_used(tmp_path):
 
 @pytest.mark.parametrize("damage", ["cut", "garbage fingerprint", "fingerprint a list"])
 def test_a_damaged_cache_is_one_line_naming_the_fix(tmp_path, damage):
-    where = {"cut": lambda: _cache(tmp_path / "c", topology=LOCAL[:len(LOCAL) // 2]),
-             "garbage fingerprint": lambda: _cache(tmp_path / "c", fp="{not json"),
-             "fingerprint a list": lambda: _cache(tmp_path / "c", fp="[1, 2]")}[damage]()
+    where = {
+        "cut": lambda: _cache(tmp_path / "c", topology=LOCAL[: len(LOCAL) // 2]),
+        "garbage fingerprint": lambda: _cache(tmp_path / "c", fp="{not json"),
+        "fingerprint a list": lambda: _cache(tmp_path / "c", fp="[1, 2]"),
+    }[damage]()
     with pytest.raises(SuiteError) as got:
         cached(where, TOPOLOGY)
     assert "is damaged" in str(got.value) and "calibration=refresh" in str(got.value)
@@ -82,9 +97,13 @@ def test_a_damaged_cache_is_one_line_naming_the_fix(tmp_path, damage):
 
 
 def test_a_run_refuses_a_damaged_cache_before_it_calibrates_or_measures(tmp_path):
-    cfg = SimpleNamespace(calibration="auto", keep_awake=True, calibration_pool=1,
-                          topology=SimpleNamespace(path=None, name="local"),
-                          backend=SimpleNamespace(name="cpu", comm="ring"))
+    cfg = SimpleNamespace(
+        calibration="auto",
+        keep_awake=True,
+        calibration_pool=1,
+        topology=SimpleNamespace(path=None, name="local"),
+        backend=SimpleNamespace(name="cpu", comm="ring"),
+    )
     where = tmp_path / key_of(fingerprint(True))
     _cache(where, topology=LOCAL[:100])
     with pytest.raises(SuiteError, match="is damaged"):

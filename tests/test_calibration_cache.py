@@ -1,9 +1,9 @@
 """Calibrated by default (suite.calibration): the fingerprint keys the cache, auto reuses a cached
 calibration without measuring, off and a given topology.path use none, refresh calibrates again
 (a real quick calibration on 2 ranks, once), and the report names the calibration used."""
+
 import hashlib
 import json
-from pathlib import Path
 from types import SimpleNamespace as N
 
 import pytest
@@ -16,9 +16,13 @@ ADAM = experiments.get("adam_fusion")
 
 
 def _cfg(mode="auto", path=None, topology="local", backend="cpu", keep_awake=True):
-    return N(calibration=mode, topology=N(path=path, name=topology), backend=N(name=backend,
-                                                                             comm="ring"),
-             keep_awake=keep_awake, calibration_pool=8)
+    return N(
+        calibration=mode,
+        topology=N(path=path, name=topology),
+        backend=N(name=backend, comm="ring"),
+        keep_awake=keep_awake,
+        calibration_pool=8,
+    )
 
 
 def test_fingerprint_names_the_machine_and_the_code():
@@ -34,18 +38,31 @@ def test_auto_reuses_a_cached_calibration(tmp_path, monkeypatch):
     where.mkdir()
     text = (calibration.PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
     (where / "topology.yaml").write_bytes(text)
-    (where / "fingerprint.json").write_text(json.dumps({
-        "created": "then", "schema": calibration.SCHEMA,
-        "checksums": {"topology.yaml": hashlib.sha256(text).hexdigest()}}))
+    (where / "fingerprint.json").write_text(
+        json.dumps(
+            {
+                "created": "then",
+                "schema": calibration.SCHEMA,
+                "checksums": {"topology.yaml": hashlib.sha256(text).hexdigest()},
+            }
+        )
+    )
     monkeypatch.setattr(calibration, "_calibrate", lambda *a: pytest.fail("recalibrated"))
     found = local_calibration(_cfg(), ADAM, 2, cache=tmp_path)
     assert found.path == where / "topology.yaml" and not found.fresh
     assert found.key in describe(found, _cfg()) and "cached" in describe(found, _cfg())
 
 
-@pytest.mark.parametrize("cfg,exp", [
-    (_cfg("off"), ADAM), (_cfg(path="/x/topology.yaml"), ADAM), (_cfg(topology="dgx2"), ADAM),
-    (_cfg(backend="sim"), ADAM), (_cfg(), experiments.get("calibrate"))])
+@pytest.mark.parametrize(
+    "cfg,exp",
+    [
+        (_cfg("off"), ADAM),
+        (_cfg(path="/x/topology.yaml"), ADAM),
+        (_cfg(topology="dgx2"), ADAM),
+        (_cfg(backend="sim"), ADAM),
+        (_cfg(), experiments.get("calibrate")),
+    ],
+)
 def test_no_calibration_where_none_applies(tmp_path, cfg, exp):
     assert local_calibration(cfg, exp, 2, cache=tmp_path) is None
     assert not list(tmp_path.iterdir())
@@ -81,6 +98,7 @@ def test_a_run_without_the_spinners_does_not_use_their_calibration(tmp_path, mon
         where.mkdir(parents=True)
         (where / "topology.yaml").write_text("name: local\n")
         (where / "fingerprint.json").write_text(json.dumps({**fp, "created": "now"}))
+
     monkeypatch.setattr(calibration, "_calibrate", fake)
     a = local_calibration(_cfg(keep_awake=True), ADAM, 2, cache=tmp_path)
     b = local_calibration(_cfg(keep_awake=False), ADAM, 2, cache=tmp_path)

@@ -2,6 +2,7 @@
 pooling takes each benchmark's median over calibrations, identical calibrations pool to the
 same fit, the history keeps every calibration and hands back the latest of the same scale and
 ranks, and calibrate's fit reads them pooled and names how many (no ranks here)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,7 @@ import json
 from types import SimpleNamespace as N
 
 import pytest
+from test_calibrate import synthetic, truth
 
 from cost_model.calibration import fit, pool
 from cost_model.topology import load_topology
@@ -16,18 +18,27 @@ from experiments.calibrate import POOLED, with_history
 from experiments.calibration_history import keep, kept, pooled
 from suite.calibration import CODE, MEASURING, fingerprint, history_dir, key_of
 
-from test_calibrate import synthetic, truth
-
 
 def _m(kind, nbytes, t, **kw):
-    return {"kind": kind, "nbytes": nbytes, "time_ms": t, "time_ms_min": t / 2,
-            "time_ms_max": t * 2, "time_ms_mean": t * 1.1, "world_size": 2, "rounds": 20, **kw}
+    return {
+        "kind": kind,
+        "nbytes": nbytes,
+        "time_ms": t,
+        "time_ms_min": t / 2,
+        "time_ms_max": t * 2,
+        "time_ms_mean": t * 1.1,
+        "world_size": 2,
+        "rounds": 20,
+        **kw,
+    }
 
 
 def test_pool_takes_each_benchmarks_median_over_the_calibrations_that_measured_it():
-    cals = [[_m("exchange", 1024, 1.0), _m("matmul", 64, 5.0, flops=10)],
-            [_m("exchange", 1024, 2.0), _m("matmul", 64, 7.0, flops=20)],
-            [_m("exchange", 1024, 10.0), _m("kernel", 64, 3.0)]]
+    cals = [
+        [_m("exchange", 1024, 1.0), _m("matmul", 64, 5.0, flops=10)],
+        [_m("exchange", 1024, 2.0), _m("matmul", 64, 7.0, flops=20)],
+        [_m("exchange", 1024, 10.0), _m("kernel", 64, 3.0)],
+    ]
     got = {(m["kind"], m.get("flops")): m for m in pool(cals)}
     ex = got[("exchange", None)]
     assert ex["time_ms"] == 2.0 and ex["time_ms_mean"] == pytest.approx(2.2)  # medians
@@ -52,10 +63,12 @@ def test_identical_calibrations_pool_to_the_same_fit_and_an_outlier_moves_it_les
 
 
 def test_the_history_keeps_every_calibration_and_pools_the_latest_of_its_scale_and_ranks(
-        tmp_path, capsys):
+    tmp_path, capsys
+):
     h = tmp_path / "history"
-    assert kept(h, "default", 2) == [] and pooled(h, [_m("kernel", 1, 1.0)], "default", 2, 8) \
-        == [("this run", [_m("kernel", 1, 1.0)])]
+    assert kept(h, "default", 2) == [] and pooled(h, [_m("kernel", 1, 1.0)], "default", 2, 8) == [
+        ("this run", [_m("kernel", 1, 1.0)])
+    ]
     names = [keep(h, [_m("kernel", 1, float(i))], "default", 2).name for i in range(4)]
     keep(h, [_m("kernel", 1, 99.0)], "smoke", 2)
     keep(h, [_m("kernel", 1, 98.0, world_size=4)], "default", 4)
@@ -101,7 +114,8 @@ def test_a_history_that_cannot_be_written_does_not_stop_the_calibration(tmp_path
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     ms = [dataclasses.asdict(m) for m in synthetic(truth())]
-    settings = N(calibration_history=blocked / "history", calibration_pool=8, scale="default",
-                 world_size=2)
+    settings = N(
+        calibration_history=blocked / "history", calibration_pool=8, scale="default", world_size=2
+    )
     got, source = with_history(ms, settings, tmp_path)
     assert got == ms and source == "" and "not kept" in capsys.readouterr().out

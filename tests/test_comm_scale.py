@@ -3,6 +3,7 @@ communication rate at that moment from an all-reduce timed in the point's own ro
 (`comm_probe_ms`) against calibration's measured time for it (`Topology.all_reduce_us`), so a
 fast or slow spell of a shared machine moves the predicted collectives as it moved the measured
 ones (`experiments.predict.comm_scale`, `Topology.with_comm_scale`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,8 @@ import pandas as pd
 import pytest
 
 import experiments
-from cost_model.microbench import Measurement, predict_ms
 from cost_model.calibration import all_reduce_us
+from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import load_topology
 from experiments.api import COMM_PROBE_BYTES, PredictSettings
 from experiments.predict import COMM_SCALE, comm_scale, measured_comm_reference, predictions
@@ -25,8 +26,10 @@ def calibrated(ms_at_probe=6.0):
     """The shipped local topology with calibration's all-reduce measured on 2 ranks: 4 and
     16 MiB (the probe's 8 MiB between them, log-log)."""
     a, b = 4 << 20, 16 << 20
-    return dataclasses.replace(load_topology("local"), all_reduce_us={2: {
-        a: ms_at_probe * 1e3 / 2 ** 0.5, b: ms_at_probe * 1e3 * 2 ** 0.5}})
+    return dataclasses.replace(
+        load_topology("local"),
+        all_reduce_us={2: {a: ms_at_probe * 1e3 / 2**0.5, b: ms_at_probe * 1e3 * 2**0.5}},
+    )
 
 
 def _moved(topo, measured_ms, reference_ms=6.0):
@@ -54,9 +57,11 @@ def test_the_scale_moves_the_models_probe_time_as_the_run_moved_from_calibration
 
 
 def test_calibration_keeps_its_all_reduce_means_by_ranks_and_size():
-    ms = [Measurement("all_reduce", 1 << 20, 1.0, 2, time_ms_mean=1.5),
-          Measurement("all_reduce", 4 << 20, 3.0, 2, time_ms_mean=4.0),
-          Measurement("exchange", 1 << 20, 9.0, 2, time_ms_mean=9.0)]
+    ms = [
+        Measurement("all_reduce", 1 << 20, 1.0, 2, time_ms_mean=1.5),
+        Measurement("all_reduce", 4 << 20, 3.0, 2, time_ms_mean=4.0),
+        Measurement("exchange", 1 << 20, 9.0, 2, time_ms_mean=9.0),
+    ]
     assert all_reduce_us(ms, 2) == {2: {1 << 20: 1500.0, 4 << 20: 4000.0}}
     assert all_reduce_us(ms[2:], 2) == {}
 
@@ -67,8 +72,11 @@ def test_the_scaled_topology_has_its_links_bandwidth_moved_and_nothing_else(scal
     scaled = topo.with_comm_scale(scale)
     for a, b in ((topo.intra.link, scaled.intra.link), (topo.library, scaled.library)):
         assert b.bandwidth_gbps == pytest.approx(a.bandwidth_gbps * scale)
-        assert (b.latency_us, b.overhead_us, b.efficiency) == (a.latency_us, a.overhead_us,
-                                                               a.efficiency)
+        assert (b.latency_us, b.overhead_us, b.efficiency) == (
+            a.latency_us,
+            a.overhead_us,
+            a.efficiency,
+        )
     assert scaled.device == topo.device and scaled.all_reduce_us == topo.all_reduce_us
     # a large all-reduce moves by nearly the factor, a tiny one hardly at all
     big, tiny = (Measurement("all_reduce", n, 0.0, 2) for n in (1 << 28, 4096))
@@ -82,19 +90,41 @@ def _measured_adam(probe_ms):
     """adam_fusion's measured rows at one small point, as the harness writes them."""
     adam = experiments.get("adam_fusion")
     n = 1 << 12
-    rows = [{"experiment": "adam_fusion", "source": "measured", "backend": "cpu",
-             "world_size": 2, "size": n, "shape": f"[{n}]", "schedule": s, "time_ms": 5.0,
-             "compute_ms": 1.0, "verified": True} for s in dict(adam.schedules())]
+    rows = [
+        {
+            "experiment": "adam_fusion",
+            "source": "measured",
+            "backend": "cpu",
+            "world_size": 2,
+            "size": n,
+            "shape": f"[{n}]",
+            "schedule": s,
+            "time_ms": 5.0,
+            "compute_ms": 1.0,
+            "verified": True,
+        }
+        for s in dict(adam.schedules())
+    ]
     rows.insert(0, {**rows[0], "schedule": "baseline", "comm_probe_ms": probe_ms})
     return adam, rows
 
 
 def _local_rows(probe_ms, out_dir):
     adam, rows = _measured_adam(probe_ms)
-    settings = PredictSettings(scale="smoke", backend="cpu", topology=calibrated(6.0),
-                               world_size=2, max_elements=1 << 12, measured=rows, out_dir=out_dir)
-    return {r["schedule"]: r for r in predictions(adam, settings)
-            if r["source"] == "predicted" and r["topology"] == "local"}
+    settings = PredictSettings(
+        scale="smoke",
+        backend="cpu",
+        topology=calibrated(6.0),
+        world_size=2,
+        max_elements=1 << 12,
+        measured=rows,
+        out_dir=out_dir,
+    )
+    return {
+        r["schedule"]: r
+        for r in predictions(adam, settings)
+        if r["source"] == "predicted" and r["topology"] == "local"
+    }
 
 
 def test_a_slower_probe_makes_every_predicted_step_slower_and_the_row_says_so(tmp_path):
@@ -110,10 +140,18 @@ def test_the_reference_is_the_baseline_rows_and_the_report_names_the_scales():
     _, rows = _measured_adam(3.0)
     rows.append({**rows[0], "shape": "[8]", "comm_probe_ms": ""})  # an older row: none
     assert measured_comm_reference(rows) == {(2, "[4096]"): 3.0}
-    notes = pd.DataFrame([
-        {"topology": "local", "world_size": 2, "shape": "[8]", "note": "memory x1.500 comm x0.800"},
-        {"topology": "local", "world_size": 2, "shape": "[16]", "note": "comm x1.200"},
-        {"topology": "local", "world_size": 2, "shape": "[32]", "note": None}])
+    notes = pd.DataFrame(
+        [
+            {
+                "topology": "local",
+                "world_size": 2,
+                "shape": "[8]",
+                "note": "memory x1.500 comm x0.800",
+            },
+            {"topology": "local", "world_size": 2, "shape": "[16]", "note": "comm x1.200"},
+            {"topology": "local", "world_size": 2, "shape": "[32]", "note": None},
+        ]
+    )
     text = scales_note(notes)
     assert "Memory rate: at 1 point(s)" in text and "x1.50 .. x1.50" in text
     assert "Communication rate: at 2 point(s)" in text and "x0.80 .. x1.20" in text

@@ -3,6 +3,7 @@
 Every option of every config group composes to a typed Config; typos, wrong types, unknown
 options and impossible settings are SuiteErrors with one line naming the problem.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,20 @@ def test_every_group_has_options():
     assert {o for g, o in OPTIONS if g == "scale"} == {"smoke", "default", "paper"}
     assert {o for g, o in OPTIONS if g == "backend"} == {"cpu", "sim", "cuda"}
     assert {o for g, o in OPTIONS if g == "topology"} == {
-        "local", "dgx2", "dgx_a100", "dgx_h100", "dgx_b200", "dgx1_v100", "dgx_h100_fattree",
-        "aws_p4de", "aws_p5", "abci_v100", "abci_a100", "oci_h100_roce", "dgx_b200_roce"}
+        "local",
+        "dgx2",
+        "dgx_a100",
+        "dgx_h100",
+        "dgx_b200",
+        "dgx1_v100",
+        "dgx_h100_fattree",
+        "aws_p4de",
+        "aws_p5",
+        "abci_v100",
+        "abci_a100",
+        "oci_h100_roce",
+        "dgx_b200_roce",
+    }
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)
@@ -35,7 +48,11 @@ def test_every_option_composes(group, option):
 def test_defaults():
     cfg = prevalidate([])
     assert (cfg.experiment.name, cfg.scale.name, cfg.backend.name, cfg.topology.name) == (
-        "adam_fusion", "default", "cpu", "local")
+        "adam_fusion",
+        "default",
+        "cpu",
+        "local",
+    )
     assert cfg.verify.world_sizes == [2, 4] and cfg.world_size == 2 and cfg.seed == 0
     assert cfg.experiment.schedules is None and cfg.experiment.sizes is None
 
@@ -47,9 +64,14 @@ def test_trials_follow_scale_unless_overridden():
 
 
 def test_typed_overrides():
-    cfg = prevalidate(["experiment=model_parallel",
-                       "experiment.sizes=[{B: 8, S: 1024, H: 3072, K: 3072}]",
-                       "experiment.schedules=[MM-AR-C]", "verify.world_sizes=[2,4,8]"])
+    cfg = prevalidate(
+        [
+            "experiment=model_parallel",
+            "experiment.sizes=[{B: 8, S: 1024, H: 3072, K: 3072}]",
+            "experiment.schedules=[MM-AR-C]",
+            "verify.world_sizes=[2,4,8]",
+        ]
+    )
     assert cfg.experiment.sizes == [{"B": 8, "S": 1024, "H": 3072, "K": 3072}]
     assert cfg.experiment.schedules == ["MM-AR-C"] and cfg.verify.world_sizes == [2, 4, 8]
 
@@ -58,16 +80,20 @@ def test_experiment_files_match_the_shipped_experiments():
     from experiments import names, registry
 
     # plus `paper`, which runs all of them (suite/paper.py), in the order its file lists
-    assert sorted(o for g, o in OPTIONS if g == "experiment") == sorted(registry.SHIPPED +
-                                                                        ("paper",))
+    assert sorted(o for g, o in OPTIONS if g == "experiment") == sorted(
+        registry.SHIPPED + ("paper",)
+    )
     assert set(registry.SHIPPED) <= set(names())
     runs = [r.name for r in prevalidate(["experiment=paper"]).experiment.runs]
     assert set(runs) <= set(registry.SHIPPED) and runs[0] == "calibrate" and len(runs) >= 6
 
 
 BAD = [
-    (["experiment=nope"], "unknown experiment 'nope'; known: adam_fusion, autotune, calibrate, collectives, "
-                          "lamb_fusion, model_parallel, paper, pipeline_parallel"),
+    (
+        ["experiment=nope"],
+        "unknown experiment 'nope'; known: adam_fusion, autotune, calibrate, collectives, "
+        "lamb_fusion, model_parallel, paper, pipeline_parallel",
+    ),
     (["experiment=paper", "predict_also=[{name: dgx9}]"], "bad predict_also entry 'dgx9'"),
     (["predict_also=[{name: dgx2, nodes: 0}]"], "bad predict_also entry 'dgx2'"),
     (["scale=huge"], "unknown scale 'huge'; known: default, paper, smoke"),

@@ -1,5 +1,6 @@
 """The discrete-event model: exact timelines of tiny scenarios, its rules, folding, and the
 closed form as its oracle (pure: no ranks, no compiler)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,7 @@ import typing
 
 import pytest
 
+import experiments
 from codegen import plan as plan_types
 from codegen.lower import lower
 from cost_model import closed_collectives, collectives, workload
@@ -17,21 +19,35 @@ from cost_model.network import Sim, mesh_ring_links
 from cost_model.topology import LinkClass, Topology, load_topology
 from cost_model.workload import cost_rules, simulate, simulate_collective
 from dsl import f16
-import experiments
 
 adam_fusion, lamb_fusion, model_parallel, pipeline_parallel = (
-    experiments.get(n) for n in ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"))
+    experiments.get(n)
+    for n in ("adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel")
+)
 
 
-def tiny(kind="switch", u=0.0, v=0.0, overhead=0.0, latency=1.0, nodes=1, per_node=2,
-         **kw) -> Topology:
+def tiny(
+    kind="switch", u=0.0, v=0.0, overhead=0.0, latency=1.0, nodes=1, per_node=2, **kw
+) -> Topology:
     """1 GB/s links (1000 bytes per us), 1 us latency, a 1 GB/s memory and no launch cost."""
-    d = {"name": "tiny", "nodes": nodes, "devices_per_node": per_node,
-         "device": {"name": "d", "peak_tflops": {"f32": 1.0}, "memory_bandwidth_gbps": 1.0,
-                    "launch_us": 0.0},
-         "intra": {"kind": kind, "link": {"bandwidth_gbps": 1.0, "latency_us": latency,
-                                          "overhead_us": overhead}},
-         "compute_slowdown": u, "comm_slowdown": v, **kw}
+    d = {
+        "name": "tiny",
+        "nodes": nodes,
+        "devices_per_node": per_node,
+        "device": {
+            "name": "d",
+            "peak_tflops": {"f32": 1.0},
+            "memory_bandwidth_gbps": 1.0,
+            "launch_us": 0.0,
+        },
+        "intra": {
+            "kind": kind,
+            "link": {"bandwidth_gbps": 1.0, "latency_us": latency, "overhead_us": overhead},
+        },
+        "compute_slowdown": u,
+        "comm_slowdown": v,
+        **kw,
+    }
     if nodes > 1:
         d["inter"] = {"nics": 1, "nic": {"bandwidth_gbps": 0.5, "latency_us": 2.0}}
     return Topology.from_dict(d)
@@ -39,8 +55,9 @@ def tiny(kind="switch", u=0.0, v=0.0, overhead=0.0, latency=1.0, nodes=1, per_no
 
 def rows(result_or_sim):
     df = result_or_sim.frame() if isinstance(result_or_sim, Sim) else result_or_sim.trace
-    return sorted((r.rank, r.stream, r.task, round(r.start, 9), round(r.end, 9))
-                  for r in df.itertuples())
+    return sorted(
+        (r.rank, r.stream, r.task, round(r.start, 9), round(r.end, 9)) for r in df.itertuples()
+    )
 
 
 # -- exact timelines ------------------------------------------------------------------------------
@@ -48,13 +65,16 @@ def test_ring_all_reduce_of_two_ranks():
     # 2000 bytes on 2 ranks: each step moves 1000 bytes (1 us on the wire) and arrives 1 us later
     r = simulate_collective(CollSpec("all_reduce", 2000, (0, 1)), tiny(), "ring")
     assert r.time_us == pytest.approx(4.0)
-    assert rows(r) == [(0, "comm", "ag c0 s0", 2.0, 4.0), (0, "comm", "rs c0 s0", 0.0, 2.0),
-                       (1, "comm", "ag c0 s0", 2.0, 4.0), (1, "comm", "rs c0 s0", 0.0, 2.0)]
+    assert rows(r) == [
+        (0, "comm", "ag c0 s0", 2.0, 4.0),
+        (0, "comm", "rs c0 s0", 0.0, 2.0),
+        (1, "comm", "ag c0 s0", 2.0, 4.0),
+        (1, "comm", "rs c0 s0", 0.0, 2.0),
+    ]
 
 
 def test_a_bus_serializes_what_ports_run_side_by_side():
-    r = simulate_collective(CollSpec("all_gather", 2000, (0, 1)), tiny("bus", latency=0.0),
-                            "ring")
+    r = simulate_collective(CollSpec("all_gather", 2000, (0, 1)), tiny("bus", latency=0.0), "ring")
     assert rows(r) == [(0, "comm", "ag c0 s0", 0.0, 1.0), (1, "comm", "ag c0 s0", 1.0, 2.0)]
 
 
@@ -62,8 +82,10 @@ def test_chunks_queue_on_a_port_and_overhead_holds_it():
     t = tiny(overhead=0.5, latency=0.0)
     r = simulate_collective(CollSpec("reduce_scatter", 4000, (0, 1), chunks=2), t, "ring")
     # 2 chunks of 1000 bytes per rank: each holds the port 0.5 + 1 us, one after the other
-    assert [x for x in rows(r) if x[0] == 0] == [(0, "comm", "rs c0 s0", 0.0, 1.5),
-                                                 (0, "comm", "rs c1 s0", 1.5, 3.0)]
+    assert [x for x in rows(r) if x[0] == 0] == [
+        (0, "comm", "rs c0 s0", 0.0, 1.5),
+        (0, "comm", "rs c1 s0", 1.5, 3.0),
+    ]
 
 
 def test_compute_slows_down_while_its_rank_communicates():
@@ -72,8 +94,11 @@ def test_compute_slows_down_while_its_rank_communicates():
     sim.compute(0, 10.0, "s", "k")  # 4 us at half speed (2 us of work), then 8 us
     sim.compute(1, 10.0, "s", "k")  # rank 1 receives: slowed as well
     sim.run()
-    assert rows(sim) == [(0, "comm", "x", 0.0, 4.0), (0, "compute", "k", 0.0, 12.0),
-                         (1, "compute", "k", 0.0, 12.0)]
+    assert rows(sim) == [
+        (0, "comm", "x", 0.0, 4.0),
+        (0, "compute", "k", 0.0, 12.0),
+        (1, "compute", "k", 0.0, 12.0),
+    ]
 
 
 def test_communication_slows_down_while_an_end_computes():
@@ -104,8 +129,9 @@ def test_a_thread_blocked_on_a_chunk_runs_wake_us_after_it_lands_or_when_transfe
         sim.transfer(0, 1, 2000, "s", "c1")
         sim.compute(1, 1.0, "s", "k", [first])
         sim.run()
-        assert [x for x in rows(sim) if x[1] == "compute"] == [(1, "compute", "k", start,
-                                                                 start + 1.0)], wake
+        assert [x for x in rows(sim) if x[1] == "compute"] == [
+            (1, "compute", "k", start, start + 1.0)
+        ], wake
     sim = Sim(tiny("bus", latency=0.0, wake_us=1.0), 2)
     first = sim.transfer(0, 1, 2000, "s", "c0")
     sim.transfer(0, 1, 2000, "s", "c1")
@@ -133,7 +159,9 @@ def test_a_send_whose_receive_was_posted_first_holds_the_senders_thread():
         sim.compute(0, 1.0, "s", "k")
         sim.run()
         assert [x for x in rows(sim) if x[2] != "post x"] == [
-            (0, "comm", "x", 0.5, 5.5), (0, "compute", "k", start, start + 1.0)]
+            (0, "comm", "x", 0.5, 5.5),
+            (0, "compute", "k", start, start + 1.0),
+        ]
 
 
 def test_a_fused_step_computes_the_next_chunk_once_its_all_gather_chunk_is_written():
@@ -153,8 +181,10 @@ def test_a_fused_step_computes_the_next_chunk_once_its_all_gather_chunk_is_writt
 
 # -- rules, folding, the oracle -------------------------------------------------------------------
 def test_every_plan_step_kind_has_a_rule():
-    kinds = {t.__forward_arg__ if isinstance(t, typing.ForwardRef) else t.__name__
-             for t in typing.get_args(plan_types.Step)}
+    kinds = {
+        t.__forward_arg__ if isinstance(t, typing.ForwardRef) else t.__name__
+        for t in typing.get_args(plan_types.Step)
+    }
     kinds = {k.strip("'\"") for k in kinds}
     assert kinds == set(cost_rules) == set(closed_rules)
 
@@ -180,13 +210,21 @@ def _applicable(kind, algo, topo_name, nodes) -> bool:
     return algo in collectives.applicable(spec, topo)
 
 
-COLLECTIVE_CASES = [(kind, algo, topo, nodes, size)
-                    for topo, nodes in (("dgx_a100", 1), ("dgx2", 1), ("dgx2", 2), ("dgx1_v100", 1),
-                                        ("dgx_h100", 2), ("local", 1))
-                    for kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
-                    for algo in collectives.ALGORITHMS[kind]
-                    if _applicable(kind, algo, topo, nodes)
-                    for size in (1 << 12, 1 << 20, 1 << 28)]
+COLLECTIVE_CASES = [
+    (kind, algo, topo, nodes, size)
+    for topo, nodes in (
+        ("dgx_a100", 1),
+        ("dgx2", 1),
+        ("dgx2", 2),
+        ("dgx1_v100", 1),
+        ("dgx_h100", 2),
+        ("local", 1),
+    )
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+    for algo in collectives.ALGORITHMS[kind]
+    if _applicable(kind, algo, topo, nodes)
+    for size in (1 << 12, 1 << 20, 1 << 28)
+]
 
 
 def quiet(topo: Topology) -> Topology:
@@ -226,8 +264,12 @@ def test_chunks_go_at_the_whole_transfers_rate_where_the_link_says_so():
     base = links_only(load_topology("dgx_a100"))
     times = {}
     for rate_by in ("message", "transfer"):  # wire-bound: no latency, a steep efficiency curve
-        link = dataclasses.replace(base.intra.link, latency_us=0.0, rate_by=rate_by,
-                                   efficiency={1 << 16: 0.2, 1 << 24: 1.0})
+        link = dataclasses.replace(
+            base.intra.link,
+            latency_us=0.0,
+            rate_by=rate_by,
+            efficiency={1 << 16: 0.2, 1 << 24: 1.0},
+        )
         t = dataclasses.replace(base, intra=dataclasses.replace(base.intra, link=link))
         spec = CollSpec("reduce_scatter", 1 << 25, tuple(range(8)), 16)  # 256 KiB of 4 MiB
         times[rate_by] = simulate_collective(spec, t, "ring").time_us
@@ -243,14 +285,22 @@ def _sequential_plans():
     yield "local", 1, adam_fusion.schedules()["AR-C"], f
     mp = {"B": 8, "S": 1024, "H": 3072, "K": 3072}
     yield "dgx2", 1, model_parallel.schedules(f16)["MM-RS-C-AG"], mp
-    yield "dgx_h100", 2, pipeline_parallel.schedules(f16)["RS-P2P-C-AG"], {"B": 1, "S": 2048,
-                                                                           "H": 12288}
+    yield (
+        "dgx_h100",
+        2,
+        pipeline_parallel.schedules(f16)["RS-P2P-C-AG"],
+        {"B": 1, "S": 2048, "H": 12288},
+    )
 
 
-@pytest.mark.parametrize("topo_name,nodes,program,bindings", list(_sequential_plans()),
-                         ids=lambda x: getattr(x, "schedule", str(x)))
-def test_des_agrees_with_the_closed_form_on_sequential_schedules(topo_name, nodes, program,
-                                                                 bindings):
+@pytest.mark.parametrize(
+    "topo_name,nodes,program,bindings",
+    list(_sequential_plans()),
+    ids=lambda x: getattr(x, "schedule", str(x)),
+)
+def test_des_agrees_with_the_closed_form_on_sequential_schedules(
+    topo_name, nodes, program, bindings
+):
     topo = quiet(load_topology(topo_name, nodes=nodes))
     world = 16 if program.stages == 2 else (2 if topo_name == "local" else topo.devices)
     if program.name == "megatron_layer":
@@ -269,9 +319,12 @@ def test_the_tuner_picks_the_fastest_estimate_unless_forced():
 
 
 def test_every_schedule_of_every_experiment_simulates():
-    cases = [(adam_fusion, {"N": 1 << 16}, 8, None), (lamb_fusion, {"N": 1 << 16}, 8, None),
-             (model_parallel, {"B": 2, "S": 64, "H": 64, "K": 256}, 8, f16),
-             (pipeline_parallel, {"B": 1, "S": 64, "H": 64}, 16, f16)]
+    cases = [
+        (adam_fusion, {"N": 1 << 16}, 8, None),
+        (lamb_fusion, {"N": 1 << 16}, 8, None),
+        (model_parallel, {"B": 2, "S": 64, "H": 64, "K": 256}, 8, f16),
+        (pipeline_parallel, {"B": 1, "S": 64, "H": 64}, 16, f16),
+    ]
     topo = load_topology("dgx_a100", nodes=2)
     for exp, b, world, dtype in cases:
         progs = exp.schedules(dtype) if dtype else exp.schedules()
@@ -282,5 +335,6 @@ def test_every_schedule_of_every_experiment_simulates():
 
 
 def test_workload_module_exports():
-    assert workload.FOLDABLE and isinstance(LinkClass(bandwidth_gbps=1, latency_us=0).time_us(1e3),
-                                            float)
+    assert workload.FOLDABLE and isinstance(
+        LinkClass(bandwidth_gbps=1, latency_us=0).time_us(1e3), float
+    )

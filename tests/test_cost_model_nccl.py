@@ -1,6 +1,7 @@
 """NCCL's tuner model (cost_model/nccl.py): every algorithm and protocol against times computed by
 hand from NCCL 2.20.3's formulas, the tuner's picks, forced choices, the published H100 figures,
 and the DES agreeing with the closed form where nothing contends (pure)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,16 @@ from cost_model.topology import Nccl, Topology, TopologyError, load_topology
 from cost_model.workload import simulate_collective
 
 # 2 channels of 10 GB/s inside a node, 5 GB/s across; NVLS and CollNet on; no fill
-SMALL = Nccl(arch="hopper", channels=2, bw_intra_gbps=10.0, bw_inter_gbps=5.0, nvls=True,
-             nvls_channels=2, nvls_bw_gbps=10.0, collnet=True)
+SMALL = Nccl(
+    arch="hopper",
+    channels=2,
+    bw_intra_gbps=10.0,
+    bw_inter_gbps=5.0,
+    nvls=True,
+    nvls_channels=2,
+    nvls_bw_gbps=10.0,
+    collnet=True,
+)
 MB = 1e6  # bytes; log2(1e6 / 64) = 13.9: the tree correction's entry 13
 
 # (kind, algo, proto, ranks, nodes, hand-computed us). Ring all_reduce, 4 ranks: nsteps 6, algbw
@@ -27,19 +36,44 @@ HAND = [
     ("all_reduce", "ring", "LL", 4, 1, 6.6 + 6 * 0.6 + MB / (1e3 * 5 * 4 / 6)),  # 310.2
     ("all_reduce", "ring", "LL128", 4, 1, 14.0 + 6 * 1.9 + MB / (1e3 * 18.4 * 4 / 6)),
     ("all_reduce", "ring", "Simple", 4, 1, 8.4 + 6 * 3.4 + MB / (1e3 * 20 * 4 / 6)),  # 103.8
-    ("all_reduce", "tree", "LL", 4, 1, 6.8 + 2 * 3 * 0.6 + MB / (1e3 * 18.4 / 3.8 * .5 * .4)),
-    ("all_reduce", "tree", "LL128", 4, 1, 14.0 + 2 * 3 * 1.25 + MB / (1e3 * 18.4 * 7 / 9 * .5 * .6)),
-    ("all_reduce", "tree", "Simple", 4, 1, 2 * 3 * 28.0 + MB / (1e3 * 18.4 * .5 * .5)),
+    ("all_reduce", "tree", "LL", 4, 1, 6.8 + 2 * 3 * 0.6 + MB / (1e3 * 18.4 / 3.8 * 0.5 * 0.4)),
+    (
+        "all_reduce",
+        "tree",
+        "LL128",
+        4,
+        1,
+        14.0 + 2 * 3 * 1.25 + MB / (1e3 * 18.4 * 7 / 9 * 0.5 * 0.6),
+    ),
+    ("all_reduce", "tree", "Simple", 4, 1, 2 * 3 * 28.0 + MB / (1e3 * 18.4 * 0.5 * 0.5)),
     ("all_reduce", "nvls", "Simple", 4, 1, 23.0 + MB / (1e3 * 20 * 15 / 16 * 4 / 5)),  # 89.7
     # 2 nodes: NVLS tree at min(10, the NICs' 5 per channel); CollNet at the node's bandwidth
-    ("all_reduce", "nvls_tree", "Simple", 4, 2,
-     23.0 + 2 * 14.0 + MB / (1e3 * 10 * 15 / 16 * 2 / 3)),
-    ("all_reduce", "collnet_direct", "Simple", 4, 2,
-     2 * (3.7 + 0.4) + 31.0 + MB / (1e3 * 20 * .85 * .5)),
-    ("all_reduce", "collnet_chain", "Simple", 4, 2, 2 * 2.8 + 30.0 + MB / (1e3 * 20 * .5)),
+    (
+        "all_reduce",
+        "nvls_tree",
+        "Simple",
+        4,
+        2,
+        23.0 + 2 * 14.0 + MB / (1e3 * 10 * 15 / 16 * 2 / 3),
+    ),
+    (
+        "all_reduce",
+        "collnet_direct",
+        "Simple",
+        4,
+        2,
+        2 * (3.7 + 0.4) + 31.0 + MB / (1e3 * 20 * 0.85 * 0.5),
+    ),
+    ("all_reduce", "collnet_chain", "Simple", 4, 2, 2 * 2.8 + 30.0 + MB / (1e3 * 20 * 0.5)),
     # a ring across 2 nodes: 4 of its 6 steps cross the network; Simple's plateau x 1.4
-    ("all_reduce", "ring", "Simple", 4, 2,
-     (8.4 + 2 * 3.4 + 4 * 14.0) * 1.4 + MB / (1e3 * 10 * 4 / 6)),
+    (
+        "all_reduce",
+        "ring",
+        "Simple",
+        4,
+        2,
+        (8.4 + 2 * 3.4 + 4 * 14.0) * 1.4 + MB / (1e3 * 10 * 4 / 6),
+    ),
     ("reduce_scatter", "ring", "Simple", 4, 1, 8.4 + 3 * 3.4 + MB / (1e3 * 20 * 4 / 3)),
     ("all_gather", "ring", "LL128", 4, 1, 14.0 + 3 * 1.9 + MB / (1e3 * 18.4 * 4 / 3)),
     ("all_gather", "nvls", "Simple", 4, 1, 23.0 + MB / (1e3 * 20 * 15 / 16)),
@@ -48,10 +82,14 @@ HAND = [
 ]
 
 
-@pytest.mark.parametrize("kind,algo,proto,ranks,nodes,expect", HAND,
-                         ids=[f"{k}-{a}-{p}-{n}n" for k, a, p, _, n, _ in HAND])
-def test_each_algorithm_and_protocol_against_hand_computed_times(kind, algo, proto, ranks, nodes,
-                                                                 expect):
+@pytest.mark.parametrize(
+    "kind,algo,proto,ranks,nodes,expect",
+    HAND,
+    ids=[f"{k}-{a}-{p}-{n}n" for k, a, p, _, n, _ in HAND],
+)
+def test_each_algorithm_and_protocol_against_hand_computed_times(
+    kind, algo, proto, ranks, nodes, expect
+):
     got = nccl.time_us(kind, MB, algo, proto, ranks, nodes, SMALL)
     assert (got.algo, got.proto) == (algo, proto)
     assert got.time_us == pytest.approx(expect, rel=1e-9)
@@ -65,8 +103,10 @@ def test_the_fill_term_is_the_pipelines_optimal_chunking():
     got = nccl.time_us("all_reduce", MB, "nvls", "Simple", 4, 1, filled).time_us
     assert got == pytest.approx(23.0 + wire + 2 * (2 * wire) ** 0.5)
     for algo, proto in [("ring", "LL128"), ("ring", "LL"), ("tree", "Simple")]:
-        assert nccl.time_us("all_reduce", MB, algo, proto, 4, 1, filled).time_us == \
-            nccl.time_us("all_reduce", MB, algo, proto, 4, 1, SMALL).time_us
+        assert (
+            nccl.time_us("all_reduce", MB, algo, proto, 4, 1, filled).time_us
+            == nccl.time_us("all_reduce", MB, algo, proto, 4, 1, SMALL).time_us
+        )
 
 
 def test_the_simple_ring_pays_per_slice_of_nccls_chunks():
@@ -98,10 +138,16 @@ def test_a_small_call_runs_on_fewer_channels():
     assert nccl.used("all_reduce", "nvls", "Simple", 1024, 4, SMALL) == (2, 1.0, 1024)
     slow = nccl.time_us("all_reduce", 65536, "ring", "Simple", 4, 1, SMALL).time_us
     assert slow == pytest.approx(8.4 + 6 * 3.4 + 65536 / (1e3 * 20 * 4 / 6 * 0.5))
-    tiny = [nccl.time_us("all_reduce", b, "ring", "Simple", 4, 1, SMALL).time_us
-            for b in (256, 1024, 4096)]
-    assert tiny[0] == tiny[1] == tiny[2] == pytest.approx(8.4 + 6 * 3.4 + 4096 / (
-        1e3 * 20 * 4 / 6 * 0.25 * 64 / 512))
+    tiny = [
+        nccl.time_us("all_reduce", b, "ring", "Simple", 4, 1, SMALL).time_us
+        for b in (256, 1024, 4096)
+    ]
+    assert (
+        tiny[0]
+        == tiny[1]
+        == tiny[2]
+        == pytest.approx(8.4 + 6 * 3.4 + 4096 / (1e3 * 20 * 4 / 6 * 0.25 * 64 / 512))
+    )
 
 
 def test_nvls_bandwidth_follows_the_gpus_on_the_switch():
@@ -127,8 +173,13 @@ def test_p2p_goes_over_nvlink_inside_a_node_and_a_nic_rail_across():
 def test_which_algorithms_nccl_enables():
     algos = lambda kind, nodes, nc=SMALL: {a for a, _ in nccl.enabled(kind, 4, nodes, nc)}  # noqa: E731
     assert algos("all_reduce", 1) == {"ring", "tree", "nvls"}
-    assert algos("all_reduce", 2) == {"ring", "tree", "nvls_tree", "collnet_direct",
-                                      "collnet_chain"}
+    assert algos("all_reduce", 2) == {
+        "ring",
+        "tree",
+        "nvls_tree",
+        "collnet_direct",
+        "collnet_chain",
+    }
     assert algos("reduce_scatter", 1) == {"ring", "nvls"}
     assert algos("broadcast", 2) == {"ring"}
     plain = dataclasses.replace(SMALL, nvls=False, collnet=False)
@@ -137,9 +188,14 @@ def test_which_algorithms_nccl_enables():
 
 
 # the tuner's pick at a small, a medium and a large size (8 GPUs, one node)
-PICKS = [("dgx_a100", 1 << 16, "ring", "LL"), ("dgx_a100", 1 << 24, "ring", "LL128"),
-         ("dgx_a100", 1 << 30, "ring", "Simple"), ("dgx_h100", 1 << 12, "ring", "LL"),
-         ("dgx_h100", 1 << 24, "nvls", "Simple"), ("dgx_h100", 1 << 30, "nvls", "Simple")]
+PICKS = [
+    ("dgx_a100", 1 << 16, "ring", "LL"),
+    ("dgx_a100", 1 << 24, "ring", "LL128"),
+    ("dgx_a100", 1 << 30, "ring", "Simple"),
+    ("dgx_h100", 1 << 12, "ring", "LL"),
+    ("dgx_h100", 1 << 24, "nvls", "Simple"),
+    ("dgx_h100", 1 << 30, "nvls", "Simple"),
+]
 
 
 @pytest.mark.parametrize("topo_name,nbytes,algo,proto", PICKS)
@@ -148,8 +204,10 @@ def test_the_tuner_picks_the_fastest(topo_name, nbytes, algo, proto):
     got = nccl.call("all_reduce", nbytes, range(8), topo)
     assert got.label == f"{algo}/{proto}"
     # the least of NCCL's own estimates (lat + bytes / bw); the call then takes its time
-    estimates = {(a, p): nccl.estimate("all_reduce", nbytes, a, p, 8, 1, topo.nccl)
-                 for a, p in nccl.enabled("all_reduce", 8, 1, topo.nccl)}
+    estimates = {
+        (a, p): nccl.estimate("all_reduce", nbytes, a, p, 8, 1, topo.nccl)
+        for a, p in nccl.enabled("all_reduce", 8, 1, topo.nccl)
+    }
     us = {k: lat + nbytes / (1e3 * bw) for k, (lat, bw) in estimates.items()}
     assert us[(algo, proto)] == min(us.values())
     assert got.time_us == nccl.time_us("all_reduce", nbytes, algo, proto, 8, 1, topo.nccl).time_us
@@ -181,11 +239,15 @@ def test_h100_all_reduce_at_1_gib_nvls_and_forced_ring():
 
 def test_a_forced_protocol_and_an_inapplicable_forced_algorithm():
     topo = load_topology("dgx_a100")
-    assert nccl.call("all_reduce", 1 << 30, range(8), dataclasses.replace(topo, proto="LL")
-                     ).label == "ring/LL"
+    assert (
+        nccl.call("all_reduce", 1 << 30, range(8), dataclasses.replace(topo, proto="LL")).label
+        == "ring/LL"
+    )
     # no NVLS on an A100: NCCL falls back to its own choice
-    assert nccl.call("all_reduce", 1 << 30, range(8), dataclasses.replace(topo, algo="nvls")
-                     ).label == "ring/Simple"
+    assert (
+        nccl.call("all_reduce", 1 << 30, range(8), dataclasses.replace(topo, algo="nvls")).label
+        == "ring/Simple"
+    )
     with pytest.raises(TopologyError, match="topology.algo='butterfly'"):
         Topology.from_dict({**_raw("dgx_a100"), "algo": "butterfly"})
 
@@ -194,13 +256,19 @@ def _raw(name):
     import yaml
 
     from cost_model.topology import CONF_TOPOLOGY_DIR
+
     return yaml.safe_load((CONF_TOPOLOGY_DIR / f"{name}.yaml").read_text())
 
 
-DES_CASES = [("dgx_h100", 1, "all_reduce", "nvls", 1), ("dgx_h100", 1, "reduce_scatter", "ring", 4),
-             ("dgx_h100", 2, "all_reduce", "nvls_tree", 1), ("dgx2", 2, "all_reduce", "tree", 2),
-             ("dgx_a100", 1, "all_gather", "ring", 8), ("dgx_b200", 1, "all_reduce", "nvls", 2),
-             ("dgx1_v100", 1, "broadcast", "ring", 1)]
+DES_CASES = [
+    ("dgx_h100", 1, "all_reduce", "nvls", 1),
+    ("dgx_h100", 1, "reduce_scatter", "ring", 4),
+    ("dgx_h100", 2, "all_reduce", "nvls_tree", 1),
+    ("dgx2", 2, "all_reduce", "tree", 2),
+    ("dgx_a100", 1, "all_gather", "ring", 8),
+    ("dgx_b200", 1, "all_reduce", "nvls", 2),
+    ("dgx1_v100", 1, "broadcast", "ring", 1),
+]
 
 
 @pytest.mark.parametrize("topo_name,nodes,kind,algo,chunks", DES_CASES)
@@ -209,14 +277,16 @@ def test_des_and_closed_form_agree_where_nothing_contends(topo_name, nodes, kind
     spec = CollSpec(kind, 1 << 26, tuple(range(topo.devices)), chunks)
     r = simulate_collective(spec, topo, algo)
     assert r.time_us == pytest.approx(collective_us(spec, algo, topo), rel=1e-9)
-    assert r.time_us == pytest.approx(chunks * nccl.call(kind, (1 << 26) / chunks, spec.group,
-                                                         topo, algo).time_us)
+    assert r.time_us == pytest.approx(
+        chunks * nccl.call(kind, (1 << 26) / chunks, spec.group, topo, algo).time_us
+    )
     assert r.trace.task.str.startswith(f"{algo}/").all()  # the trace names algorithm/protocol
 
 
 def test_choices_name_each_collective_of_a_plan_as_the_des_runs_it():
     from codegen.lower import lower
     from cost_model.workload import choices, simulate
+
     adam_fusion = experiments.get("adam_fusion")
 
     topo = load_topology("dgx_h100")
@@ -232,6 +302,7 @@ def test_choices_name_each_collective_of_a_plan_as_the_des_runs_it():
 
 def test_predicted_rows_split_time_into_compute_hidden_and_exposed():
     from experiments.predict import _overlap_us, _union, predict
+
     adam_fusion = experiments.get("adam_fusion")
 
     assert _union([(3, 4), (0, 2), (1, 2.5)]) == [(0, 2.5), (3, 4)]
@@ -257,8 +328,9 @@ def test_a_fitted_ll128_rate_is_what_the_call_runs_at_not_what_the_tuner_weighs(
     runs_at = nc.channels * nc.ll128_bw_gbps * 8 / 14
     assert got.time_us == pytest.approx(lat + nbytes / (1e3 * runs_at))
     table = dataclasses.replace(nc, ll128_bw_gbps=None, fill_us=0.0)
-    assert nccl.time_us("all_reduce", nbytes, "ring", "LL128", 8, 1, table).time_us == \
-        pytest.approx(lat + nbytes / (1e3 * bw))
+    assert nccl.time_us(
+        "all_reduce", nbytes, "ring", "LL128", 8, 1, table
+    ).time_us == pytest.approx(lat + nbytes / (1e3 * bw))
     # LL likewise: NCCL's estimate picks ring/LL at 1 MiB; the call runs at the fitted LL rate
     nbytes = 1 << 20
     got = nccl.call("all_reduce", nbytes, range(8), topo)

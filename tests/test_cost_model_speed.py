@@ -1,6 +1,7 @@
 """The cost model's speed benchmarks at a small scale (`python -m benchmarks.simulator` runs the
 issue's sizes: 256 GPUs at 2^28 elements under 10 s, 1,000 closed-form evaluations under 1 s).
 Bounds here are generous: CI machines are shared."""
+
 from benchmarks.simulator import closed_form_seconds, des_seconds
 
 

@@ -1,10 +1,11 @@
 """Predictions through `python -m suite`: backend=sim on GPU topologies, the collectives
 experiment, and bad settings as one-line errors (subprocesses, as users run them)."""
+
 from __future__ import annotations
 
-import pytest
 import csv
 
+import pytest
 from test_suite_cli import assert_one_line_error, suite_cmd
 
 
@@ -14,8 +15,14 @@ def rows(run_dir):
 
 @pytest.mark.slow
 def test_adam_predicted_on_dgx2_nodes(tmp_path):
-    proc = suite_cmd("experiment=adam_fusion", "backend=sim", "topology=dgx2", "topology.nodes=2",
-                     "scale=smoke", f"hydra.run.dir={tmp_path}")
+    proc = suite_cmd(
+        "experiment=adam_fusion",
+        "backend=sim",
+        "topology=dgx2",
+        "topology.nodes=2",
+        "scale=smoke",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "predicted speedup over baseline: dgx2, 32 ranks" in proc.stdout
     got = rows(tmp_path)
@@ -35,8 +42,13 @@ def test_adam_predicted_on_dgx2_nodes(tmp_path):
 
 @pytest.mark.slow
 def test_collectives_on_a_dgx_a100(tmp_path):
-    proc = suite_cmd("experiment=collectives", "backend=sim", "topology=dgx_a100", "scale=smoke",
-                     f"hydra.run.dir={tmp_path}")
+    proc = suite_cmd(
+        "experiment=collectives",
+        "backend=sim",
+        "topology=dgx_a100",
+        "scale=smoke",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "busbw" in proc.stdout
     got = rows(tmp_path)
@@ -53,6 +65,11 @@ def test_calibrate_needs_the_cpu_backend(tmp_path):
 
 @pytest.mark.slow
 def test_pipeline_needs_two_nodes_of_a_dgx_a100(tmp_path):
-    proc = suite_cmd("experiment=pipeline_parallel", "backend=sim", "topology=dgx_a100",
-                     "scale=smoke", f"hydra.run.dir={tmp_path}")
+    proc = suite_cmd(
+        "experiment=pipeline_parallel",
+        "backend=sim",
+        "topology=dgx_a100",
+        "scale=smoke",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert_one_line_error(proc, "needs 16 devices", "topology.nodes")

@@ -1,6 +1,7 @@
 """The symmetric DES (one simulated rank per class, `fold=True`) against the full DES at 1,024 and
 4,096 GPUs, and its cost at 65,536 GPUs (`python -m benchmarks.simulator` prints the same figures).
 Wall-clock bounds are generous: CI machines are shared."""
+
 import time
 
 import pytest
@@ -21,7 +22,7 @@ def test_symmetric_des_within_one_percent_of_the_full_des(nodes):
 
 def test_symmetric_des_simulates_one_rank_per_class():
     topo = load_topology("dgx_h100", nodes=128)
-    (_, plan), = named_plans(topo.devices, [1 << 20], ["fuse(RS-C-AG)+as_slice"])
+    ((_, plan),) = named_plans(topo.devices, [1 << 20], ["fuse(RS-C-AG)+as_slice"])
     sym, full = simulate(plan, topo, fold=True), simulate(plan, topo, fold=False)
     assert set(sym.trace["rank"]) == set(range(topo.devices_per_node))
     assert len(full.trace) == 128 * len(sym.trace)

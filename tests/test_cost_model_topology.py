@@ -1,4 +1,5 @@
 """Topologies: every shipped file loads, and a bad value fails at load naming its field (pure)."""
+
 from __future__ import annotations
 
 import copy
@@ -6,8 +7,14 @@ import copy
 import pytest
 import yaml
 
-from cost_model.topology import (CONF_TOPOLOGY_DIR, Topology, TopologyError, dump_topology,
-                                 interpolate, load_topology)
+from cost_model.topology import (
+    CONF_TOPOLOGY_DIR,
+    Topology,
+    TopologyError,
+    dump_topology,
+    interpolate,
+    load_topology,
+)
 from suite.cli import prevalidate
 from suite.config import topology_of
 from suite.errors import SuiteError
@@ -92,12 +99,15 @@ def test_a_bad_mesh_is_refused():
         Topology.from_dict(_set(d, "intra.mesh", [[0, 9, 1]]))
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["topology.intra.link.bandwidth_gbps=-1"], "bandwidth_gbps=-1.0: must be > 0"),
-    (["topology.device.launch_us=abc"], "launch_us=abc"),
-    (["topology.intra.typo=1"], "typo"),
-    (["topology.path=/nonexistent/topology.yaml"], "not found"),
-])
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["topology.intra.link.bandwidth_gbps=-1"], "bandwidth_gbps=-1.0: must be > 0"),
+        (["topology.device.launch_us=abc"], "launch_us=abc"),
+        (["topology.intra.typo=1"], "typo"),
+        (["topology.path=/nonexistent/topology.yaml"], "not found"),
+    ],
+)
 def test_bad_topology_overrides_are_one_line(argv, expected):
     with pytest.raises(SuiteError) as info:
         prevalidate(argv)
@@ -124,6 +134,9 @@ def test_a_moved_key_says_where_it_went():
     the field's new place, not as an unknown key."""
     d = load_topology("local").to_dict()
     d["peer_memory_gbps"] = 32.0
-    with pytest.raises(TopologyError, match=r"^topology\.peer_memory_gbps: moved to "
-                                            r"topology\.device\.stream_memory_gbps"):
+    with pytest.raises(
+        TopologyError,
+        match=r"^topology\.peer_memory_gbps: moved to "
+        r"topology\.device\.stream_memory_gbps",
+    ):
         Topology.from_dict(d)

@@ -9,6 +9,7 @@
   reference run), and the README keeps no measurement history (that is docs/results_history.md).
 - Every column of results.csv (`reports.table.COLUMNS`) is documented in docs/ref/results-csv.md.
 """
+
 import importlib.util
 import os
 import re
@@ -41,12 +42,28 @@ def _missing_tools() -> list[str]:
 def test_the_manual_builds_strict_without_warnings(tmp_path):
     missing = _missing_tools()
     if missing:
-        pytest.skip(f"the docs tools are not installed ({', '.join(missing)}): "
-                    "pip install mkdocs-material 'mkdocstrings[python]'")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
-                           "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=540,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        pytest.skip(
+            f"the docs tools are not installed ({', '.join(missing)}): "
+            "pip install mkdocs-material 'mkdocstrings[python]'"
+        )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     warnings = [line for line in log.splitlines() if line.startswith("WARNING")]
@@ -64,10 +81,11 @@ def quickstart_block() -> list[str]:
     lines = _lines()
     start = next(k for k, line in enumerate(lines) if line.strip() == "## Quickstart")
     fence = next(k for k in range(start + 1, len(lines)) if lines[k].startswith("```"))
-    assert not any(line.startswith("## ") for line in lines[start + 1:fence]), \
+    assert not any(line.startswith("## ") for line in lines[start + 1 : fence]), (
         "no code block in the Quickstart section"
+    )
     end = next(k for k in range(fence + 1, len(lines)) if lines[k].startswith("```"))
-    return lines[fence + 1:end]
+    return lines[fence + 1 : end]
 
 
 def commands(block: list[str]) -> list[str]:

@@ -1,11 +1,28 @@
 """`check_equivalent` accepts hand-built equivalent rewrites and names the output of a wrong one."""
+
 import math
 
 import numpy as np
 import pytest
 
-from dsl import (P, BindError, Builder, EquivalenceError, Local, Replicated, Sliced, bf16,
-                 check_equivalent, default_bindings, f16, f32, f64, i64, random_inputs, sym)
+from dsl import (
+    BindError,
+    Builder,
+    EquivalenceError,
+    Local,
+    P,
+    Replicated,
+    Sliced,
+    bf16,
+    check_equivalent,
+    default_bindings,
+    f16,
+    f32,
+    f64,
+    i64,
+    random_inputs,
+    sym,
+)
 from dsl.bounds import gamma
 from dsl.equivalence import distribute, global_inputs
 
@@ -74,7 +91,13 @@ def test_a_wrong_rewrite_raises_naming_the_output(after, world):
     with pytest.raises(EquivalenceError) as e:
         check_equivalent(ar_c(), after(), world)
     msg = str(e.value)
-    for part in ("output w", "trial 0", f"world size {world}", "max abs error", "outside their bound"):
+    for part in (
+        "output w",
+        "trial 0",
+        f"world size {world}",
+        "max abs error",
+        "outside their bound",
+    ):
         assert part in msg
     assert "\n" not in msg
 
@@ -108,7 +131,11 @@ def test_model_parallel_with_another_dropout_seed_is_not():
 def pipeline(split):
     b = Builder("RS-P2P-AG-C" if split else "AR-P2P-C", stages=2)
     x, h = b.input("x", f64, [N], Local(), stage=0), b.input("h", f64, [N], Replicated(), stage=1)
-    y = b.all_gather(b.send(b.reduce_scatter(x), dst=1)) if split else b.send(b.all_reduce(x), dst=1)
+    y = (
+        b.all_gather(b.send(b.reduce_scatter(x), dst=1))
+        if split
+        else b.send(b.all_reduce(x), dst=1)
+    )
     b.output("y", y * 2 + h)
     b.output("h", b.norm(h))
     return b.build()
@@ -132,10 +159,13 @@ def renamed():
     return b.build()
 
 
-@pytest.mark.parametrize("after,pattern", [
-    (renamed, r"outputs differ: \['w'\] in AR-C, \['w2'\] in renamed"),
-    (lambda: ar_c(f64), "output w: f32.* in AR-C but f64"),
-])
+@pytest.mark.parametrize(
+    "after,pattern",
+    [
+        (renamed, r"outputs differ: \['w'\] in AR-C, \['w2'\] in renamed"),
+        (lambda: ar_c(f64), "output w: f32.* in AR-C but f64"),
+    ],
+)
 def test_outputs_must_have_the_same_names_dtypes_and_global_shapes(after, pattern):
     with pytest.raises(EquivalenceError, match=pattern):
         check_equivalent(ar_c(), after(), 2)
@@ -146,8 +176,12 @@ def test_integers_compare_exactly():
         b = Builder("ints")
         b.output("s", b.all_reduce(b.input("x", i64, [N], Local())) + extra)
         return b.build()
+
     assert check_equivalent(prog(0), prog(0), 4) == {"s": 0.0}
-    with pytest.raises(EquivalenceError, match=r"output s .* max abs error 1 at \d+ of \d+ element\(s\) outside their bound \(largest 0\)"):
+    with pytest.raises(
+        EquivalenceError,
+        match=r"output s .* max abs error 1 at \d+ of \d+ element\(s\) outside their bound \(largest 0\)",
+    ):
         check_equivalent(prog(0), prog(1), 4)
 
 
@@ -181,7 +215,9 @@ def test_random_inputs_follow_the_layouts(world):
 def test_distribute_rejects_a_global_of_the_wrong_shape():
     g = global_inputs(layouts_program(), 2, {"N": 6, "B": 4}, np.random.default_rng(0))
     g["sl"] = g["sl"][:, :3]
-    with pytest.raises(BindError, match=r"global input sl has shape \[4, 3\], inputs expects \[4, 6\]"):
+    with pytest.raises(
+        BindError, match=r"global input sl has shape \[4, 3\], inputs expects \[4, 6\]"
+    ):
         distribute(layouts_program(), g, 2, {"N": 6, "B": 4})
 
 

@@ -1,5 +1,6 @@
 """The fabric between nodes (cost_model.fabric): what NCCL's calls get of their NICs through a
 rail-optimized fat tree's tiers, and a data-parallel step on 131,072 GPUs predicted with it."""
+
 import dataclasses
 import time
 
@@ -11,16 +12,22 @@ from cost_model.topology import FabricTier, TopologyError, load_topology
 
 def on_tiers(*tiers, nodes=16384):
     topo = load_topology("dgx_h100", nodes=nodes)
-    return dataclasses.replace(topo, inter=dataclasses.replace(
-        topo.inter, tiers=[FabricTier(nodes=n, oversubscription=o) for n, o in tiers]))
+    return dataclasses.replace(
+        topo,
+        inter=dataclasses.replace(
+            topo.inter, tiers=[FabricTier(nodes=n, oversubscription=o) for n, o in tiers]
+        ),
+    )
 
 
 def test_rings_and_trees_keep_their_nics_on_an_oversubscribed_fat_tree():
     topo = on_tiers((32, 1.0), (512, 7.0))
     assert fabric.share(topo, "ring", 16384) == fabric.share(topo, "tree", 16384) == 1.0
     loads = fabric.tiers(topo, "tree", 16384)
-    assert [(t.nodes, t.crossing, t.capacity) for t in loads] == [(32, 2.0, 32.0),
-                                                                  (512, 2.0, 512 / 7)]
+    assert [(t.nodes, t.crossing, t.capacity) for t in loads] == [
+        (32, 2.0, 32.0),
+        (512, 2.0, 512 / 7),
+    ]
 
 
 def test_an_alltoall_across_zones_gets_the_oversubscribed_share():
@@ -45,6 +52,7 @@ def test_tiers_grow_from_the_leaves_up():
     data = load_topology("dgx_h100_fattree").to_dict()
     data["inter"]["tiers"] = [{"nodes": 512}, {"nodes": 32}]
     from cost_model.topology import Topology
+
     with pytest.raises(TopologyError, match="must grow from the leaves up"):
         Topology.from_dict(data)
 
@@ -54,6 +62,7 @@ def test_a_data_parallel_step_on_131072_gpus_in_under_a_second_a_schedule():
     (one simulated rank per class), under a second each (a generous bound: shared CI machines),
     with NCCL's picks at that scale."""
     from benchmarks.simulator import at_scale
+
     rows = at_scale(nodes=16384, elements=1 << 28, topology="dgx_h100_fattree")
     assert len(rows) == 5 and all(folded and ms > 0 for _, _, ms, folded in rows)
     assert max(secs for _, secs, _, _ in rows) < 1.0

@@ -11,6 +11,7 @@ One launch of 2 ranks runs every distributed check (`_rank`) and returns what th
 - gradients: views of the buckets that zero_grad zeroes and backward fills; a replaced .grad is
   copied in, a None one counts as zeros.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,13 @@ from codegen.runtime.launch import launch
 from experiments import _bert as B
 
 SIZE = B.ModelSize(layers=2, hidden=32, heads=2, vocab=64, seq=16)
-HP = {"lr": 2e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01,
-      "embedding_lr_scale": 2.0}
+HP = {
+    "lr": 2e-3,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.01,
+    "embedding_lr_scale": 2.0,
+}
 MICRO_BATCH = 4
 
 
@@ -35,7 +41,10 @@ MICRO_BATCH = 4
 def test_layout_packs_params_of_one_group_in_order_and_pads():
     out = layout([[10, 20, 5], [7]], cap_numel=30, multiple=8)
     assert [(b.group, [(s.param, s.offset, s.numel) for s in b.slots], b.numel) for b in out] == [
-        (0, [(0, 0, 10), (1, 10, 20)], 32), (0, [(2, 0, 5)], 8), (1, [(3, 0, 7)], 8)]
+        (0, [(0, 0, 10), (1, 10, 20)], 32),
+        (0, [(2, 0, 5)], 8),
+        (1, [(3, 0, 7)], 8),
+    ]
 
 
 def test_layout_one_bucket_per_param_and_oversized_params():
@@ -72,16 +81,26 @@ def _compile_check(rank, world):
     grads = [rng.standard_normal(n, dtype=np.float32) for _ in range(world)]
     w, m = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     v = rng.random(n, dtype=np.float32)
-    ref = dsl.interpret(adam_program(), [{"g": g, "w": w, "m": m, "v": v, "step": np.float32(2)}
-                                         for g in grads], world, {"N": n})[0]
+    ref = dsl.interpret(
+        adam_program(),
+        [{"g": g, "w": w, "m": m, "v": v, "step": np.float32(2)} for g in grads],
+        world,
+        {"N": n},
+    )[0]
     step = compile(adam_program(), sliced_schedule, {"N": n})
     k = n // world
     mine = slice(rank * k, (rank + 1) * k)
-    t = {"g": torch.from_numpy(grads[rank].copy()), "w": torch.from_numpy(w.copy()),
-         "m": torch.from_numpy(m[mine].copy()), "v": torch.from_numpy(v[mine].copy())}
+    t = {
+        "g": torch.from_numpy(grads[rank].copy()),
+        "w": torch.from_numpy(w.copy()),
+        "m": torch.from_numpy(m[mine].copy()),
+        "v": torch.from_numpy(v[mine].copy()),
+    }
     out = step(**t, step=2.0)
-    agree = all(np.allclose(out[x].numpy(), ref[x][mine] if x in "mv" else ref[x], rtol=1e-6,
-                            atol=1e-7) for x in ("w", "m", "v"))
+    agree = all(
+        np.allclose(out[x].numpy(), ref[x][mine] if x in "mv" else ref[x], rtol=1e-6, atol=1e-7)
+        for x in ("w", "m", "v")
+    )
     try:
         step(w=torch.zeros(n - 1))
         bad = ""
@@ -136,8 +155,11 @@ def _after(rank, how):
 
 def _zero_grad_check(rank):
     got = {how: _after(rank, how) for how in ("views", "replaced", "none", "zero")}
-    return (got["views"][0] and got["zero"][0], torch.equal(got["views"][1], got["replaced"][1]),
-            torch.equal(got["none"][1], got["zero"][1]))
+    return (
+        got["views"][0] and got["zero"][0],
+        torch.equal(got["views"][1], got["replaced"][1]),
+        torch.equal(got["none"][1], got["zero"][1]),
+    )
 
 
 def _rank(rank, world):
@@ -159,8 +181,10 @@ def ranks():
 def test_compile_runs_the_generated_step_on_the_callers_tensors(ranks):
     for r in ranks:
         assert r["compile"]["agree"] and r["compile"]["in_place"]
-        assert "input 'w' must be a contiguous torch.float32 tensor of shape [48]" in \
-            r["compile"]["bad"]
+        assert (
+            "input 'w' must be a contiguous torch.float32 tensor of shape [48]"
+            in r["compile"]["bad"]
+        )
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lamb"])

@@ -4,6 +4,7 @@ exit 69) and rejects an unknown check (exit 2); its checks run end to end on a C
 CPU backend, small sizes: every line printed, replay == eager, the generated Adam equal to
 torch's fused Adam), and the virtual-rank check reads the symmetric-memory launcher's result or
 says it is not available. The GPU's own figures need a GPU."""
+
 import subprocess
 import sys
 import types
@@ -25,8 +26,9 @@ NAMES = ["graph_host", "one_rank", "virtual_ranks", "adam_kernel"]
 
 
 def _script(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.slow
@@ -47,11 +49,17 @@ def test_it_lists_its_checks_and_refuses_cleanly_without_a_gpu():
 
 def _checks_on_cpu(rank, world):
     import gpu_figures as g
+
     g.BACKEND = "cpu"
     g.HOST_N, g.STEP_N, g.ADAM_N = 1 << 10, 1 << 12, 1 << 12
-    return {name: [*fn()] for name, fn in (("graph_host", g.graph_host),
-                                           ("one_rank", g.one_rank),
-                                           ("adam_kernel", g.adam_kernel))}
+    return {
+        name: [*fn()]
+        for name, fn in (
+            ("graph_host", g.graph_host),
+            ("one_rank", g.one_rank),
+            ("adam_kernel", g.adam_kernel),
+        )
+    }
 
 
 @pytest.mark.slow
@@ -66,7 +74,8 @@ def test_the_checks_run_end_to_end_on_a_cpu_rank():
     assert graph.met is False and graph.target == "< 50 us"  # no graph: the target is not met
     assert host["graph replay == eager step (w, m, v)"].value == "True"
     assert [f.name for f in got["one_rank"]][-1] == (
-        "fuse(RS-C-AG)+as_slice, eager (no CUDA graphs on the CPU)")
+        "fuse(RS-C-AG)+as_slice, eager (no CUDA graphs on the CPU)"
+    )
     assert got["one_rank"][-1].value.count(" x") == 1
     assert got["adam_kernel"][1].met  # the generated Adam is torch's fused Adam, within 1e-5
 
@@ -96,6 +105,7 @@ def test_the_virtual_rank_check_reads_the_launcher_or_says_it_is_missing(monkeyp
         if P == 8:
             out[0]["w"] = out[0]["w"] + 1.0
         return out, 1.0
+
     symm = types.ModuleType("symm")
     symm.run_virtual = run_virtual
     monkeypatch.setitem(sys.modules, "codegen.runtime.symm", symm)

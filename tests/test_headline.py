@@ -2,6 +2,7 @@
 rows: each "best measured speedup" cell is that experiment's largest measured speedup in
 docs/reference/results.csv, with its schedule and point, and each busbw figure is the predicted
 all_reduce row at the size it names. A figure edited by hand, or left from another run, fails."""
+
 import re
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def headline_rows() -> list[list[str]]:
         for k, line in enumerate(lines):
             if line.startswith("| experiment (paper figure)"):
                 body = []
-                for row in lines[k + 2:]:
+                for row in lines[k + 2 :]:
                     if not row.startswith("|"):
                         break
                     body.append([c.strip() for c in row.strip("|").split("|")])
@@ -60,8 +61,11 @@ def test_each_best_measured_speedup_is_its_row(reference):
 def test_each_busbw_figure_is_the_predicted_row_at_its_size(reference):
     cells = [c for row in headline_rows() if row[0].startswith("collectives") for c in row]
     text = " ".join(cells)
-    at = reference[(reference.experiment == "collectives") & (reference.source == "predicted")
-                   & (reference.schedule == "all_reduce")]
+    at = reference[
+        (reference.experiment == "collectives")
+        & (reference.source == "predicted")
+        & (reference.schedule == "all_reduce")
+    ]
     checked = 0
     for label, topology in (("DGX A100", "dgx_a100"), ("DGX H100", "dgx_h100")):
         found = re.search(label + r" (\d+) GB/s", text)

@@ -1,10 +1,23 @@
 """`interpret`: collectives against numpy on several world sizes, p2p, binding errors, printing."""
+
 import numpy as np
 import pytest
 
 import dsl
-from dsl import (P, BindError, Builder, Local, Replicated, ShapeError, Sliced, f32, f64, i64,
-                 interpret, sym)
+from dsl import (
+    BindError,
+    Builder,
+    Local,
+    P,
+    Replicated,
+    ShapeError,
+    Sliced,
+    f32,
+    f64,
+    i64,
+    interpret,
+    sym,
+)
 
 N, M = sym("N"), sym("M")
 WORLDS = [1, 2, 3, 4]
@@ -101,7 +114,9 @@ def test_all_to_all_of_a_local_tensor(split, concat, world):
 def test_all_to_all_reslices_a_sliced_tensor(world):
     full = locals_(1, (12, 24))[0]
     xs = np.split(full, world, axis=1)  # Sliced(1) -> Sliced(0): the same global tensor
-    outs = run(one_op("all_to_all", Sliced(1), [N, M / P], split_dim=0, concat_dim=1), xs, N=12, M=24)
+    outs = run(
+        one_op("all_to_all", Sliced(1), [N, M / P], split_dim=0, concat_dim=1), xs, N=12, M=24
+    )
     np.testing.assert_array_equal(np.concatenate(outs, axis=0), full)
 
 
@@ -134,7 +149,9 @@ def test_p2p_moves_tp_index_i_of_one_stage_to_the_next(world):
     for r, out in enumerate(outs):
         assert set(out) == ({"y0", "lr"} if r < P_ else {"z", "lr"})
         assert out["lr"] == 1.0
-        np.testing.assert_array_equal(out["y0"] if r < P_ else out["z"], total if r < P_ else total + h)
+        np.testing.assert_array_equal(
+            out["y0"] if r < P_ else out["z"], total if r < P_ else total + h
+        )
 
 
 def test_p2p_sends_rank_i_to_rank_i():
@@ -201,14 +218,29 @@ def _set(name, rank, value):
 
 BAD = [  # (inputs, world, bindings, error, message pattern)
     (_drop("g", 1), 2, {"N": 8}, BindError, "input g .* missing on rank 1"),
-    (_set("w", 0, np.ones(8)), 2, {"N": 8}, BindError,
-     r"input w on rank 0 has shape \[8\], expected \[4\]"),
+    (
+        _set("w", 0, np.ones(8)),
+        2,
+        {"N": 8},
+        BindError,
+        r"input w on rank 0 has shape \[8\], expected \[4\]",
+    ),
     (_set("g", 1, np.ones((8, 1))), 2, {"N": 8}, BindError, "input g on rank 1"),
-    (_set("r", 1, np.arange(8) + 1), 2, {"N": 8}, BindError,
-     "replicated input r differs between rank 0 and rank 1"),
+    (
+        _set("r", 1, np.arange(8) + 1),
+        2,
+        {"N": 8},
+        BindError,
+        "replicated input r differs between rank 0 and rank 1",
+    ),
     (_set("zz", 0, np.ones(1)), 2, {"N": 8}, BindError, "zz"),
-    ([{"g": np.ones(5), "w": np.ones(2), "r": np.ones(5)}] * 2, 2, {"N": 5}, ShapeError,
-     "input w .* N/P = 5/2 .* not a whole number"),
+    (
+        [{"g": np.ones(5), "w": np.ones(2), "r": np.ones(5)}] * 2,
+        2,
+        {"N": 5},
+        ShapeError,
+        "input w .* N/P = 5/2 .* not a whole number",
+    ),
     (good_inputs(2), 2, {}, BindError, "size symbol N is not bound"),
     (good_inputs(2), 2, {"N": 8, "P": 4}, BindError, "P=4 .* gives P=2"),
     (good_inputs(2), 0, {"N": 8}, BindError, "world size 0"),
@@ -265,14 +297,20 @@ def test_printer_golden_text():
 def test_printer_shows_stages_fused_groups_and_overlaps():
     p = pipeline()
     ids = [s.out.id for s in p.body]
-    p = p.with_(fused=(dsl.Fuse((ids[0],)),), overlaps=(dsl.Overlap(ids[0], ids[1], 4),),
-                schedule="AR-P2P-C")
+    p = p.with_(
+        fused=(dsl.Fuse((ids[0],)),),
+        overlaps=(dsl.Overlap(ids[0], ids[1], 4),),
+        schedule="AR-P2P-C",
+    )
     text = str(p).splitlines()
     assert text[0] == "program pp(P) stages=2 schedule=AR-P2P-C {"
     assert text[1] == "  in %0: f64[N]@local@stage0  # x"
     k = text.index("  fuse#0 {")
-    assert text[k:k + 3] == [
-        "  fuse#0 {", "    %1: f64[N]@replicated@stage0 = all_reduce[sum](%0)  # t1", "  }"]
+    assert text[k : k + 3] == [
+        "  fuse#0 {",
+        "    %1: f64[N]@replicated@stage0 = all_reduce[sum](%0)  # t1",
+        "  }",
+    ]
     assert "  overlap(%1 -> %2, chunks=4)" in text and text[-1] == "}"
 
 

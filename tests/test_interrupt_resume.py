@@ -2,6 +2,7 @@
 SIGTERM of the entry point, SIGKILL of a rank, a kernel that does not compile, and resume. Each
 checks the exit status, the one line that says what happened, that the rows measured before are
 kept, that the report is written, and that no process of the run is left."""
+
 import csv
 import os
 import signal
@@ -18,11 +19,21 @@ SCHEDULES = 6  # the baseline and five schedules
 
 
 def _start(run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "suite", "experiment=adam_fusion", "scale=smoke",
-           "calibration=off", "verify.world_sizes=[2]", f"hydra.run.dir={run_dir}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "suite",
+        "experiment=adam_fusion",
+        "scale=smoke",
+        "calibration=off",
+        "verify.world_sizes=[2]",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _measured(run_dir: Path, name: str = "results.csv") -> list[dict]:
@@ -118,20 +129,28 @@ def test_resume_skips_the_points_measured_and_keeps_every_earlier_file(tmp_path)
     assert f"resume: {len(before)} measured rows kept" in out
     after = _measured(tmp_path)
     assert len(after) == POINTS * SCHEDULES  # every point once: none measured twice
-    assert after[:len(before)] == before  # the earlier rows, as they were
+    assert after[: len(before)] == before  # the earlier rows, as they were
     assert _measured(tmp_path, "results.1.csv") == before  # the interrupted file, kept
     # python -m suite.report rebuilds the report of this cpu run (its config has the
     # coconet.comm resolver of suite/conf/backend/cpu.yaml)
     (tmp_path / "report.md").unlink()
-    rebuilt = subprocess.run([sys.executable, "-m", "suite.report", str(tmp_path)], cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                             text=True, timeout=300)
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "suite.report", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
     assert "## Measured" in (tmp_path / "report.md").read_text()
     other = _start(tmp_path, "resume=true", "seed=1")  # other settings: refused before any work
     _, err = other.communicate(timeout=300)
-    assert other.returncode == 2 and err.strip().startswith("error: resume=true:") \
+    assert (
+        other.returncode == 2
+        and err.strip().startswith("error: resume=true:")
         and len(err.strip().splitlines()) == 1
+    )
 
 
 @pytest.mark.slow
@@ -141,12 +160,15 @@ def test_a_kernel_that_does_not_compile_ends_the_run_with_exit_3(tmp_path):
     compiler's error, no traceback, the report written, no process left."""
     (tmp_path / "bin").mkdir()
     cxx = tmp_path / "bin" / "g++"  # the real one answers torch's questions; sources fail
-    cxx.write_text("#!/bin/sh\ncase \"$*\" in *.cpp*) ;; *) exec g++ \"$@\";; esac\n"
-                   "echo 'main.cpp:1:1: error: the compiler is broken' >&2\nexit 1\n")
+    cxx.write_text(
+        '#!/bin/sh\ncase "$*" in *.cpp*) ;; *) exec g++ "$@";; esac\n'
+        "echo 'main.cpp:1:1: error: the compiler is broken' >&2\nexit 1\n"
+    )
     cxx.chmod(0o755)
     run_dir = tmp_path / "run"
-    proc = _start(run_dir, env={"CXX": str(cxx),
-                                "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")})
+    proc = _start(
+        run_dir, env={"CXX": str(cxx), "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+    )
     code, err = _ended(proc, set())
     assert code == 3, err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -161,11 +183,26 @@ def test_an_interrupted_paper_run_writes_the_report_of_the_runs_so_far(tmp_path)
     """experiment=paper (two runs here, to be short) stopped by SIGINT during its first run:
     that run's report and rows are kept, the reproduction report is written from them, one line
     says where it stopped, exit 130, no process left."""
-    cmd = [sys.executable, "-m", "suite", "experiment=paper", "scale=smoke", "calibration=off",
-           "verify.world_sizes=[2]", "predict_also=[]", f"hydra.run.dir={tmp_path}",
-           "experiment.runs=[{name:adam_fusion,share_s:1},{name:lamb_fusion,share_s:1}]"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "suite",
+        "experiment=paper",
+        "scale=smoke",
+        "calibration=off",
+        "verify.world_sizes=[2]",
+        "predict_also=[]",
+        f"hydra.run.dir={tmp_path}",
+        "experiment.runs=[{name:adam_fusion,share_s:1},{name:lamb_fusion,share_s:1}]",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 600
     while len(_measured(tmp_path / "adam_fusion")) < SCHEDULES:
         assert proc.poll() is None, proc.communicate()
@@ -177,11 +214,14 @@ def test_an_interrupted_paper_run_writes_the_report_of_the_runs_so_far(tmp_path)
     assert code == 130, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert "Traceback" not in err and lines[-2].startswith("interrupted after "), err
-    assert lines[-1].startswith("paper: stopped during adam_fusion (1 of 2 runs, exit status "
-                                "130); report (from the runs so far): "), err
+    assert lines[-1].startswith(
+        "paper: stopped during adam_fusion (1 of 2 runs, exit status "
+        "130); report (from the runs so far): "
+    ), err
     assert (tmp_path / "adam_fusion" / "report.md").exists()
     report = (tmp_path / "report.md").read_text()
     assert "\n## adam_fusion\n" in report and "\n## lamb_fusion\n" not in report
-    merged = [r for r in csv.DictReader((tmp_path / "results.csv").open())
-              if r["source"] == "measured"]
+    merged = [
+        r for r in csv.DictReader((tmp_path / "results.csv").open()) if r["source"] == "measured"
+    ]
     assert len(merged) >= SCHEDULES and {r["experiment"] for r in merged} == {"adam_fusion"}

@@ -1,6 +1,7 @@
 """A job's ranks started by a scheduler and led by rank 0 (codegen.runtime.joined): each rank a
 process of its own here, as SLURM's tasks are (tests/joined_ranks.py); the same code joins
 SLURM's tasks in tests/test_slurm.py."""
+
 import json
 import os
 import socket
@@ -22,12 +23,21 @@ def _free_port() -> int:
 
 def _ranks(case: str, world: int = 2, only=None) -> list[dict]:
     port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    procs = [subprocess.Popen([sys.executable, str(HERE / "joined_ranks.py"), str(r), str(world),
-                               str(port), case], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=env)
-             for r in (only if only is not None else range(world))]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "joined_ranks.py"), str(r), str(world), str(port), case],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for r in (only if only is not None else range(world))
+    ]
     try:
         outs = [p.communicate(timeout=120)[0] for p in procs]
     finally:
@@ -37,7 +47,7 @@ def _ranks(case: str, world: int = 2, only=None) -> list[dict]:
     for out in outs:
         line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         assert line, out[-3000:]
-        results.append(json.loads(line[-1][len("RESULT "):]))
+        results.append(json.loads(line[-1][len("RESULT ") :]))
     return results
 
 
@@ -66,7 +76,10 @@ def test_rendezvous_times_out_with_one_line(rank):
     start = time.monotonic()
     (alone,) = _ranks("timeout", only=[rank])
     assert time.monotonic() - start < 30
-    what = ("rank 0 could not gather the 1 other ranks on port" if rank == 0
-            else "rank 1 could not reach rank 0 at 127.0.0.1:")
+    what = (
+        "rank 0 could not gather the 1 other ranks on port"
+        if rank == 0
+        else "rank 1 could not reach rank 0 at 127.0.0.1:"
+    )
     assert alone["error"].startswith(f"rendezvous: {what}"), alone
     assert "within 2 s" in alone["error"] and "\n" not in alone["error"]

@@ -1,6 +1,7 @@
 """The GPU fused collective as one kernel in the cost model (`cost_model.kernel_fused`), the
 paper's precision (`coconet.programs.published_schedule`) and the authors' own timings beside
 the prediction (`experiments.predict.authors_rows`, `reports.published`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +10,9 @@ import pandas as pd
 import pytest
 
 import experiments
+from coconet.programs import PUBLISHED, adam_program, published_schedule
 from codegen.lower import lower
 from codegen.plan import FusedCollective
-from coconet.programs import PUBLISHED, adam_program, published_schedule
 from cost_model import nccl
 from cost_model.closed_form import plan_us
 from cost_model.kernel_fused import TREE_ROOTS, kernel_call, kernel_fusable
@@ -90,8 +91,11 @@ def test_tree_at_small_sizes_ring_at_large_as_the_authors_kernel_ran():
     faster up to 2^23 elements on 128 V100, the ring from 2^24); the model's pick moves from
     the tree to the ring between the same sizes."""
     topo = load_topology("dgx2", nodes=8)
-    algo = {k: kernel_call(p, fused_step(p), topo).algo
-            for k in (16, 20, 28, 30) for p in [plan_of("adam_fusion", FUSED, 1 << k, 128)]}
+    algo = {
+        k: kernel_call(p, fused_step(p), topo).algo
+        for k in (16, 20, 28, 30)
+        for p in [plan_of("adam_fusion", FUSED, 1 << k, 128)]
+    }
     assert algo[16] == algo[20] == "tree" and algo[28] == algo[30] == "ring"
 
 
@@ -105,7 +109,7 @@ def test_not_a_kernel_where_the_runtime_does_not_run_one():
 
 def test_the_published_schedule_communicates_f16_and_keeps_f32_state():
     mixed = adam_program(mixed=True)
-    (name, sched), = published_schedule(mixed).items()
+    ((name, sched),) = published_schedule(mixed).items()
     assert name == PUBLISHED
     assert max(check_equivalent(mixed, sched, 4, trials=2, bindings={"N": 64}).values()) == 0.0
     f = fused_step(lower(sched, {"N": 1 << 20}, 8))
@@ -117,7 +121,8 @@ def test_the_published_schedule_communicates_f16_and_keeps_f32_state():
 def test_the_paper_setting_predicts_128_and_256_v100_with_the_published_precision():
     rows = paper_rows(experiments.get("adam_fusion"), "smoke", schedules={FUSED: None})
     assert {(r["world_size"], r["schedule"]) for r in rows} == {
-        (w, s) for w in (128, 256) for s in ("baseline", FUSED, PUBLISHED)}
+        (w, s) for w in (128, 256) for s in ("baseline", FUSED, PUBLISHED)
+    }
     by = {(r["world_size"], r["schedule"]): r for r in rows}
     for w in (128, 256):  # f16 communication only speeds the fused step up
         assert by[(w, PUBLISHED)]["speedup"] > by[(w, FUSED)]["speedup"]
@@ -126,15 +131,22 @@ def test_the_paper_setting_predicts_128_and_256_v100_with_the_published_precisio
 def test_the_authors_timings_and_their_report_section(tmp_path):
     rows = authors_rows("adam_fusion")
     assert len(rows) == 42 and {r["world_size"] for r in rows} == {128}
-    assert all(r["source"] == "published" and "parasailteam/coconet@52175e2" in r["reference"]
-               for r in rows)
+    assert all(
+        r["source"] == "published" and "parasailteam/coconet@52175e2" in r["reference"]
+        for r in rows
+    )
     at = {(r["schedule"], r["size"]): r for r in rows}
     assert at[("baseline", 1 << 30)]["time_ms"] == pytest.approx(143.692, abs=1e-3)
     assert at[(FUSED, 1 << 30)]["speedup"] == pytest.approx(143.692 / 124.567, rel=1e-3)
     assert authors_rows("lamb_fusion") == []
     exp, topo = experiments.get("adam_fusion"), load_topology("dgx2", nodes=8)
-    pred = predict(exp, topo, [{"N": 1 << 12}, {"N": 1 << 30}], 128,
-                   schedules={FUSED: exp.schedules(f32)[FUSED]})
+    pred = predict(
+        exp,
+        topo,
+        [{"N": 1 << 12}, {"N": 1 << 30}],
+        128,
+        schedules={FUSED: exp.schedules(f32)[FUSED]},
+    )
     (tmp_path / "figures").mkdir()
     text = authors_section(pd.DataFrame(pred + rows), "adam_fusion", tmp_path)
     assert "| 128 | 2^12 |" in text and "| 128 | 2^30 | 143.692 |" in text

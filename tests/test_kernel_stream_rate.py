@@ -10,6 +10,7 @@ the 15-30 MB a kernel moves at 2^20 elements; with the sweep's curve the model p
 schedules' kernels at half their measured time and credited the fused schedules with an overlap
 that was not there (lamb fuse(RS-C-AG)+as_slice at 2^24: 2.72x predicted, 2.27x measured).
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,17 +20,16 @@ import statistics
 from pathlib import Path
 
 import pytest
+from test_calibrate import synthetic, truth
 
 import experiments
 from codegen.lower import lower
+from codegen.plan import Compute
 from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.closed_form import kernel_bytes
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
-from codegen.plan import Compute
 from experiments.predict import local_points, measured_baseline_compute, predict
-
-from test_calibrate import synthetic, truth
 
 FIXTURE = Path(__file__).parent / "fixtures" / "fidelity"
 
@@ -50,8 +50,10 @@ def test_the_fit_recovers_the_streaming_rate_from_kernel_stream():
     base = load_topology("local")
     t = truth()
     launch = t.device.launch_us
-    ms = synthetic(t) + [Measurement("kernel_stream", b, (launch + b / 8e3) / 1e3, 2)
-                         for b in (7 << 20, 14 << 20, 28 << 20, 56 << 20)]
+    ms = synthetic(t) + [
+        Measurement("kernel_stream", b, (launch + b / 8e3) / 1e3, 2)
+        for b in (7 << 20, 14 << 20, 28 << 20, 56 << 20)
+    ]
     got = fit(ms, base, 2)
     assert got.device.stream_memory_gbps == pytest.approx(8.0, rel=0.02)
     for m in ms:
@@ -67,12 +69,16 @@ def test_the_streaming_rate_is_read_where_the_calls_stream_from_memory():
     memory) do not pull the rate up: it comes from the calls from STREAM_FROM bytes and the
     sweep's from SWEEP_STREAM_FROM, 8 GB/s, even when those are the fewer."""
     from cost_model.calibration import STREAM_FROM, SWEEP_STREAM_FROM
+
     t = truth()
     launch = fit(synthetic(t), load_topology("local"), 2).device.launch_us
     at = lambda kind, b, gbps: Measurement(kind, b, (launch + b / (gbps * 1e3)) / 1e3, 2)  # noqa
     small = [at("kernel_stream", STREAM_FROM >> k, 16.0) for k in (1, 2, 3, 4)]
-    large = [at("kernel_stream", STREAM_FROM, 8.0), at("kernel", SWEEP_STREAM_FROM, 8.0),
-             at("kernel", 2 * SWEEP_STREAM_FROM, 8.2)]
+    large = [
+        at("kernel_stream", STREAM_FROM, 8.0),
+        at("kernel", SWEEP_STREAM_FROM, 8.0),
+        at("kernel", 2 * SWEEP_STREAM_FROM, 8.2),
+    ]
     got = fit(synthetic(t) + small + large, load_topology("local"), 2)
     assert got.device.stream_memory_gbps == pytest.approx(8.0, rel=0.02)
     # a calibration without such calls (a smoke scale): the median of the streaming calls
@@ -93,12 +99,12 @@ def test_a_kernel_inside_a_step_takes_the_streaming_rate(calibrated):
     assert float((task.end - task.start).sum()) == pytest.approx(want, rel=1e-6)
     # the sweep's curve, cache-resident at these 15 MB, is more than twice as fast
     assert dev.kernel_us(nbytes, k.flops, "f32") < want / 2
-    sweep = dataclasses.replace(calibrated, device=dataclasses.replace(dev,
-                                                                        stream_memory_gbps=0.0))
+    sweep = dataclasses.replace(calibrated, device=dataclasses.replace(dev, stream_memory_gbps=0.0))
     trace = simulate(plan, sweep).trace
     task = trace[(trace["rank"] == 0) & trace.step.str.contains("Compute")]
     assert float((task.end - task.start).sum()) == pytest.approx(
-        dev.kernel_us(nbytes, k.flops, "f32"), rel=1e-6)
+        dev.kernel_us(nbytes, k.flops, "f32"), rel=1e-6
+    )
 
 
 def _kernels_ms(plan, topo) -> float:

@@ -1,27 +1,53 @@
 """The layout, shape and dtype rules of `dsl.ops`, as seen through the Builder."""
+
 import pytest
 
 import dsl
-from dsl import (P, Builder, DTypeError, LayoutError, Local, Replicated, ShapeError, Sliced, f32,
-                 f64, i32, sym)
+from dsl import (
+    Builder,
+    DTypeError,
+    LayoutError,
+    Local,
+    P,
+    Replicated,
+    ShapeError,
+    Sliced,
+    f32,
+    f64,
+    i32,
+    sym,
+)
 
 N, M, B, K, H = sym("N"), sym("M"), sym("B"), sym("K"), sym("H")
 BOOL = dsl.DType.bool
 
 # name -> (dtype, per-rank shape, layout); stage-bound tensors in a 2-stage builder
 TENSORS = {
-    "loc": (f32, [N], Local()), "rep": (f32, [N], Replicated()), "sl0": (f32, [N / P], Sliced(0)),
-    "loc2": (f32, [B, N], Local()), "rep2": (f32, [B, N], Replicated()),
-    "s20": (f32, [B / P, N], Sliced(0)), "s21": (f32, [B, N / P], Sliced(1)),
-    "rep1": (f32, [B, 1], Replicated()), "repB": (f32, [B], Replicated()),
-    "i": (i32, [N], Local()), "d": (f64, [N], Local()), "m": (f32, [M], Local()),
+    "loc": (f32, [N], Local()),
+    "rep": (f32, [N], Replicated()),
+    "sl0": (f32, [N / P], Sliced(0)),
+    "loc2": (f32, [B, N], Local()),
+    "rep2": (f32, [B, N], Replicated()),
+    "s20": (f32, [B / P, N], Sliced(0)),
+    "s21": (f32, [B, N / P], Sliced(1)),
+    "rep1": (f32, [B, 1], Replicated()),
+    "repB": (f32, [B], Replicated()),
+    "i": (i32, [N], Local()),
+    "d": (f64, [N], Local()),
+    "m": (f32, [M], Local()),
     "bool": (BOOL, [N], Local()),
-    "a_rep": (f32, [B, K], Replicated()), "a_s0": (f32, [B / P, K], Sliced(0)),
-    "a_sK": (f32, [B, K / P], Sliced(1)), "a_loc": (f32, [B, K], Local()),
-    "a3_rep": (f32, [B, N, K], Replicated()), "a3_sK": (f32, [B, N, K / P], Sliced(2)),
-    "w_rep": (f32, [K, H], Replicated()), "w_s1": (f32, [K, H / P], Sliced(1)),
-    "w_s0": (f32, [K / P, H], Sliced(0)), "w_loc": (f32, [K, H], Local()),
-    "big": (f32, [N, M], Local()), "bs1": (f32, [N, M / P], Sliced(1)),
+    "a_rep": (f32, [B, K], Replicated()),
+    "a_s0": (f32, [B / P, K], Sliced(0)),
+    "a_sK": (f32, [B, K / P], Sliced(1)),
+    "a_loc": (f32, [B, K], Local()),
+    "a3_rep": (f32, [B, N, K], Replicated()),
+    "a3_sK": (f32, [B, N, K / P], Sliced(2)),
+    "w_rep": (f32, [K, H], Replicated()),
+    "w_s1": (f32, [K, H / P], Sliced(1)),
+    "w_s0": (f32, [K / P, H], Sliced(0)),
+    "w_loc": (f32, [K, H], Local()),
+    "big": (f32, [N, M], Local()),
+    "bs1": (f32, [N, M / P], Sliced(1)),
 }
 
 
@@ -98,15 +124,27 @@ REJECTED = [  # (expression, error, printed statement ({name}: that input's %id)
     (lambda b, t: t["s20"] * t["s21"], LayoutError, "mul({s20}, {s21})", "different dimensions"),
     (lambda b, t: b.all_reduce(t["rep"]), LayoutError, "all_reduce[sum]({rep})", "Local"),
     (lambda b, t: b.all_reduce(t["sl0"]), LayoutError, "all_reduce[sum]({sl0})", "Local"),
-    (lambda b, t: b.reduce_scatter(t["rep"]), LayoutError, "reduce_scatter[sum,dim=0]({rep})", "Local"),
+    (
+        lambda b, t: b.reduce_scatter(t["rep"]),
+        LayoutError,
+        "reduce_scatter[sum,dim=0]({rep})",
+        "Local",
+    ),
     (lambda b, t: b.all_gather(t["loc"]), LayoutError, "all_gather({loc})", "Sliced"),
     (lambda b, t: b.all_gather(t["rep"]), LayoutError, "all_gather({rep})", "Sliced"),
-    (lambda b, t: b.broadcast(t["sl0"]), LayoutError, "broadcast[root=0]({sl0})",
-     "Local or Replicated"),
+    (
+        lambda b, t: b.broadcast(t["sl0"]),
+        LayoutError,
+        "broadcast[root=0]({sl0})",
+        "Local or Replicated",
+    ),
     (lambda b, t: b.reduce(t["rep"]), LayoutError, "reduce[sum,root=0]({rep})", "Local"),
-    (lambda b, t: b.all_to_all(t["bs1"], 1, 0), LayoutError,
-     "all_to_all[split_dim=1,concat_dim=0]({bs1})",
-     "concat_dim=0"),
+    (
+        lambda b, t: b.all_to_all(t["bs1"], 1, 0),
+        LayoutError,
+        "all_to_all[split_dim=1,concat_dim=0]({bs1})",
+        "concat_dim=0",
+    ),
     (lambda b, t: t["a_s0"] @ t["w_loc"], LayoutError, "matmul({a_s0}, {w_loc})", "no rule"),
     (lambda b, t: t["a_loc"] @ t["w_s1"], LayoutError, "matmul({a_loc}, {w_s1})", "no rule"),
     (lambda b, t: t["a_s0"] @ t["w_s1"], LayoutError, "matmul({a_s0}, {w_s1})", "no rule"),
@@ -120,25 +158,54 @@ REJECTED = [  # (expression, error, printed statement ({name}: that input's %id)
     (lambda b, t: t["i"] < t["loc"], DTypeError, "lt({i}, {loc})", "cast first"),
     (lambda b, t: t["bool"] + t["bool"], DTypeError, "add({bool}, {bool})", "bool"),
     (lambda b, t: b.sqrt(t["i"]), DTypeError, "sqrt({i})", "floating-point"),
-    (lambda b, t: b.where(t["loc"], t["loc"], t["loc"]), DTypeError, "where({loc}, {loc}, {loc})",
-     "bool"),
-    (lambda b, t: b.dropout(t["i"], p=0.5, seed=0), DTypeError, "dropout[p=0.5,seed=0]({i})",
-     "floating"),
+    (
+        lambda b, t: b.where(t["loc"], t["loc"], t["loc"]),
+        DTypeError,
+        "where({loc}, {loc}, {loc})",
+        "bool",
+    ),
+    (
+        lambda b, t: b.dropout(t["i"], p=0.5, seed=0),
+        DTypeError,
+        "dropout[p=0.5,seed=0]({i})",
+        "floating",
+    ),
     (lambda b, t: b.cast(t["loc"], "f16"), DTypeError, "cast[dtype=f16]({loc})", "dtype"),
     # shapes and attributes
     (lambda b, t: t["loc"] + t["m"], ShapeError, "add({loc}, {m})", "do not broadcast"),
     (lambda b, t: t["loc2"] + t["repB"], ShapeError, "add({loc2}, {repB})", "do not broadcast"),
-    (lambda b, t: t["a_rep"] @ t["a_rep"], ShapeError, "matmul({a_rep}, {a_rep})", "contracted sizes"),
+    (
+        lambda b, t: t["a_rep"] @ t["a_rep"],
+        ShapeError,
+        "matmul({a_rep}, {a_rep})",
+        "contracted sizes",
+    ),
     (lambda b, t: t["loc"] @ t["w_rep"], ShapeError, "matmul({loc}, {w_rep})", "rank 1 x rank 2"),
     (lambda b, t: b.slice(t["rep"], 1), ShapeError, "slice[dim=1]({rep})", "out of range"),
-    (lambda b, t: b.reduce_scatter(t["loc"], 2), ShapeError, "reduce_scatter[sum,dim=2]({loc})",
-     "out of range"),
-    (lambda b, t: b.all_reduce(t["loc"], op="avg"), ShapeError, "all_reduce[avg]({loc})",
-     "reduction op"),
-    (lambda b, t: b.dropout(t["loc"], p=1.0, seed=0), ShapeError, "dropout[p=1.0,seed=0]({loc})",
-     "[0, 1)"),
-    (lambda b, t: b.all_to_all(t["big"], 1, 1), ShapeError,
-     "all_to_all[split_dim=1,concat_dim=1]({big})", "split_dim != concat_dim"),
+    (
+        lambda b, t: b.reduce_scatter(t["loc"], 2),
+        ShapeError,
+        "reduce_scatter[sum,dim=2]({loc})",
+        "out of range",
+    ),
+    (
+        lambda b, t: b.all_reduce(t["loc"], op="avg"),
+        ShapeError,
+        "all_reduce[avg]({loc})",
+        "reduction op",
+    ),
+    (
+        lambda b, t: b.dropout(t["loc"], p=1.0, seed=0),
+        ShapeError,
+        "dropout[p=1.0,seed=0]({loc})",
+        "[0, 1)",
+    ),
+    (
+        lambda b, t: b.all_to_all(t["big"], 1, 1),
+        ShapeError,
+        "all_to_all[split_dim=1,concat_dim=1]({big})",
+        "split_dim != concat_dim",
+    ),
     (lambda b, t: b.broadcast(t["loc"], root=-1), ShapeError, "broadcast[root=-1]({loc})", "root"),
 ]
 
@@ -184,15 +251,35 @@ def test_verify_rejects_a_recorded_type_that_the_rules_do_not_infer():
         dsl.verify(p.with_(body=(bad,)))
 
 
-@pytest.mark.parametrize("name", [
-    "DSLError", "ShapeError", "LayoutError", "DTypeError", "TransformError", "BindError",
-    "EquivalenceError", "interpret", "check_equivalent", "random_inputs", "default_bindings",
-    "Builder", "verify"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DSLError",
+        "ShapeError",
+        "LayoutError",
+        "DTypeError",
+        "TransformError",
+        "BindError",
+        "EquivalenceError",
+        "interpret",
+        "check_equivalent",
+        "random_inputs",
+        "default_bindings",
+        "Builder",
+        "verify",
+    ],
+)
 def test_import_dsl_exposes(name):
     assert hasattr(dsl, name) and name in dsl.__all__
 
 
 def test_every_dsl_error_derives_from_dslerror():
-    for err in (dsl.ShapeError, dsl.LayoutError, dsl.DTypeError, dsl.TransformError, dsl.BindError,
-                dsl.EquivalenceError):
+    for err in (
+        dsl.ShapeError,
+        dsl.LayoutError,
+        dsl.DTypeError,
+        dsl.TransformError,
+        dsl.BindError,
+        dsl.EquivalenceError,
+    ):
         assert issubclass(err, dsl.DSLError)

@@ -1,5 +1,6 @@
 """One-way messages on their own link (`Topology.p2p_link`, fitted to calibration's `send`) and
 the step overhead of plans with more ranks than the machine has cores (`Topology.cores`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,13 @@ from cost_model.workload import simulate
 from experiments import pipeline_parallel
 from tests.test_calibrate import synthetic, truth
 
-ONE_WAY = LinkClass(bandwidth_gbps=3.0, latency_us=200.0, overhead_us=40.0, rate_by="transfer",
-                    efficiency={1 << 16: 0.4, 1 << 22: 0.9, 1 << 27: 1.0})
+ONE_WAY = LinkClass(
+    bandwidth_gbps=3.0,
+    latency_us=200.0,
+    overhead_us=40.0,
+    rate_by="transfer",
+    efficiency={1 << 16: 0.4, 1 << 22: 0.9, 1 << 27: 1.0},
+)
 
 
 def _sends(topo, P=2) -> list[Measurement]:
@@ -47,7 +53,8 @@ def test_the_fit_takes_one_way_messages_from_send_and_keeps_the_ring_link():
     without = fit(synthetic(t), load_topology("local"), 2)
     assert without.p2p_link is None and without.lone_p2p_link is None
     assert predict_ms(without, sends[-1]) == pytest.approx(
-        hop_us(without, 0, 1, sends[-1].nbytes, whole=sends[-1].nbytes) / 1e3, rel=1e-6)
+        hop_us(without, 0, 1, sends[-1].nbytes, whole=sends[-1].nbytes) / 1e3, rel=1e-6
+    )
 
 
 def test_only_a_one_way_message_takes_the_one_way_link():
@@ -66,10 +73,12 @@ def test_a_pipelines_send_costs_what_the_one_way_link_says_in_both_models():
     t = truth()
     slow = dataclasses.replace(t, p2p_link=dataclasses.replace(t.intra.link, bandwidth_gbps=0.5))
     extra = hop_us(slow, 0, 1, nbytes, whole=nbytes, p2p=True) - hop_us(
-        t, 0, 1, nbytes, whole=nbytes)
+        t, 0, 1, nbytes, whole=nbytes
+    )
     assert extra > 100
-    assert simulate(plan, slow).time_us - simulate(plan, t).time_us == pytest.approx(extra,
-                                                                                     rel=1e-6)
+    assert simulate(plan, slow).time_us - simulate(plan, t).time_us == pytest.approx(
+        extra, rel=1e-6
+    )
     assert plan_us(plan, slow) - plan_us(plan, t) == pytest.approx(extra, rel=1e-6)
 
 

@@ -1,9 +1,10 @@
 """Every compute op, built with `dsl.Builder` and interpreted, against a direct numpy computation."""
+
 import numpy as np
 import pytest
 
 import dsl
-from dsl import P, Builder, Local, Replicated, bf16, f16, f32, f64, i32, i64, interpret, sym
+from dsl import Builder, Local, P, Replicated, bf16, f16, f32, f64, i32, i64, interpret, sym
 from dsl.interpret import EVAL, as_dtype, dropout_keep, mix32, round_bf16
 
 N, B = sym("N"), sym("B")
@@ -42,12 +43,15 @@ BINARY = [
 
 
 @pytest.mark.parametrize("dtype", [f32, f64], ids=str)
-@pytest.mark.parametrize("name,op,ref", BINARY + [("pow", lambda x, y: x**y, np.power)],
-                         ids=_id)
+@pytest.mark.parametrize("name,op,ref", BINARY + [("pow", lambda x, y: x**y, np.power)], ids=_id)
 def test_binary_float(name, op, ref, dtype):
     x, y = data(dtype, (4, 6), positive=True), data(dtype, (4, 6))
-    (got,) = run(lambda b: op(b.input("x", dtype, [B, N], Local()),
-                              b.input("y", dtype, [B, N], Local())), {"x": x, "y": y}, B=4, N=6)
+    (got,) = run(
+        lambda b: op(b.input("x", dtype, [B, N], Local()), b.input("y", dtype, [B, N], Local())),
+        {"x": x, "y": y},
+        B=4,
+        N=6,
+    )
     assert got.dtype == dtype.numpy
     np.testing.assert_array_equal(got, ref(x, y))
 
@@ -56,16 +60,22 @@ def test_binary_float(name, op, ref, dtype):
 @pytest.mark.parametrize("name,op,ref", BINARY[:3] + BINARY[4:], ids=_id)
 def test_binary_int(name, op, ref, dtype):
     x, y = data(dtype, (5,)), data(dtype, (5,))
-    (got,) = run(lambda b: op(b.input("x", dtype, [N], Local()), b.input("y", dtype, [N], Local())),
-                 {"x": x, "y": y}, N=5)
+    (got,) = run(
+        lambda b: op(b.input("x", dtype, [N], Local()), b.input("y", dtype, [N], Local())),
+        {"x": x, "y": y},
+        N=5,
+    )
     assert got.dtype == dtype.numpy
     np.testing.assert_array_equal(got, ref(x, y))
 
 
 def test_int_division_truncates_toward_zero_and_by_zero_is_zero():
     x, y = np.array([7, -7, 7, -7, 3, 0], np.int32), np.array([2, 2, -2, -2, 0, 5], np.int32)
-    (got,) = run(lambda b: b.input("x", i32, [N], Local()) / b.input("y", i32, [N], Local()),
-                 {"x": x, "y": y}, N=6)
+    (got,) = run(
+        lambda b: b.input("x", i32, [N], Local()) / b.input("y", i32, [N], Local()),
+        {"x": x, "y": y},
+        N=6,
+    )
     np.testing.assert_array_equal(got, [3, -3, -3, 3, 0, 0])
 
 
@@ -88,8 +98,15 @@ def test_unary(name, op, ref, dtype):
 
 def test_broadcasting_right_aligned_and_size_one():
     x, y, z = data(f32, (3, 4)), data(f32, (4,)), data(f32, (3, 1))
-    (got,) = run(lambda b: b.input("x", f32, [B, N], Local()) * b.input("y", f32, [N], Local())
-                 + b.input("z", f32, [B, 1], Local()), {"x": x, "y": y, "z": z}, B=3, N=4)
+    (got,) = run(
+        lambda b: (
+            b.input("x", f32, [B, N], Local()) * b.input("y", f32, [N], Local())
+            + b.input("z", f32, [B, 1], Local())
+        ),
+        {"x": x, "y": y, "z": z},
+        B=3,
+        N=4,
+    )
     np.testing.assert_array_equal(got, x * y + z)
 
 
@@ -117,9 +134,12 @@ def test_symbolic_const_with_a_size_symbol():
 
 # -- comparisons, where, cast ---------------------------------------------------------------------
 COMPARE = [
-    ("lt", lambda x, y: x < y, np.less), ("le", lambda x, y: x <= y, np.less_equal),
-    ("gt", lambda x, y: x > y, np.greater), ("ge", lambda x, y: x >= y, np.greater_equal),
-    ("eq", lambda x, y: x.b.eq(x, y), np.equal), ("ne", lambda x, y: x.b.ne(x, y), np.not_equal),
+    ("lt", lambda x, y: x < y, np.less),
+    ("le", lambda x, y: x <= y, np.less_equal),
+    ("gt", lambda x, y: x > y, np.greater),
+    ("ge", lambda x, y: x >= y, np.greater_equal),
+    ("eq", lambda x, y: x.b.eq(x, y), np.equal),
+    ("ne", lambda x, y: x.b.ne(x, y), np.not_equal),
 ]
 
 
@@ -129,8 +149,11 @@ def test_comparisons_give_bool(name, op, ref, dtype):
     x = data(dtype, (12,))
     y = x.copy()
     y[::2] = data(dtype, (6,))  # some equal, some not
-    (got,) = run(lambda b: op(b.input("x", dtype, [N], Local()), b.input("y", dtype, [N], Local())),
-                 {"x": x, "y": y}, N=12)
+    (got,) = run(
+        lambda b: op(b.input("x", dtype, [N], Local()), b.input("y", dtype, [N], Local())),
+        {"x": x, "y": y},
+        N=12,
+    )
     assert got.dtype == np.bool_
     np.testing.assert_array_equal(got, ref(x, y))
 
@@ -141,17 +164,22 @@ def test_where_with_a_comparison_and_a_const():
     def build(b):
         u, v = b.input("x", f32, [N], Local()), b.input("y", f32, [N], Local())
         return b.where(u > v, u, 0.5)
+
     (got,) = run(build, {"x": x, "y": y}, N=10)
     np.testing.assert_array_equal(got, np.where(x > y, x, np.float32(0.5)))
 
 
-@pytest.mark.parametrize("src,dst,x,want", [
-    (f32, i32, [1.7, -1.7, 0.2], [1, -1, 0]),
-    (f64, f16, [1 / 3, 65504.0, 1e-8], np.array([1 / 3, 65504.0, 1e-8]).astype(np.float16)),
-    (f64, bf16, [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-9)], [1.0, 1 + 2**-6, -1.0]),
-    (i64, f32, [3, -8, 0], [3.0, -8.0, 0.0]),
-    (f32, dsl.DType.bool, [0.0, -2.0, 0.5], [False, True, True]),
-], ids=lambda v: str(v) if isinstance(v, dsl.DType) else "")
+@pytest.mark.parametrize(
+    "src,dst,x,want",
+    [
+        (f32, i32, [1.7, -1.7, 0.2], [1, -1, 0]),
+        (f64, f16, [1 / 3, 65504.0, 1e-8], np.array([1 / 3, 65504.0, 1e-8]).astype(np.float16)),
+        (f64, bf16, [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-9)], [1.0, 1 + 2**-6, -1.0]),
+        (i64, f32, [3, -8, 0], [3.0, -8.0, 0.0]),
+        (f32, dsl.DType.bool, [0.0, -2.0, 0.5], [False, True, True]),
+    ],
+    ids=lambda v: str(v) if isinstance(v, dsl.DType) else "",
+)
 def test_cast(src, dst, x, want):
     (got,) = run(lambda b: b.cast(b.input("x", src, [N], Local()), dst), {"x": np.array(x)}, N=3)
     assert got.dtype == dst.numpy
@@ -160,26 +188,40 @@ def test_cast(src, dst, x, want):
 
 def test_f16_spot_check_computes_in_float16():
     x, y = data(f16, (64,)), data(f16, (64,))
-    (got,) = run(lambda b: b.input("x", f16, [N], Local()) * b.input("y", f16, [N], Local()) + 1.0,
-                 {"x": x, "y": y}, N=64)
+    (got,) = run(
+        lambda b: b.input("x", f16, [N], Local()) * b.input("y", f16, [N], Local()) + 1.0,
+        {"x": x, "y": y},
+        N=64,
+    )
     assert got.dtype == np.float16
     np.testing.assert_array_equal(got, x * y + np.float16(1.0))
 
 
 def test_bf16_rounds_after_every_op():
     x, y = data(f32, (256,)), data(f32, (256,))
-    (got,) = run(lambda b: b.input("x", bf16, [N], Local()) * b.input("y", bf16, [N], Local()),
-                 {"x": x, "y": y}, N=256)
+    (got,) = run(
+        lambda b: b.input("x", bf16, [N], Local()) * b.input("y", bf16, [N], Local()),
+        {"x": x, "y": y},
+        N=256,
+    )
     assert got.dtype == np.float32
     assert not np.any(got.view(np.uint32) & 0xFFFF), "results must be bf16-representable"
     np.testing.assert_array_equal(got, round_bf16(round_bf16(x) * round_bf16(y)))
     np.testing.assert_allclose(got, x * y, rtol=2**-7, atol=2**-7)
 
 
-@pytest.mark.parametrize("value,want", [
-    (1 + 2**-8, 1.0), (1 + 3 * 2**-8, 1 + 2**-6), (1 + 2**-8 + 2**-20, 1 + 2**-7),
-    (np.inf, np.inf), (-0.0, -0.0), (3.4e38, np.inf), (3.3895e38, 3.3895313892515355e38),
-])
+@pytest.mark.parametrize(
+    "value,want",
+    [
+        (1 + 2**-8, 1.0),
+        (1 + 3 * 2**-8, 1 + 2**-6),
+        (1 + 2**-8 + 2**-20, 1 + 2**-7),
+        (np.inf, np.inf),
+        (-0.0, -0.0),
+        (3.4e38, np.inf),
+        (3.3895e38, 3.3895313892515355e38),
+    ],
+)
 def test_round_bf16_ties_to_even(value, want):
     assert round_bf16(np.float32(value)) == np.float32(want)
     assert np.isnan(round_bf16(np.float32(np.nan)))
@@ -207,8 +249,9 @@ def test_reduction_of_a_sliced_tensor_is_the_local_partial():
 
     def build(b):
         return b.sum(b.slice(b.input("x", f64, [N], Replicated())))
+
     outs = run(build, {"x": x}, 4, N=8)
-    np.testing.assert_array_equal(outs, [x[2 * i:2 * i + 2].sum() for i in range(4)])
+    np.testing.assert_array_equal(outs, [x[2 * i : 2 * i + 2].sum() for i in range(4)])
 
 
 def test_integer_sum_is_exact():
@@ -223,7 +266,10 @@ def test_matmul_bsk_by_kh(dtype):
     a, w = data(dtype, (2, 3, 5)), data(dtype, (5, 4))
 
     def build(b):
-        return b.input("a", dtype, [B, S, K], Replicated()) @ b.input("w", dtype, [K, H], Replicated())
+        return b.input("a", dtype, [B, S, K], Replicated()) @ b.input(
+            "w", dtype, [K, H], Replicated()
+        )
+
     (got,) = run(build, {"a": a, "w": w}, B=2, S=3, K=5, H=4)
     assert got.shape == (2, 3, 4) and got.dtype == dtype.numpy
     want = np.matmul(a.astype(np.float64), w.astype(np.float64)).astype(dtype.numpy)
@@ -234,8 +280,9 @@ def test_matmul_bsk_by_kh(dtype):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_slice_takes_the_tp_index_piece(dim, world):
     x = data(f32, (8, 4))
-    outs = run(lambda b: b.slice(b.input("x", f32, [B, N], Replicated()), dim), {"x": x}, world,
-               B=8, N=4)
+    outs = run(
+        lambda b: b.slice(b.input("x", f32, [B, N], Replicated()), dim), {"x": x}, world, B=8, N=4
+    )
     np.testing.assert_array_equal(np.concatenate(outs, axis=dim), x)
     assert outs[-1].shape[dim] == x.shape[dim] // world
 
@@ -269,8 +316,11 @@ def test_dropout_hash_matches_an_independent_integer_implementation():
             want.append((h >> 8) * 2.0**-24 >= 0.37)
         got = dropout_keep(seed, np.array(idx, np.uint64), 0.37)
         np.testing.assert_array_equal(got, want)
-    assert [int(v) for v in mix32(np.array([0, 1, 0xDEADBEEF], np.uint32))] == \
-        [_mix32_py(0), _mix32_py(1), _mix32_py(0xDEADBEEF)]
+    assert [int(v) for v in mix32(np.array([0, 1, 0xDEADBEEF], np.uint32))] == [
+        _mix32_py(0),
+        _mix32_py(1),
+        _mix32_py(0xDEADBEEF),
+    ]
 
 
 def _dropout_program(layout_dim=None, p=0.25, seed=7):
@@ -293,8 +343,10 @@ def test_dropout_keeps_about_one_minus_p_and_scales(p):
 
 def test_dropout_is_deterministic_and_depends_on_the_seed():
     x = data(f32, (8, 64))
-    runs = [interpret(_dropout_program(seed=s), [{"x": x}], 1, {"B": 8, "N": 64})[0]["y"]
-            for s in (3, 3, 4)]
+    runs = [
+        interpret(_dropout_program(seed=s), [{"x": x}], 1, {"B": 8, "N": 64})[0]["y"]
+        for s in (3, 3, 4)
+    ]
     np.testing.assert_array_equal(runs[0], runs[1])
     assert np.any((runs[0] != 0) != (runs[2] != 0))
 

@@ -1,6 +1,7 @@
 """The chunked overlaps on gloo ranks: ol(MM,fuse(RS-C-AG)) and ol(RS,fuse(P2P-C-AG)) give exactly
 the unoverlapped schedule's result for every chunk count that divides each rank's rows, and a
 chunk count that does not divide them is a clear ShapeError before anything runs."""
+
 import numpy as np
 import pytest
 
@@ -22,12 +23,15 @@ def _plans(world):
     if world == 2:
         cases.append(("mp", lower(mp.schedules()["MM-RS-C-AG"], MP, 2), MP))
         for c in (1, 2, 4, 8, 16):
-            cases.append((f"mp{c}", lower(mp.schedules(chunks=c)["ol(MM,fuse(RS-C-AG))"], MP, 2), MP))
+            cases.append(
+                (f"mp{c}", lower(mp.schedules(chunks=c)["ol(MM,fuse(RS-C-AG))"], MP, 2), MP)
+            )
     rows = 16 // (world // 2)
     cases.append(("pp", lower(pp.schedules()["RS-P2P-C-AG"], PP, world), PP))
     for c in (d for d in (1, 2, 4, 8, 16) if rows % d == 0):
-        cases.append((f"pp{c}", lower(pp.schedules(chunks=c)["ol(RS,fuse(P2P-C-AG))"], PP, world),
-                      PP))
+        cases.append(
+            (f"pp{c}", lower(pp.schedules(chunks=c)["ol(RS,fuse(P2P-C-AG))"], PP, world), PP)
+        )
     return cases
 
 
@@ -47,10 +51,14 @@ def _rank(rank, world, cases, inputs, kernels):
 @pytest.mark.parametrize("world", [2, 4])
 def test_overlap_exact_for_every_dividing_chunk_count(world):
     cases = _plans(world)
-    progs = {"mp": experiments.get("model_parallel").program(),
-             "pp": experiments.get("pipeline_parallel").program()}
-    inputs = [dsl.random_inputs(progs[name[:2]], world, b, np.random.default_rng(3))
-              for name, _, b in cases]
+    progs = {
+        "mp": experiments.get("model_parallel").program(),
+        "pp": experiments.get("pipeline_parallel").program(),
+    }
+    inputs = [
+        dsl.random_inputs(progs[name[:2]], world, b, np.random.default_rng(3))
+        for name, _, b in cases
+    ]
     kernels = [k for _, p, _ in cases for k in p.kernels()]
     build(kernels)
     res = launch(_rank, world, args=(cases, inputs, kernels), timeout_s=240)

@@ -2,6 +2,7 @@
 reproduction report. The run (about 2 minutes) is made once; the tests read what it wrote:
 report.html parsed (every figure embedded, at least one table per experiment), the merged CSV and
 the LaTeX tables, the environment, and the summary it prints last."""
+
 import json
 import subprocess
 import sys
@@ -12,16 +13,26 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPERIMENTS = ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel",
-               "collectives", "calibrate"]
+EXPERIMENTS = [
+    "adam_fusion",
+    "lamb_fusion",
+    "model_parallel",
+    "pipeline_parallel",
+    "collectives",
+    "calibrate",
+]
 
 
 @pytest.fixture(scope="module")
 def paper_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("paper")
-    proc = subprocess.run([sys.executable, "-m", "suite", "experiment=paper", "scale=smoke",
-                           f"hydra.run.dir={out}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "suite", "experiment=paper", "scale=smoke", f"hydra.run.dir={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout
 
@@ -82,7 +93,6 @@ def test_report_tables_and_merged_results(paper_run):
             assert len(pd.read_csv(out / "tables" / f"{name}_{source}.csv")) > 0
 
 
-
 def test_environment_and_summary(paper_run):
     out, stdout = paper_run
     env = json.loads((out / "environment.json").read_text())
@@ -102,14 +112,20 @@ def test_environment_and_summary(paper_run):
 def _copy(paper_run, tmp_path) -> Path:
     """A copy of the paper run, for a test that rewrites it."""
     import shutil
+
     copy = tmp_path / "paper"
     shutil.copytree(paper_run[0], copy)
     return copy
 
 
 def _report(run_dir) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "suite.report", str(run_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "suite.report", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow

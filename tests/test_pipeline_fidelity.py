@@ -1,6 +1,7 @@
 """The pipeline boundary's time terms, measured and predicted alike: a computation that runs on
 one pipeline stage is averaged over that stage's ranks (not halved by the ranks that only
 receive), and the cost model charges what the runtime does on each stage."""
+
 import pytest
 
 import experiments
@@ -38,8 +39,11 @@ def test_a_ring_of_one_rank_copies_its_input(kind, chunks):
     nbytes = 4 << 20
     spec = CollSpec(kind, nbytes, (0,), chunks=chunks)
     whole = kind == "reduce_scatter"  # copied whole at its start; a gather chunk by chunk
-    copy_us = (topo.device.elementwise_us(2 * nbytes) if whole else
-               topo.device.elementwise_us(2 * nbytes / chunks) * chunks)
+    copy_us = (
+        topo.device.elementwise_us(2 * nbytes)
+        if whole
+        else topo.device.elementwise_us(2 * nbytes / chunks) * chunks
+    )
     assert copy_us > 0
     assert simulate_collective(spec, topo, "ring").time_us == pytest.approx(copy_us)
     assert collective_us(spec, "ring", topo) == pytest.approx(copy_us)

@@ -1,10 +1,11 @@
 """The progress bar's estimate of the time left, and the run summaries (pure functions of the
 results table)."""
+
 import pandas as pd
 import pytest
 
-from reports.progress import Progress, clock_text
 from reports.predicted import busbw_table
+from reports.progress import Progress, clock_text
 from reports.reproduction import kernels_list, nest, summary_rows
 from reports.summary import experiment_summary, markdown_table, schedule_summary, text_table
 
@@ -46,25 +47,41 @@ def test_progress_rejects_empty_work_and_formats_clock():
 
 def _df():
     rows = []
-    for source, topo, ws in (("measured", "local", 2), ("predicted", "local", 2),
-                             ("predicted", "dgx2", 256)):
+    for source, topo, ws in (
+        ("measured", "local", 2),
+        ("predicted", "local", 2),
+        ("predicted", "dgx2", 256),
+    ):
         for n in (1 << 20, 1 << 22):
             for sched, t in (("baseline", 10.0), ("AR-C", 8.0), ("fuse(RS-C-AG)", 5.0)):
                 t = t * (1.1 if source == "predicted" else 1.0) * (2 if ws == 256 else 1)
-                rows.append({"experiment": "adam_fusion", "schedule": sched, "source": source,
-                             "topology": topo, "world_size": ws, "size": n, "shape": f"[{n}]",
-                             "time_ms": t, "time_ms_min": t * 0.95, "time_ms_max": t * 1.05,
-                             "speedup": 10.0 / (t / (1.1 if source == "predicted" else 1.0)
-                                                / (2 if ws == 256 else 1)),
-                             "verified": True if source == "measured" else None})
+                rows.append(
+                    {
+                        "experiment": "adam_fusion",
+                        "schedule": sched,
+                        "source": source,
+                        "topology": topo,
+                        "world_size": ws,
+                        "size": n,
+                        "shape": f"[{n}]",
+                        "time_ms": t,
+                        "time_ms_min": t * 0.95,
+                        "time_ms_max": t * 1.05,
+                        "speedup": 10.0
+                        / (t / (1.1 if source == "predicted" else 1.0) / (2 if ws == 256 else 1)),
+                        "verified": True if source == "measured" else None,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def test_schedule_summary_at_the_largest_point():
     header, rows = schedule_summary(_df(), "adam_fusion")
     assert header == ["schedule", "measured 2^22", "predicted local 2^22", "dgx2 (256) 2^22"]
-    assert rows == [["AR-C", "x1.25", "x1.25", "x1.25"],
-                    ["fuse(RS-C-AG)", "x2.00", "x2.00", "x2.00"]]
+    assert rows == [
+        ["AR-C", "x1.25", "x1.25", "x1.25"],
+        ["fuse(RS-C-AG)", "x2.00", "x2.00", "x2.00"],
+    ]
     text = text_table(header, rows)
     assert text.splitlines()[0].startswith("schedule") and "x2.00" in text
 
@@ -86,7 +103,9 @@ def test_experiment_summary_and_paper_rows():
 
 def test_nest_moves_headings_down_and_links_under_the_run():
     text = "## Measured\n![a](figures/a.png) and [b](http://x/y)\n### t"
-    assert nest(text, "adam") == "### Measured\n![a](adam/figures/a.png) and [b](http://x/y)\n#### t"
+    assert (
+        nest(text, "adam") == "### Measured\n![a](adam/figures/a.png) and [b](http://x/y)\n#### t"
+    )
 
 
 def test_kernels_list(tmp_path):
@@ -97,11 +116,24 @@ def test_kernels_list(tmp_path):
 
 
 def test_busbw_table_sides_by_side():
-    df = pd.DataFrame([{"experiment": "collectives", "schedule": "all_reduce", "source": s,
-                        "topology": t, "world_size": w, "size": 1 << 20, "busbw_gbps": b}
-                       for s, t, w, b in (("measured", "local", 2, 1.5),
-                                          ("predicted", "local", 2, 1.6),
-                                          ("predicted", "dgx_a100", 8, 100.0))])
+    df = pd.DataFrame(
+        [
+            {
+                "experiment": "collectives",
+                "schedule": "all_reduce",
+                "source": s,
+                "topology": t,
+                "world_size": w,
+                "size": 1 << 20,
+                "busbw_gbps": b,
+            }
+            for s, t, w, b in (
+                ("measured", "local", 2, 1.5),
+                ("predicted", "local", 2, 1.6),
+                ("predicted", "dgx_a100", 8, 100.0),
+            )
+        ]
+    )
     text = busbw_table(df)
     assert "### all_reduce" in text and "| 1 MiB | 1.5 | 1.6 | 100 |" in text
 
@@ -109,9 +141,15 @@ def test_busbw_table_sides_by_side():
 def test_repeatability_compares_the_same_collective_measured_twice():
     from reports.reproduction import repeatability
 
-    rows = [{"experiment": e, "schedule": "all_reduce", "source": "measured", "size": n,
-             "time_ms": t} for e, n, t in (("calibrate", 4096, 1.0), ("calibrate", 8192, 2.0),
-                                            ("collectives", 4096, 1.5), ("collectives", 8192, 2.0))]
+    rows = [
+        {"experiment": e, "schedule": "all_reduce", "source": "measured", "size": n, "time_ms": t}
+        for e, n, t in (
+            ("calibrate", 4096, 1.0),
+            ("calibrate", 8192, 2.0),
+            ("collectives", 4096, 1.5),
+            ("collectives", 8192, 2.0),
+        )
+    ]
     text = repeatability(pd.DataFrame(rows))
     assert "| all_reduce | 2 | 25.0% | 50.0% |" in text
     assert repeatability(pd.DataFrame(rows[:2])) == ""
@@ -129,10 +167,19 @@ def test_collectives_of_two_transports_get_a_summary_row_each():
     each with its own measured and predicted busbw."""
     rows = []
     for comm, meas, pred in (("gloo", 1.8, 1.7), ("shm", 5.7, 5.4)):
-        common = {"experiment": "collectives", "schedule": "all_reduce", "world_size": 2,
-                  "size": 1 << 27, "shape": "[33554432]", "topology": "local", "comm": comm}
-        rows += [{**common, "source": "measured", "busbw_gbps": meas},
-                 {**common, "source": "predicted", "busbw_gbps": pred}]
+        common = {
+            "experiment": "collectives",
+            "schedule": "all_reduce",
+            "world_size": 2,
+            "size": 1 << 27,
+            "shape": "[33554432]",
+            "topology": "local",
+            "comm": comm,
+        }
+        rows += [
+            {**common, "source": "measured", "busbw_gbps": meas},
+            {**common, "source": "predicted", "busbw_gbps": pred},
+        ]
     header, table = schedule_summary(pd.DataFrame(rows), "collectives")
     assert [r[0] for r in table] == ["all_reduce (gloo)", "all_reduce (shm)"]
     assert [r[1:] for r in table] == [["1.80", "1.70"], ["5.70", "5.40"]]
@@ -140,11 +187,26 @@ def test_collectives_of_two_transports_get_a_summary_row_each():
 
 def test_busbw_table_keeps_the_transports_apart():
     """comm=shm: gloo's and shm's rows at one size are two columns (a pivot averaged them)."""
-    df = pd.DataFrame([{"experiment": "collectives", "schedule": "all_reduce", "source": s,
-                        "topology": "local", "world_size": 2, "size": 1 << 20, "comm": c,
-                        "busbw_gbps": b}
-                       for s, c, b in (("measured", "gloo", 1.5), ("measured", "shm", 6.0),
-                                       ("predicted", "gloo", 1.6), ("predicted", "shm", 5.0))])
+    df = pd.DataFrame(
+        [
+            {
+                "experiment": "collectives",
+                "schedule": "all_reduce",
+                "source": s,
+                "topology": "local",
+                "world_size": 2,
+                "size": 1 << 20,
+                "comm": c,
+                "busbw_gbps": b,
+            }
+            for s, c, b in (
+                ("measured", "gloo", 1.5),
+                ("measured", "shm", 6.0),
+                ("predicted", "gloo", 1.6),
+                ("predicted", "shm", 5.0),
+            )
+        ]
+    )
     text = busbw_table(df)
     assert "measured gloo local (2)" in text and "measured shm local (2)" in text
     assert "| 1 MiB | 1.5 | 6 | 1.6 | 5 |" in text

@@ -1,11 +1,13 @@
 """Local ranks, closed and bounded: during a run nothing listens beyond loopback (the rendezvous
 store, `codegen.runtime.rendezvous.serve_store`, and gloo's own sockets), and a rank that stops
 answering ends the run, named, after its peers' collective timeout."""
+
 from __future__ import annotations
 
-import pytest
 import os
 from pathlib import Path
+
+import pytest
 
 from codegen.runtime.launch import launch
 
@@ -24,7 +26,7 @@ def listening(pids) -> list[str]:
             except OSError:
                 continue
             if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
+                inodes.add(target[len("socket:[") : -1])
     out = []
     for table in ("tcp", "tcp6"):
         lines = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
@@ -37,14 +39,14 @@ def listening(pids) -> list[str]:
 
 def _address(hex_ip: str) -> str:
     if len(hex_ip) == 8:  # IPv4, little-endian
-        return ".".join(str(int(hex_ip[i:i + 2], 16)) for i in (6, 4, 2, 0))
-    return "::1" if hex_ip == "0" * 24 + "01000000" else (
-        "::" if set(hex_ip) == {"0"} else hex_ip)
+        return ".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0))
+    return "::1" if hex_ip == "0" * 24 + "01000000" else ("::" if set(hex_ip) == {"0"} else hex_ip)
 
 
 def _sockets(rank, world, parent):
     import torch
     import torch.distributed as dist
+
     dist.all_reduce(torch.ones(4))  # gloo's pairs are up
     mine = listening([os.getpid()])
     dist.barrier()
@@ -64,6 +66,7 @@ def _stop_rank_one(rank, world):
 
     import torch
     import torch.distributed as dist
+
     if rank == 1:
         os.kill(os.getpid(), sig.SIGSTOP)
     dist.all_reduce(torch.ones(4))
@@ -78,6 +81,7 @@ def test_a_stopped_rank_ends_the_run_named_after_the_collective_timeout():
     import pytest
 
     from codegen.runtime.failures import RankError
+
     start = time.monotonic()
     with pytest.raises(RankError) as got:
         launch(_stop_rank_one, 2, timeout_s=120.0, collective_timeout_s=3.0)
@@ -85,20 +89,24 @@ def test_a_stopped_rank_ends_the_run_named_after_the_collective_timeout():
     assert time.monotonic() - start < 60
 
 
-
 from test_suite_cli import assert_one_line_error, suite_cmd  # noqa: E402
 
 
-@pytest.mark.parametrize("override,says", [
-    ("world_size=4096", "more ranks than this machine can run"),
-    ("scale.budget_s=inf", "must be > 0 and finite"),
-    ("scale.long_budget_s=inf", "must be >= 0 and finite"),
-    ("collective_timeout_s=0", "must be > 0 and finite"),
-])
+@pytest.mark.parametrize(
+    "override,says",
+    [
+        ("world_size=4096", "more ranks than this machine can run"),
+        ("scale.budget_s=inf", "must be > 0 and finite"),
+        ("scale.long_budget_s=inf", "must be >= 0 and finite"),
+        ("collective_timeout_s=0", "must be > 0 and finite"),
+    ],
+)
 @pytest.mark.slow
 def test_unbounded_work_is_refused_before_it_starts(override, says, tmp_path):
-    assert_one_line_error(suite_cmd("experiment=adam_fusion", "scale=smoke", override,
-                                    f"hydra.run.dir={tmp_path}"), says)
+    assert_one_line_error(
+        suite_cmd("experiment=adam_fusion", "scale=smoke", override, f"hydra.run.dir={tmp_path}"),
+        says,
+    )
 
 
 def test_the_collective_timeout_comes_from_the_calibrated_rate():
@@ -110,13 +118,13 @@ def test_the_collective_timeout_comes_from_the_calibrated_rate():
     from suite.config import Config, collective_timeout
 
     cfg = Config()
-    cfg = dataclasses.replace(cfg, world_size=2,
-                              scale=dataclasses.replace(cfg.scale, max_elements=1 << 22))
+    cfg = dataclasses.replace(
+        cfg, world_size=2, scale=dataclasses.replace(cfg.scale, max_elements=1 << 22)
+    )
     topo = load_topology("local")
     assert collective_timeout(cfg, None) == collective_timeout(cfg, topo) == 120.0
     # 2 ranks: 32 MiB (2^22 f64) all-reduced in 0.4 s -> 40 s; 4 ranks' curve ignored
-    fast = dataclasses.replace(topo, all_reduce_us={2: {1 << 20: 12_500.0},
-                                                    4: {1 << 20: 1e6}})
+    fast = dataclasses.replace(topo, all_reduce_us={2: {1 << 20: 12_500.0}, 4: {1 << 20: 1e6}})
     assert collective_timeout(cfg, fast) == pytest.approx(40.0)
     faster = dataclasses.replace(topo, all_reduce_us={2: {1 << 20: 100.0}})
     assert collective_timeout(cfg, faster) == 30.0  # the floor

@@ -1,5 +1,6 @@
 """Rendering kernels as C++ text: the op table is complete, golden text of four small kernels,
 constants, and the errors for kernels the renderer cannot express. Pure: nothing compiles here."""
+
 import dataclasses
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from codegen.plan import Access, Kernel
 from codegen.render import RenderError
 from codegen.render_cpp import CppRenderer
-from dsl import P, Builder, Local, Replicated, Sliced, bf16, f16, f32, f64, i32, i64, sym
+from dsl import Builder, Local, P, Replicated, Sliced, bf16, f16, f32, f64, i32, i64, sym
 from dsl.ops import COLLECTIVE, POINTWISE
 from dsl.types import DType
 
@@ -16,9 +17,12 @@ R = CppRenderer()
 N, M, K = sym("N"), sym("M"), sym("K")
 
 
-def _kernel(name, loop, prog, scalars=(), reads=(), writes=(), reduces=(), scalar_outs=(),
-            dropout_index=()):
-    return Kernel(name, loop, prog.body, scalars, reads, writes, reduces, scalar_outs, dropout_index)
+def _kernel(
+    name, loop, prog, scalars=(), reads=(), writes=(), reduces=(), scalar_outs=(), dropout_index=()
+):
+    return Kernel(
+        name, loop, prog.body, scalars, reads, writes, reduces, scalar_outs, dropout_index
+    )
 
 
 # -- the op table -----------------------------------------------------------------------------------
@@ -55,8 +59,14 @@ def axpy():
     x, y = b.input("x", f32, [N], Local()), b.input("y", f32, [N], Local())
     a = b.param("a", 2.0)
     out = b.op("add", a * x, y, name="out")
-    return _kernel("axpy", (1024,), b.build(), scalars=(a.value.id,),
-                   reads=(Access(0, 0, (1,)), Access(1, 1, (1,))), writes=((out.value.id, 4),))
+    return _kernel(
+        "axpy",
+        (1024,),
+        b.build(),
+        scalars=(a.value.id,),
+        reads=(Access(0, 0, (1,)), Access(1, 1, (1,))),
+        writes=((out.value.id, 4),),
+    )
 
 
 AXPY = """\
@@ -87,9 +97,13 @@ def bias_add():
     r = b.input("r", f32, [M, K], Replicated())
     bias = b.input("bias", f32, [K], Replicated())
     out = b.op("add", x + r, bias, name="out")
-    return _kernel("bias_add", (4, 8), b.build(),
-                   reads=(Access(0, 0, (8, 1)), Access(1, 1, (8, 1), 32), Access(2, 2, (0, 1))),
-                   writes=((out.value.id, 4),))
+    return _kernel(
+        "bias_add",
+        (4, 8),
+        b.build(),
+        reads=(Access(0, 0, (8, 1)), Access(1, 1, (8, 1), 32), Access(2, 2, (0, 1))),
+        writes=((out.value.id, 4),),
+    )
 
 
 BIAS_ADD = """\
@@ -122,8 +136,15 @@ def sumsq():
     s = b.param("s", 0.5)
     half = b.op("mul", s, 0.5, name="half")
     tot = b.sum(b.op("mul", x, x, name="sq"), name="tot")
-    return _kernel("sumsq", (1000,), b.build(), scalars=(1,), reads=(Access(0, 0, (1,)),),
-                   reduces=((tot.value.id, 4),), scalar_outs=((half.value.id, 2),))
+    return _kernel(
+        "sumsq",
+        (1000,),
+        b.build(),
+        scalars=(1,),
+        reads=(Access(0, 0, (1,)),),
+        reduces=((tot.value.id, 4),),
+        scalar_outs=((half.value.id, 2),),
+    )
 
 
 SUMSQ = """\
@@ -154,8 +175,14 @@ def drop():
     b = Builder("drop")
     x = b.input("x", f16, [M, K / P], Sliced(1))
     y = b.dropout(x, p=0.1, seed=42, name="y")
-    return _kernel("drop", (4, 8), b.build(), reads=(Access(0, 0, (8, 1)),),
-                   writes=((y.value.id, 1),), dropout_index=((y.value.id, Access(-1, -1, (16, 1), 8)),))
+    return _kernel(
+        "drop",
+        (4, 8),
+        b.build(),
+        reads=(Access(0, 0, (8, 1)),),
+        writes=((y.value.id, 1),),
+        dropout_index=((y.value.id, Access(-1, -1, (16, 1), 8)),),
+    )
 
 
 DROP = """\
@@ -177,24 +204,36 @@ void drop(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs
 """
 
 
-@pytest.mark.parametrize("make, want", [(axpy, AXPY), (bias_add, BIAS_ADD), (sumsq, SUMSQ),
-                                        (drop, DROP)], ids=["axpy", "bias_add", "sumsq", "drop"])
+@pytest.mark.parametrize(
+    "make, want",
+    [(axpy, AXPY), (bias_add, BIAS_ADD), (sumsq, SUMSQ), (drop, DROP)],
+    ids=["axpy", "bias_add", "sumsq", "drop"],
+)
 def test_golden(make, want):
     assert R.render(make()) == want
 
 
-@pytest.mark.parametrize("rows, cols, want", [
-    (1024, 3072, "const int64_t i1 = static_cast<uint32_t>(e) % 3072u;"),  # 3M elements: 32-bit
-    (2 ** 22, 3072, "const int64_t i1 = e % 3072;"),  # 12.9G elements: e needs 64 bits
-    (1024, 4096, "const int64_t i1 = e % 4096;")])  # a power of two: a mask, in 64 bits
+@pytest.mark.parametrize(
+    "rows, cols, want",
+    [
+        (1024, 3072, "const int64_t i1 = static_cast<uint32_t>(e) % 3072u;"),  # 3M elements: 32-bit
+        (2**22, 3072, "const int64_t i1 = e % 3072;"),  # 12.9G elements: e needs 64 bits
+        (1024, 4096, "const int64_t i1 = e % 4096;"),
+    ],
+)  # a power of two: a mask, in 64 bits
 def test_multi_index_divides_in_32_bits_where_the_loop_fits(rows, cols, want):
     """A bias's index e % H with H not a power of two: in 64 bits the loop does not vectorise
     (the pipeline boundary's kernel at H=3072 ran 4-5x slower per element than at H=4096)."""
     b = Builder("bias")
     x, bias = b.input("x", f32, [M, K], Local()), b.input("bias", f32, [K], Replicated())
     out = b.op("add", x, bias, name="out")
-    k = _kernel("bias", (rows, cols), b.build(),
-                reads=(Access(0, 0, (cols, 1)), Access(1, 1, (0, 1))), writes=((out.value.id, 2),))
+    k = _kernel(
+        "bias",
+        (rows, cols),
+        b.build(),
+        reads=(Access(0, 0, (cols, 1)), Access(1, 1, (0, 1))),
+        writes=((out.value.id, 2),),
+    )
     text = R.render(k)
     assert want in text and "const float v0 = b0[e];" in text
 
@@ -209,6 +248,7 @@ def test_a_unit_dimension_does_not_break_contiguity():
 
 def test_dropout_constants_are_the_interpreters():
     from dsl.interpret import mix32
+
     assert int(mix32(np.uint32(42 ^ 0x9E3779B9))) == 0xA0DF3600
     assert int(np.ceil(0.1 * 2**24)) == 1677722
 
@@ -231,19 +271,31 @@ def test_loop_invariant_read_is_hoisted_out_of_the_loop():
     x = b.input("x", f32, [N], Local())
     c = b.input("c", f32, [N], Replicated())
     b.output("y", x * c)
-    k = _kernel("inv", (16,), b.build(), reads=(Access(0, 0, (1,)), Access(1, 1, (0,), 3)),
-                writes=((2, 2),))
+    k = _kernel(
+        "inv", (16,), b.build(), reads=(Access(0, 0, (1,)), Access(1, 1, (0,), 3)), writes=((2, 2),)
+    )
     text = R.render(k)
     assert "  const float v1 = b1[ro3];\n" in text.split("#pragma")[0]
 
 
 # -- constants ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("value, dt, want", [
-    (0.1, f32, "0.1f"), (0.1, f64, "0.1"), (3, f32, "3.0f"), (1e-8, f32, "1e-08f"),
-    (0.1, f16, "0.099975586f"), (0.1, bf16, "0.100097656f"), (2.7, i32, "2"), (-5, i64, "INT64_C(-5)"),
-    (float("inf"), f32, "float(INFINITY)"), (float("-inf"), f64, "-INFINITY"),
-    (float("nan"), f64, "NAN"), (1, DType.bool, "true"),
-])
+@pytest.mark.parametrize(
+    "value, dt, want",
+    [
+        (0.1, f32, "0.1f"),
+        (0.1, f64, "0.1"),
+        (3, f32, "3.0f"),
+        (1e-8, f32, "1e-08f"),
+        (0.1, f16, "0.099975586f"),
+        (0.1, bf16, "0.100097656f"),
+        (2.7, i32, "2"),
+        (-5, i64, "INT64_C(-5)"),
+        (float("inf"), f32, "float(INFINITY)"),
+        (float("-inf"), f64, "-INFINITY"),
+        (float("nan"), f64, "NAN"),
+        (1, DType.bool, "true"),
+    ],
+)
 def test_constants_take_the_statements_dtype(value, dt, want):
     assert R.const(value, dt) == want
 
@@ -255,10 +307,13 @@ def test_comparison_constants_take_the_operands_dtype_and_casts_round():
     h = b.cast(x, f16)
     b.output("c", c)
     b.output("h", h)
-    text = R.render(_kernel("cmp", (8,), b.build(), reads=(Access(0, 0, (1,)),),
-                            writes=((1, 1), (2, 2))))
+    text = R.render(
+        _kernel("cmp", (8,), b.build(), reads=(Access(0, 0, (1,)),), writes=((1, 1), (2, 2)))
+    )
     assert "const bool v1 = (v0 < 0.1);" in text
-    assert "const float v2 = static_cast<float>(static_cast<cc_half>(static_cast<float>(v0)));" in text
+    assert (
+        "const float v2 = static_cast<float>(static_cast<cc_half>(static_cast<float>(v0)));" in text
+    )
     assert "b2[e] = static_cast<cc_half>(v2);" in text
 
 
@@ -266,6 +321,13 @@ def test_integer_ops_use_the_helpers():
     b = Builder("ints")
     x, y = b.input("x", i32, [N], Local()), b.input("y", i32, [N], Local())
     b.output("q", b.op("pow", b.op("div", x, y), 2))
-    text = R.render(_kernel("ints", (8,), b.build(), reads=(Access(0, 0, (1,)), Access(1, 1, (1,))),
-                            writes=((3, 3),)))
+    text = R.render(
+        _kernel(
+            "ints",
+            (8,),
+            b.build(),
+            reads=(Access(0, 0, (1,)), Access(1, 1, (1,))),
+            writes=((3, 3),),
+        )
+    )
     assert "cc_idiv(v0, v1)" in text and "cc_ipow(v2, 2)" in text

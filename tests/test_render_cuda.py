@@ -4,6 +4,7 @@ Pure: nothing compiles here (tests/test_build_cuda.py compiles and runs them).
 
 Regenerate the goldens after a deliberate change: `python tests/test_render_cuda.py --update`.
 """
+
 import dataclasses
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from codegen.plan import Access, Kernel
-from codegen.render import RenderError, Renderer
+from codegen.render import Renderer, RenderError
 from codegen.render_cpp import CppRenderer
 from codegen.render_cuda import BLOCKS_PER_SM, MAX_BLOCKS, THREADS, CudaRenderer, Launch
 from dsl import Builder, Local, bf16, f16, f32, f64, i64, sym
@@ -47,23 +48,39 @@ def test_ops_that_never_reach_kernels_have_no_rule(op):
     assert op not in CudaRenderer.code_for_op
 
 
-@pytest.mark.parametrize("op, dt, want", [
-    ("sqrt", f32, "sqrtf(a)"), ("sqrt", f64, "sqrt(a)"), ("sqrt", f16, "sqrtf(a)"),
-    ("rsqrt", f32, "(1 / sqrtf(a))"), ("exp", bf16, "expf(a)"), ("exp", f64, "exp(a)"),
-])
+@pytest.mark.parametrize(
+    "op, dt, want",
+    [
+        ("sqrt", f32, "sqrtf(a)"),
+        ("sqrt", f64, "sqrt(a)"),
+        ("sqrt", f16, "sqrtf(a)"),
+        ("rsqrt", f32, "(1 / sqrtf(a))"),
+        ("exp", bf16, "expf(a)"),
+        ("exp", f64, "exp(a)"),
+    ],
+)
 def test_math_uses_the_cuda_function_of_the_compute_type(op, dt, want):
     assert CudaRenderer.code_for_op[op]("a", dt) == want
 
 
-@pytest.mark.parametrize("dt, want", [(f32, "powf(a, b)"), (f64, "pow(a, b)"), (i64, "cc_ipow(a, b)")])
+@pytest.mark.parametrize(
+    "dt, want", [(f32, "powf(a, b)"), (f64, "pow(a, b)"), (i64, "cc_ipow(a, b)")]
+)
 def test_pow(dt, want):
     assert CudaRenderer.code_for_op["pow"]("a", "b", dt) == want
 
 
-@pytest.mark.parametrize("value, dt, want", [
-    (0.1, f32, "0.1f"), (0.1, f16, "0.099975586f"), (-5, i64, "INT64_C(-5)"),
-    (float("inf"), f32, "float(CC_INF)"), (float("-inf"), f64, "-CC_INF"), (float("nan"), f64, "CC_NAN"),
-])
+@pytest.mark.parametrize(
+    "value, dt, want",
+    [
+        (0.1, f32, "0.1f"),
+        (0.1, f16, "0.099975586f"),
+        (-5, i64, "INT64_C(-5)"),
+        (float("inf"), f32, "float(CC_INF)"),
+        (float("-inf"), f64, "-CC_INF"),
+        (float("nan"), f64, "CC_NAN"),
+    ],
+)
 def test_constants(value, dt, want):
     assert R.const(value, dt) == want
 
@@ -90,11 +107,15 @@ def test_half_types_are_bits_converted_in_f32():
     b = Builder("halves")
     x, y = b.input("x", f16, [N], Local()), b.input("y", bf16, [N], Local())
     b.output("z", b.cast(b.op("add", b.cast(x, f32), b.cast(y, f32)), bf16))
-    k = _kernel("halves", (64,), b.build(), reads=(Access(0, 0, (1,)), Access(1, 1, (1,))),
-                writes=((5, 5),))
+    k = _kernel(
+        "halves", (64,), b.build(), reads=(Access(0, 0, (1,)), Access(1, 1, (1,))), writes=((5, 5),)
+    )
     text = R.render(k)
     assert "const uint16_t* __restrict__ b0, const uint16_t* __restrict__ b1" in text
-    assert "const float v0 = cc_h2f(b0[e]);" in text and "const float v1 = cc_bf16_load(b1[e]);" in text
+    assert (
+        "const float v0 = cc_h2f(b0[e]);" in text
+        and "const float v1 = cc_bf16_load(b1[e]);" in text
+    )
     assert "cc_bf16_load(cc_bf16_store(" in text and "b5[e] = cc_bf16_store(v5);" in text
 
 
@@ -108,8 +129,10 @@ def _copy(dts, loop=(64,)):
     return _kernel("copy", loop, b.build(), reads=reads, writes=((out.value.id, 99),))
 
 
-@pytest.mark.parametrize("dts, vec", [((f32,), 4), ((f16,), 8), ((bf16, f16), 8), ((f16, f32), 4),
-                                      ((f64,), 2), ((f32, f64), 2)])
+@pytest.mark.parametrize(
+    "dts, vec",
+    [((f32,), 4), ((f16,), 8), ((bf16, f16), 8), ((f16, f32), 4), ((f64,), 2), ((f32, f64), 2)],
+)
 def test_vector_width_is_16_bytes_of_the_widest_operand(dts, vec):
     assert R.launch(_copy(dts)).vec == vec
 
@@ -129,8 +152,16 @@ def test_sums_take_a_workspace_with_a_slot_per_block():
     assert R.launch(axpy()).workspace_bytes == 0
 
 
-@pytest.mark.parametrize("n, sms, grid", [(1, 132, 1), (4 * THREADS, 132, 1), (4 * THREADS + 1, 132, 2),
-                                          (1 << 28, 132, 132 * BLOCKS_PER_SM), (1 << 28, 400, MAX_BLOCKS)])
+@pytest.mark.parametrize(
+    "n, sms, grid",
+    [
+        (1, 132, 1),
+        (4 * THREADS, 132, 1),
+        (4 * THREADS + 1, 132, 2),
+        (1 << 28, 132, 132 * BLOCKS_PER_SM),
+        (1 << 28, 400, MAX_BLOCKS),
+    ],
+)
 def test_grid(n, sms, grid):
     assert Launch("k", (), vec=4, sums=0).grid(n, sms) == grid
 

@@ -1,6 +1,7 @@
 """Reports are pure functions of the results table: Markdown table, figures, HTML with embedded
 figures, LaTeX (booktabs) and CSV tables, and `python -m suite.compare` of two runs (times, and
 measured speedups with their spread)."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +24,27 @@ def _rows(scale=1.0):
     for n in (1 << 20, 1 << 21):
         for sched, t in (("baseline", 10.0), ("AR-C", 9.0), ("fuse(RS-C-AG)", 6.0)):
             t = t * scale * n / (1 << 20)
-            out.append({"experiment": "adam_fusion", "schedule": sched, "source": "measured",
-                        "backend": "cpu", "topology": "local", "world_size": 2, "size": n,
-                        "shape": f"[{n}]", "dtype": "f32", "time_ms": t, "time_ms_min": t * .9,
-                        "time_ms_max": t * 1.1, "speedup": 10.0 * scale * n / (1 << 20) / t,
-                        "verified": True, "compute_ms": t / 2, "comm_ms": t / 2,
-                        "overlapped_ms": 0.0})
+            out.append(
+                {
+                    "experiment": "adam_fusion",
+                    "schedule": sched,
+                    "source": "measured",
+                    "backend": "cpu",
+                    "topology": "local",
+                    "world_size": 2,
+                    "size": n,
+                    "shape": f"[{n}]",
+                    "dtype": "f32",
+                    "time_ms": t,
+                    "time_ms_min": t * 0.9,
+                    "time_ms_max": t * 1.1,
+                    "speedup": 10.0 * scale * n / (1 << 20) / t,
+                    "verified": True,
+                    "compute_ms": t / 2,
+                    "comm_ms": t / 2,
+                    "overlapped_ms": 0.0,
+                }
+            )
     return out
 
 
@@ -92,14 +108,22 @@ def test_latex_booktabs(tmp_path):
 
 def test_compare_two_runs(tmp_path):
     a, b = _run(tmp_path / "a"), _run(tmp_path / "b", scale=2.0)
-    out = subprocess.run([sys.executable, "-m", "suite.compare", str(a), str(b), "--out",
-                          str(tmp_path / "cmp.md")], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "suite.compare", str(a), str(b), "--out", str(tmp_path / "cmp.md")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "ratio[1]" in out.stdout and "2.000" in out.stdout
     md = (tmp_path / "cmp.md").read_text()
     assert md.count("| adam_fusion |") == 6
-    bad = subprocess.run([sys.executable, "-m", "suite.compare", str(tmp_path / "nope")],
-                         cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "suite.compare", str(tmp_path / "nope")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
@@ -107,6 +131,7 @@ def test_compare_speedups_across_runs(tmp_path):
     """--speedup: each run's measured speedups (no baseline rows), their mean, and the largest
     deviation from it in %; the one-line summary names the point that spreads most."""
     from suite.compare import compare_speedups, spread_line
+
     a = _run(tmp_path / "a")
     (tmp_path / "b").mkdir()
     for r in _rows():
@@ -121,9 +146,21 @@ def test_compare_speedups_across_runs(tmp_path):
     assert worst.spread == pytest.approx(100 * (1.1 / 1.05 - 1))  # 4.76%
     assert table.spread.drop(worst.name).max() == pytest.approx(0.0)
     assert "largest 4.8% (adam_fusion fuse(RS-C-AG) at [2097152])" in spread_line(table)
-    out = subprocess.run([sys.executable, "-m", "suite.compare", "--speedup", str(a),
-                          str(tmp_path / "b"), "--out", str(tmp_path / "s.md")], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "suite.compare",
+            "--speedup",
+            str(a),
+            str(tmp_path / "b"),
+            "--out",
+            str(tmp_path / "s.md"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "speedup[1]" in out.stdout and "speedup spread across runs: median 0.0%" in out.stdout
     assert (tmp_path / "s.md").read_text().count("| adam_fusion |") == 4
@@ -131,6 +168,7 @@ def test_compare_speedups_across_runs(tmp_path):
 
 def test_compare_gathers_the_jobs_of_a_sweep(tmp_path):
     from suite.compare import load
+
     _run(tmp_path / "sweep" / "0_adam_fusion")
     _run(tmp_path / "sweep" / "1_adam_fusion_again", scale=2.0)
     assert len(load(str(tmp_path / "sweep"))) == 6  # the same points: the later job's kept
@@ -139,10 +177,21 @@ def test_compare_gathers_the_jobs_of_a_sweep(tmp_path):
 
 
 def test_speedup_figure_bars_for_shaped_points(tmp_path):
-    rows = [{"experiment": "model_parallel", "schedule": s, "source": src, "topology": topo,
-             "world_size": 2, "size": 1 << 20, "shape": f"S=1024,B=1,H=1024,K={k}",
-             "speedup": x} for s, x in (("baseline", 1.0), ("MM-RS-C-AG", 1.2))
-            for k in (1024, 4096) for src, topo in (("measured", "local"), ("predicted", "dgx2"))]
+    rows = [
+        {
+            "experiment": "model_parallel",
+            "schedule": s,
+            "source": src,
+            "topology": topo,
+            "world_size": 2,
+            "size": 1 << 20,
+            "shape": f"S=1024,B=1,H=1024,K={k}",
+            "speedup": x,
+        }
+        for s, x in (("baseline", 1.0), ("MM-RS-C-AG", 1.2))
+        for k in (1024, 4096)
+        for src, topo in (("measured", "local"), ("predicted", "dgx2"))
+    ]
     path = speedup_figure(pd.DataFrame(rows), "model_parallel", tmp_path / "mp.png")
     assert path.exists() and path.with_suffix(".svg").exists()
     svg = path.with_suffix(".svg").read_text()

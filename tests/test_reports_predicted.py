@@ -1,23 +1,58 @@
 """Predicted against measured, from a small results table (pure)."""
+
 import pandas as pd
 
-from reports.predicted import (accuracy, accuracy_figure, accuracy_table, predicted_section,
-                               summary, summary_line)
+from reports.predicted import (
+    accuracy,
+    accuracy_figure,
+    accuracy_table,
+    predicted_section,
+    summary,
+    summary_line,
+)
 
 
 def table():
     rows = []
-    for sched, meas, lo, hi, pred, x, xp in (("baseline", 10.0, 9.0, 11.0, 11.0, 1.0, 1.0),
-                                             ("fast", 5.0, 4.5, 5.5, 4.0, 2.0, 2.75),
-                                             ("same", 10.5, 9.5, 12.0, 9.0, 0.95, 11 / 9)):
-        common = {"experiment": "x", "schedule": sched, "world_size": 2, "size": 64,
-                  "shape": "[64]", "dtype": "f32"}
-        rows.append({**common, "source": "measured", "backend": "cpu", "topology": "local",
-                     "time_ms": meas, "time_ms_min": lo, "time_ms_max": hi, "speedup": x,
-                     "time_ms_lo": meas * 0.98, "time_ms_hi": meas * 1.01,
-                     "speedup_lo": x * 0.97, "speedup_hi": x * 1.02})
-        rows.append({**common, "source": "predicted", "backend": "sim", "topology": "local",
-                     "time_ms": pred, "speedup": xp})
+    for sched, meas, lo, hi, pred, x, xp in (
+        ("baseline", 10.0, 9.0, 11.0, 11.0, 1.0, 1.0),
+        ("fast", 5.0, 4.5, 5.5, 4.0, 2.0, 2.75),
+        ("same", 10.5, 9.5, 12.0, 9.0, 0.95, 11 / 9),
+    ):
+        common = {
+            "experiment": "x",
+            "schedule": sched,
+            "world_size": 2,
+            "size": 64,
+            "shape": "[64]",
+            "dtype": "f32",
+        }
+        rows.append(
+            {
+                **common,
+                "source": "measured",
+                "backend": "cpu",
+                "topology": "local",
+                "time_ms": meas,
+                "time_ms_min": lo,
+                "time_ms_max": hi,
+                "speedup": x,
+                "time_ms_lo": meas * 0.98,
+                "time_ms_hi": meas * 1.01,
+                "speedup_lo": x * 0.97,
+                "speedup_hi": x * 1.02,
+            }
+        )
+        rows.append(
+            {
+                **common,
+                "source": "predicted",
+                "backend": "sim",
+                "topology": "local",
+                "time_ms": pred,
+                "speedup": xp,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -51,12 +86,34 @@ def test_the_speedup_over_the_gloo_baseline_is_compared_too():
     df = table()
     gloo = {"baseline": (1.5, 1.2), "fast": (3.0, 3.3), "same": (1.4, 1.4)}
     df["speedup_gloo"] = [gloo[s][df.source[i] == "predicted"] for i, s in enumerate(df.schedule)]
-    extra = {"experiment": "x", "schedule": "baseline(gloo)", "world_size": 2, "size": 64,
-             "shape": "[64]", "dtype": "f32", "topology": "local", "speedup_gloo": 1.0}
-    df = pd.concat([df, pd.DataFrame([
-        {**extra, "source": "measured", "time_ms": 15.0, "time_ms_min": 14.0,
-         "time_ms_max": 16.0, "speedup": 0.67},
-        {**extra, "source": "predicted", "time_ms": 13.2, "speedup": 11 / 13.2}])])
+    extra = {
+        "experiment": "x",
+        "schedule": "baseline(gloo)",
+        "world_size": 2,
+        "size": 64,
+        "shape": "[64]",
+        "dtype": "f32",
+        "topology": "local",
+        "speedup_gloo": 1.0,
+    }
+    df = pd.concat(
+        [
+            df,
+            pd.DataFrame(
+                [
+                    {
+                        **extra,
+                        "source": "measured",
+                        "time_ms": 15.0,
+                        "time_ms_min": 14.0,
+                        "time_ms_max": 16.0,
+                        "speedup": 0.67,
+                    },
+                    {**extra, "source": "predicted", "time_ms": 13.2, "speedup": 11 / 13.2},
+                ]
+            ),
+        ]
+    )
     acc = accuracy(df, "x")
     errors = dict(zip(acc.schedule, acc.speedup_gloo_error.round(4)))
     assert errors["fast"] == 0.1 and errors["same"] == 0.0 and errors["baseline"] == -0.2
@@ -84,15 +141,31 @@ def test_rows_of_two_transports_pair_with_their_own_prediction(tmp_path):
     whichever came first, a shm prediction for gloo's row)."""
     rows = []
     for comm, meas, pred in (("gloo", 10.0, 9.0), ("shm", 2.0, 2.2)):
-        common = {"experiment": "collectives", "schedule": "all_reduce", "world_size": 2,
-                  "size": 1 << 20, "shape": "[262144]", "dtype": "f32", "topology": "local",
-                  "comm": comm, "speedup": float("nan")}  # no speedup: as read back
-        rows.append({**common, "source": "measured", "time_ms": meas, "time_ms_min": meas,
-                     "time_ms_max": meas})
+        common = {
+            "experiment": "collectives",
+            "schedule": "all_reduce",
+            "world_size": 2,
+            "size": 1 << 20,
+            "shape": "[262144]",
+            "dtype": "f32",
+            "topology": "local",
+            "comm": comm,
+            "speedup": float("nan"),
+        }  # no speedup: as read back
+        rows.append(
+            {
+                **common,
+                "source": "measured",
+                "time_ms": meas,
+                "time_ms_min": meas,
+                "time_ms_max": meas,
+            }
+        )
         rows.append({**common, "source": "predicted", "time_ms": pred})
     acc = accuracy(pd.DataFrame(rows), "collectives")
     assert len(acc) == 2
     assert dict(zip(acc["comm"], acc.error.round(3))) == {"gloo": -0.1, "shm": 0.1}
     figure = tmp_path / "busbw.png"
     from reports.predicted import busbw_figure
+
     assert busbw_figure(pd.DataFrame(rows).assign(busbw_gbps=1.0), figure).exists()

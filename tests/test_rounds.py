@@ -1,6 +1,7 @@
 """Interleaved rounds (experiments.rounds): the bootstrap interval of a median, the pairing of
 speedups per round, and the rank loop on 2 gloo ranks: the same random order on every rank and a
 fresh one each round, a known speedup recovered, and the stop reasons (converged, budget)."""
+
 import statistics
 import time
 from types import SimpleNamespace
@@ -11,9 +12,18 @@ import pytest
 from codegen.runtime.backend import WallClock
 from codegen.runtime.launch import launch
 from experiments.harness import _per_call
-from experiments.rounds import (LONG_CALL_MS, MIN_CALLS, Budget, bootstrap_median, converged,
-                               interleave, needs_untimed, out_of_time, paired,
-                               untimed_calls)
+from experiments.rounds import (
+    LONG_CALL_MS,
+    MIN_CALLS,
+    Budget,
+    bootstrap_median,
+    converged,
+    interleave,
+    needs_untimed,
+    out_of_time,
+    paired,
+    untimed_calls,
+)
 
 
 def test_bootstrap_interval_holds_the_median_and_narrows_with_samples():
@@ -43,8 +53,12 @@ def test_speedups_are_paired_per_round():
 def _orders(rank, world):
     seen = []
     fns = {n: (lambda n=n: seen.append(n)) for n in ("baseline", "a", "b", "c")}
-    r = interleave(fns, Budget(warmup=0, min_rounds=6, max_rounds=6, budget_s=60), key=(3, 1024),
-                   clock=WallClock())
+    r = interleave(
+        fns,
+        Budget(warmup=0, min_rounds=6, max_rounds=6, budget_s=60),
+        key=(3, 1024),
+        clock=WallClock(),
+    )
     return seen, r.rounds, r.calls
 
 
@@ -54,8 +68,9 @@ def test_every_rank_runs_the_same_fresh_order_each_round():
     assert a == b  # the same order on both ranks
     per_round = len(a[4:]) // rounds  # after one warm-up call each
     assert min(calls.values()) >= 1 and rounds == 6
-    orders = {tuple(dict.fromkeys(a[4 + i * per_round:4 + (i + 1) * per_round]))
-              for i in range(rounds)}
+    orders = {
+        tuple(dict.fromkeys(a[4 + i * per_round : 4 + (i + 1) * per_round])) for i in range(rounds)
+    }
     assert len(orders) > 1  # not the same order every round
 
 
@@ -65,10 +80,13 @@ def _sleepy(rank, world, budget):
     return r.speedup("half"), r.stopped, r.rounds
 
 
-@pytest.mark.parametrize("budget,stopped", [
-    (Budget(warmup=1, min_rounds=5, max_rounds=200, budget_s=30.0, ci_pct=10.0), "converged"),
-    (Budget(warmup=1, min_rounds=5, max_rounds=10_000, budget_s=0.5, ci_pct=1e-9), "budget"),
-])
+@pytest.mark.parametrize(
+    "budget,stopped",
+    [
+        (Budget(warmup=1, min_rounds=5, max_rounds=200, budget_s=30.0, ci_pct=10.0), "converged"),
+        (Budget(warmup=1, min_rounds=5, max_rounds=10_000, budget_s=0.5, ci_pct=1e-9), "budget"),
+    ],
+)
 @pytest.mark.slow
 def test_a_known_speedup_and_the_stop_reasons(budget, stopped):
     (x, how, rounds), (x1, how1, rounds1) = launch(_sleepy, 2, args=(budget,), timeout_s=120)
@@ -81,8 +99,15 @@ def test_a_known_speedup_and_the_stop_reasons(budget, stopped):
 def test_a_long_step_point_goes_on_past_the_budget_to_long_rounds():
     """Rounds of these two sleeps take 36 ms and more: 0.2 s holds at most 5, so the point goes
     on past budget_s until it has long_rounds (well inside long_budget_s)."""
-    budget = Budget(warmup=1, min_rounds=2, max_rounds=10_000, budget_s=0.2, ci_pct=1e-9,
-                    long_rounds=20, long_budget_s=60.0)
+    budget = Budget(
+        warmup=1,
+        min_rounds=2,
+        max_rounds=10_000,
+        budget_s=0.2,
+        ci_pct=1e-9,
+        long_rounds=20,
+        long_budget_s=60.0,
+    )
     (x, how, rounds), same = launch(_sleepy, 2, args=(budget,), timeout_s=120)
     assert (x, how, rounds) == same and how == "budget" and rounds == 20
 
@@ -98,6 +123,7 @@ def test_out_of_time_extends_the_budget_only_for_points_short_of_long_rounds():
 
 def test_calls_per_sample():
     from experiments.rounds import MAX_CALLS, MIN_CALLS, calls_for
+
     assert calls_for(12.0) == 1
     assert calls_for(4.0) == MIN_CALLS  # a statistic of several, not of 2
     assert calls_for(0.1) == 50 and calls_for(1e-4) == MAX_CALLS
@@ -106,6 +132,7 @@ def test_calls_per_sample():
 def _stamped(rank, world):
     """Rank 1's calls take 20 ms, rank 0's 1 ms; every third call of rank 0 is 'stalled'."""
     from experiments.rounds import sample_ms
+
     spans, n = [], [0]
 
     def fn():
@@ -113,6 +140,7 @@ def _stamped(rank, world):
         n[0] += 1
         time.sleep(0.020 if rank == 1 else (0.015 if n[0] % 3 == 0 else 0.001))
         spans.append((t0, time.monotonic()))
+
     got = sample_ms(fn, 6, WallClock())
     return got, spans
 
@@ -130,9 +158,13 @@ def test_a_sample_times_each_call_alone_after_a_barrier():
 
 def _collectives_alone(rank, world):
     fns = {"a": lambda: time.sleep(0.002), "b": lambda: time.sleep(0.008)}
-    r = interleave(fns, Budget(warmup=1, min_rounds=4, max_rounds=50, budget_s=30.0,
-                               ci_pct=20.0), key=(0,), clock=WallClock(),
-                   baseline=None)
+    r = interleave(
+        fns,
+        Budget(warmup=1, min_rounds=4, max_rounds=50, budget_s=30.0, ci_pct=20.0),
+        key=(0,),
+        clock=WallClock(),
+        baseline=None,
+    )
     return r.stopped, r.time("a").median, r.time("b").median, r.calls
 
 
@@ -156,6 +188,7 @@ def test_a_rows_compute_is_the_median_calls_not_the_mean():
         c = next(costs)
         obj.compute_ms += c
         obj.library_ms += c / 2
+
     call, samples = _per_call(obj, step, library=True)
     for _ in range(5):
         call()
@@ -175,9 +208,15 @@ def _first_call_slow(rank, world):
             time.sleep(0.020 if last[0] != name else 0.002)
             last[0] = name
             calls[name] += 1
+
         return fn
-    r = interleave({n: make(n) for n in calls}, Budget(warmup=0, min_rounds=3, max_rounds=3,
-                                                       budget_s=60), key=(1,), clock=WallClock())
+
+    r = interleave(
+        {n: make(n) for n in calls},
+        Budget(warmup=0, min_rounds=3, max_rounds=3, budget_s=60),
+        key=(1,),
+        clock=WallClock(),
+    )
     return r.times_ms, r.calls, calls
 
 
@@ -200,11 +239,15 @@ def _long_calls(rank, world, short_s):
         def fn():
             time.sleep(s)
             calls[name] += 1
+
         return fn
-    r = interleave({"baseline": make("baseline", short_s),
-                    "other": make("other", LONG_CALL_MS / 1e3 * 1.2)},
-                   Budget(warmup=1, min_rounds=3, max_rounds=3, budget_s=60), key=(2,),
-                   clock=WallClock())
+
+    r = interleave(
+        {"baseline": make("baseline", short_s), "other": make("other", LONG_CALL_MS / 1e3 * 1.2)},
+        Budget(warmup=1, min_rounds=3, max_rounds=3, budget_s=60),
+        key=(2,),
+        clock=WallClock(),
+    )
     return r.calls, calls
 
 
@@ -212,8 +255,7 @@ def _long_calls(rank, world, short_s):
 def test_a_point_of_long_calls_is_sampled_without_untimed_calls():
     """Calls of LONG_CALL_MS and more have no slow first call to leave out: where every function
     of a point is that long, samples follow no untimed call (half the time a round)."""
-    per_sample, calls = launch(_long_calls, 2, args=(LONG_CALL_MS / 1e3 * 1.5,),
-                               timeout_s=120)[0]
+    per_sample, calls = launch(_long_calls, 2, args=(LONG_CALL_MS / 1e3 * 1.5,), timeout_s=120)[0]
     assert per_sample == {"baseline": 1, "other": 1}
     assert calls == {"baseline": 1 + 3, "other": 1 + 3}  # warm-up, then a sample a round
     assert needs_untimed(LONG_CALL_MS - 1) and not needs_untimed(LONG_CALL_MS)
@@ -235,8 +277,14 @@ def test_an_aside_probe_follows_its_own_untimed_rule_not_the_points():
     long_, short = LONG_CALL_MS * 2, LONG_CALL_MS / 5
     names = ("baseline", "AR-C", "comm_probe")
     assert untimed_calls(names, (long_, long_, short), aside=("comm_probe",)) == {
-        "baseline": False, "AR-C": False, "comm_probe": True}
+        "baseline": False,
+        "AR-C": False,
+        "comm_probe": True,
+    }
     assert untimed_calls(names, (long_, short, long_), aside=("comm_probe",)) == {
-        "baseline": True, "AR-C": True, "comm_probe": False}
+        "baseline": True,
+        "AR-C": True,
+        "comm_probe": False,
+    }
     # not aside: one rule for all three
     assert set(untimed_calls(names, (long_, long_, short)).values()) == {True}

@@ -6,6 +6,7 @@ launch (2 ranks, and one launch of 4 ranks whose ids start with `w4-`; deselect 
 Then the launcher's failure modes (a rank raising while its peer waits in a collective, a rank
 dying, a hung run) and a torchrun start of tests/torchrun_allreduce.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,10 +24,20 @@ from codegen.runtime import comm
 from codegen.runtime.launch import MALLOC_SETTINGS, RankError, default_threads, launch, run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16,
-          "bf16": torch.bfloat16, "i32": torch.int32, "i64": torch.int64}
-RED = {"sum": lambda t: t.sum(0), "max": lambda t: t.amax(0), "min": lambda t: t.amin(0),
-       "prod": lambda t: t.prod(0)}
+DTYPES = {
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+}
+RED = {
+    "sum": lambda t: t.sum(0),
+    "max": lambda t: t.amax(0),
+    "min": lambda t: t.amin(0),
+    "prod": lambda t: t.prod(0),
+}
 RS_SHAPES = [(1, 1), (6, 1), (6, 2), (100, 1), (100, 2), (100, 4), (12300, 4)]  # (n, chunks)
 
 
@@ -39,8 +50,11 @@ def case(prim, n, chunks=1, op="sum", dt="f32", group=None, **kw) -> dict:
 
 def cases_w2() -> list[dict]:
     out = [case("all_reduce", 37, dt=dt) for dt in DTYPES]
-    out += [case("all_reduce", 37, op=op, dt=dt) for op in ("max", "min", "prod")
-            for dt in ("f32", "i32")]
+    out += [
+        case("all_reduce", 37, op=op, dt=dt)
+        for op in ("max", "min", "prod")
+        for dt in ("f32", "i32")
+    ]
     out += [case("reduce_scatter", n, c, op) for n, c in RS_SHAPES for op in ("sum", "max")]
     out += [case("reduce_scatter", 100, 2, dt=dt) for dt in ("f64", "f16", "bf16", "i64")]
     out += [case("reduce_scatter", 6, 2, op=op) for op in ("min", "prod")]
@@ -48,8 +62,11 @@ def cases_w2() -> list[dict]:
     out += [case("all_gather", 100, 4, dt=dt) for dt in ("bf16", "i32")]
     out += [case("all_gather_inplace", n, c) for n, c in [(6, 2), (100, 4), (12300, 1)]]
     out += [case("fused", 100, 4), case("fused", 12300, 4), case("fused", 6, 2, "max", "i64")]
-    out += [case("p2p", 1000, 1, src=0, dst=1), case("p2p", 1000, 4, src=1, dst=0),
-            case("p2p", 6, 2, dt="f16", src=0, dst=1)]
+    out += [
+        case("p2p", 1000, 1, src=0, dst=1),
+        case("p2p", 1000, 4, src=1, dst=0),
+        case("p2p", 6, 2, dt="f16", src=0, dst=1),
+    ]
     out += [case("broadcast", 50, src=0), case("broadcast", 50, dt="i64", src=1)]
     out += [case("reduce", 50, root=0), case("reduce", 50, op="max", root=1)]
     out += [case("all_to_all", 12), case("all_to_all", 2000, dt="bf16")]
@@ -60,15 +77,23 @@ def cases_w2() -> list[dict]:
 def cases_w4() -> list[dict]:
     out = [case("all_reduce", 37)]
     out += [case("reduce_scatter", n, c) for n, c in [(6, 1), (6, 2), (100, 4), (12300, 4)]]
-    out += [case("reduce_scatter", 100, 4, "max"), case("all_gather", 6, 2),
-            case("all_gather", 100, 4), case("all_gather_inplace", 100, 4)]
+    out += [
+        case("reduce_scatter", 100, 4, "max"),
+        case("all_gather", 6, 2),
+        case("all_gather", 100, 4),
+        case("all_gather_inplace", 100, 4),
+    ]
     out += [case("fused", 100, 4), case("fused", 6, 2, "max", "i32")]
     out += [case("reduce_scatter", 100, 2, group=(1, 3)), case("all_reduce", 9, group=(0, 1, 3))]
     out += [case(p, 100, 4, group=(0, 1, 3)) for p in ("reduce_scatter", "all_gather", "fused")]
     out += [case("all_to_all", 12, group=(0, 1, 3))]
     out += [case(p, 6, 2, group=(2,)) for p in ("reduce_scatter", "all_gather", "fused")]
-    out += [case("p2p", 30, 2, src=3, dst=0), case("broadcast", 30, src=2),
-            case("reduce", 30, root=3), case("all_to_all", 40)]
+    out += [
+        case("p2p", 30, 2, src=3, dst=0),
+        case("broadcast", 30, src=2),
+        case("reduce", 30, root=3),
+        case("all_to_all", 40),
+    ]
     return out
 
 
@@ -88,9 +113,14 @@ def make_input(c: dict, member: int, size: int) -> torch.Tensor:
 def run_cases(rank: int, world: int, cases: list[dict]) -> dict:
     """Body of each rank: every case's result on this rank (None where it takes no part)."""
     groups = {g: comm.Group.new(g) for g in sorted({c["group"] for c in cases if c["group"]})}
-    results = {"meta": {"rank": rank, "threads": torch.get_num_threads(),
-                        "omp": os.environ.get("OMP_NUM_THREADS"),
-                        "malloc": {k: os.environ.get(k) for k in MALLOC_SETTINGS}}}
+    results = {
+        "meta": {
+            "rank": rank,
+            "threads": torch.get_num_threads(),
+            "omp": os.environ.get("OMP_NUM_THREADS"),
+            "malloc": {k: os.environ.get(k) for k in MALLOC_SETTINGS},
+        }
+    }
     for c in cases:
         group = groups[c["group"]] if c["group"] else comm.Group.world()
         if rank not in group.ranks:
@@ -118,7 +148,7 @@ def run_case(c: dict, g: comm.Group, me: int):
         return comm.all_gather(x, torch.empty(n * P, dtype=x.dtype), k, g)
     if prim == "all_gather_inplace":
         out = torch.empty(n * P, dtype=x.dtype)
-        own = out[me * n:(me + 1) * n]
+        own = out[me * n : (me + 1) * n]
         own.copy_(x)
         return comm.all_gather(own, out, k, g)
     if prim == "fused":
@@ -157,7 +187,7 @@ def run_fused(x, n, k, op, g, me):
     same order on every rank); y is computed in place in its output's own block, z is not."""
     reduced = torch.empty(n, dtype=x.dtype)
     y, z = torch.empty(n * g.size, dtype=x.dtype), torch.empty(n * g.size, dtype=x.dtype)
-    own, z_src = y[me * n:(me + 1) * n], torch.empty(n, dtype=x.dtype)
+    own, z_src = y[me * n : (me + 1) * n], torch.empty(n, dtype=x.dtype)
     rs = comm.RingReduceScatter(x, reduced, op, k, g).start()
     ags = comm.RingAllGather(own, y, k, g), comm.RingAllGather(z_src, z, k, g)
     snapshots = []
@@ -188,11 +218,11 @@ def expected(c: dict, world: int, rank: int):
     if prim == "all_reduce":
         return red
     if prim in ("reduce_scatter", "library_rs"):
-        return red[me * n:(me + 1) * n]
+        return red[me * n : (me + 1) * n]
     if prim in ("all_gather", "all_gather_inplace", "library_ag"):
         return torch.cat(xs)
     if prim == "fused":
-        return red * 2 + 1, red - 1, red[me * n:(me + 1) * n]
+        return red * 2 + 1, red - 1, red[me * n : (me + 1) * n]
     if prim == "p2p":
         return xs[c["src"]] if rank == c["dst"] else None
     if prim == "broadcast":
@@ -222,11 +252,15 @@ def results():
         if world not in cache:
             cache[world] = run_ranks(run_cases, world, (CASES[world],), timeout_s=60.0)
         return cache[world]
+
     return get
 
 
-@pytest.mark.parametrize("world,c", [(w, c) for w in CASES for c in CASES[w]],
-                         ids=[f"w{w}-{c['id']}" for w in CASES for c in CASES[w]])
+@pytest.mark.parametrize(
+    "world,c",
+    [(w, c) for w in CASES for c in CASES[w]],
+    ids=[f"w{w}-{c['id']}" for w in CASES for c in CASES[w]],
+)
 @pytest.mark.slow
 def test_primitive_matches_reference(results, world, c):
     per_rank = results(world)
@@ -242,8 +276,9 @@ def test_launch_returns_rank_values_in_order_and_sets_threads(results):
     assert {m["threads"] for m in metas} == {default_threads(2)}
     assert {m["omp"] for m in metas} == {str(default_threads(2))}
     # malloc keeps freed memory in every rank (unless the caller set the variables)
-    assert all(m["malloc"] == {k: os.environ.get(k, v) for k, v in MALLOC_SETTINGS.items()}
-               for m in metas)
+    assert all(
+        m["malloc"] == {k: os.environ.get(k, v) for k, v in MALLOC_SETTINGS.items()} for m in metas
+    )
 
 
 def test_chunk_size_must_divide_slice():
@@ -329,10 +364,17 @@ def test_torchrun_joins_ranks_through_run_ranks():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(REPO, "tests", "torchrun_allreduce.py")]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=90, check=False)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        os.path.join(REPO, "tests", "torchrun_allreduce.py"),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=90, check=False
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK 2 ranks" in proc.stdout
 
@@ -340,8 +382,9 @@ def test_torchrun_joins_ranks_through_run_ranks():
 def _short_and_long_steps(rank, world):
     from codegen.runtime.measure import time_ranks
 
-    short = time_ranks(lambda: time.sleep(0.005 * (1 + rank)), 1, 3, min_total_ms=100.0,
-                       max_repeats=12)
+    short = time_ranks(
+        lambda: time.sleep(0.005 * (1 + rank)), 1, 3, min_total_ms=100.0, max_repeats=12
+    )
     long = time_ranks(lambda: time.sleep(0.05), 0, 3, min_total_ms=100.0, max_repeats=12)
     return len(short.times_ms), len(long.times_ms), min(short.times_ms)
 
@@ -374,11 +417,14 @@ def test_ranks_end_when_their_parent_is_killed(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; sys.path[:0] = {path!r}; from codegen.runtime.launch import launch; "
-            "from tests.test_runtime_comm import _sleep_and_say_pid; "
-            "launch(_sleep_and_say_pid, 2, ({folder!r},), timeout_s=120.0)")
-    parent = subprocess.Popen([sys.executable, "-c", code.format(path=sys.path,
-                                                                   folder=str(tmp_path))])
+    code = (
+        "import sys; sys.path[:0] = {path!r}; from codegen.runtime.launch import launch; "
+        "from tests.test_runtime_comm import _sleep_and_say_pid; "
+        "launch(_sleep_and_say_pid, 2, ({folder!r},), timeout_s=120.0)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code.format(path=sys.path, folder=str(tmp_path))]
+    )
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("rank*.pid"))) < 2 and time.monotonic() < deadline:

@@ -15,6 +15,7 @@ type and every collective kind, and names a step it has none for.
 Agreement: `dsl.runs_agree`, each element within twice its `dsl.error_bounds` bound (reduction
 order differs between the ring and numpy).
 """
+
 import shutil
 import sys
 from pathlib import Path
@@ -80,8 +81,12 @@ def _rank(rank, world, comm, plans, inputs, kernel_list, workdir):
 def _check(cases, comm, world, workdir):
     kernel_list = list({k.name: k for c in cases for k in c[1].kernels()}.values())
     _kernels(comm, kernel_list, workdir)  # compile once in the parent; ranks load from the cache
-    results = launch(_rank, world, args=(comm, [c[1] for c in cases], [c[2] for c in cases],
-                                         kernel_list, str(workdir)), timeout_s=240)
+    results = launch(
+        _rank,
+        world,
+        args=(comm, [c[1] for c in cases], [c[2] for c in cases], kernel_list, str(workdir)),
+        timeout_s=240,
+    )
     for k, (label, _, _, expect, bounds) in enumerate(cases):
         for rank in range(world):
             got = results[rank][k]
@@ -121,8 +126,10 @@ def bf16_program() -> dsl.Program:
 def test_bf16_program_runs_on_the_cpu_runner(tmp_path):
     prog = bf16_program()
     fused = fuse(reorder(split(prog)))
-    cases = [_case(f"bf16:{name}", p, 2, {"N": 256}) for name, p in
-             (("AR-C", prog), ("fuse(RS-C-AG)", fused))]
+    cases = [
+        _case(f"bf16:{name}", p, 2, {"N": 256})
+        for name, p in (("AR-C", prog), ("fuse(RS-C-AG)", fused))
+    ]
     assert {b.dtype for b in cases[1][1].buffers} == {bf16}
     _check(cases, "ring", 2, tmp_path)
 
@@ -135,8 +142,7 @@ def test_every_plan_step_and_collective_has_a_runner_rule():
     from dsl.ops import COLLECTIVE
 
     steps = {t if isinstance(t, type) else t.__forward_arg__ for t in typing.get_args(Step)}
-    assert {t.__name__ if isinstance(t, type) else t for t in steps} == \
-        {t.__name__ for t in RULES}
+    assert {t.__name__ if isinstance(t, type) else t for t in steps} == {t.__name__ for t in RULES}
     assert set(COLLECTIVE) == set(COLLECTIVES)
 
 
@@ -155,8 +161,9 @@ def test_the_runner_aliases_the_callers_tensors():
     plan = lower(sliced_schedule(adam_program()), {"N": 48}, 2, fused_chunks=2)
     solo = Group(None, (0, 1), 1.0)  # never used: nothing runs
     w, m = torch.zeros(48), torch.zeros(24)
-    runner = PlanRunner(plan, 0, {}, Groups(solo, (solo,)),
-                        tensors={"w": w, "m": m, "lr": torch.tensor(0.5)})
+    runner = PlanRunner(
+        plan, 0, {}, Groups(solo, (solo,)), tensors={"w": w, "m": m, "lr": torch.tensor(0.5)}
+    )
     assert runner.input("w") is w and runner.input("m") is m
     assert float(runner.input("lr")) == 0.5 and float(runner.input("eps")) == pytest.approx(1e-8)
     v = torch.ones(24)
@@ -164,9 +171,11 @@ def test_the_runner_aliases_the_callers_tensors():
     assert runner.input("v") is v
     runner.load({"w": np.arange(48, dtype=np.float32)})
     assert w[47] == 47  # load writes into the caller's tensor
-    for bad, why in ((torch.zeros(47), r"shape \[48\]"),
-                     (torch.zeros(48, dtype=torch.float64), "got torch.float64"),
-                     (torch.zeros(96)[::2], "not contiguous")):
+    for bad, why in (
+        (torch.zeros(47), r"shape \[48\]"),
+        (torch.zeros(48, dtype=torch.float64), "got torch.float64"),
+        (torch.zeros(96)[::2], "not contiguous"),
+    ):
         with pytest.raises(ValueError, match=why):
             runner.bind("w", bad)
     with pytest.raises(ValueError, match="no input 'x'"):

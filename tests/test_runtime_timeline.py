@@ -7,7 +7,9 @@
   `fused_all_reduce` runs, in that order.
 - Off by default: a runner keeps no timeline.
 """
+
 import pytest
+from test_runtime_plans import _cases  # every schedule of every experiment, on 2 ranks
 
 import dsl
 import experiments
@@ -16,7 +18,6 @@ from codegen.plan import label, walk
 from codegen.runtime.backend import CpuBackend
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
-from test_runtime_plans import _cases  # every schedule of every experiment, on 2 ranks
 
 
 def _marked(rank, world, comm, plans, inputs, kernel_list):
@@ -39,8 +40,12 @@ def test_timeline_keeps_results_and_names_the_plans_steps(comm):
     cases = _cases(2)
     kernel_list = list({k.name: k for c in cases for k in c[1].kernels()}.values())
     CpuBackend().build(kernel_list)
-    got = launch(_marked, 2, args=(comm, [c[1] for c in cases], [c[2] for c in cases],
-                                   kernel_list), timeout_s=240)
+    got = launch(
+        _marked,
+        2,
+        args=(comm, [c[1] for c in cases], [c[2] for c in cases], kernel_list),
+        timeout_s=240,
+    )
     for k, (name, plan, _, expect, bounds) in enumerate(cases):
         steps = {label(s) for s in walk(plan.steps)}
         for rank in range(2):
@@ -51,8 +56,10 @@ def test_timeline_keeps_results_and_names_the_plans_steps(comm):
             times = [t for _, t in marks]
             assert times == sorted(times), name
             for segment, _ in marks[1:]:
-                assert any(segment == s or segment.startswith(s + " ") for s in steps), \
-                    (name, segment)
+                assert any(segment == s or segment.startswith(s + " ") for s in steps), (
+                    name,
+                    segment,
+                )
 
 
 def _lamb_labels(rank, world, kernel_list, plan):
@@ -73,7 +80,11 @@ def test_lamb_fused_step_segments_in_the_order_it_runs():
     CpuBackend().build(plan.kernels())
     got = launch(_lamb_labels, 2, args=(plan.kernels(), plan), timeout_s=120)
     rs, k1, norm_w, norm_u, k4, ag = (label(s) for s in plan.steps[0].steps)
-    want = ([f"{rs} start"] + [x for c in range(4) for x in (f"{rs} wait c{c}", f"{k1} c{c}")]
-            + [norm_w, norm_u] + [x for c in range(4) for x in (f"{k4} c{c}", f"{ag} send c{c}")]
-            + [f"{rs} wait", f"{ag} wait"])
+    want = (
+        [f"{rs} start"]
+        + [x for c in range(4) for x in (f"{rs} wait c{c}", f"{k1} c{c}")]
+        + [norm_w, norm_u]
+        + [x for c in range(4) for x in (f"{k4} c{c}", f"{ag} send c{c}")]
+        + [f"{rs} wait", f"{ag} wait"]
+    )
     assert got == [[want, want], [want, want]]

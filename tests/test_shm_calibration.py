@@ -1,6 +1,7 @@
 """comm=shm's calibrated topology: `fit_shm` recovers the shared-memory links that made a set of
 measurements (pure), and with comm=shm a run predicts with topology_shm.yaml, calibrating (with
 comm=shm) when the cached calibration lacks it."""
+
 import dataclasses
 import hashlib
 import json
@@ -9,36 +10,49 @@ from types import SimpleNamespace as N
 import pytest
 
 import experiments
-from experiments import MeasureSettings, PredictSettings
+from codegen.lower import lower
 from cost_model.calibration import Measurement, fit, fit_shm, predict_ms
 from cost_model.topology import LinkClass, load_topology
 from cost_model.workload import simulate
-from codegen.lower import lower
-from experiments import adam_fusion
+from experiments import MeasureSettings, PredictSettings, adam_fusion
 from suite import calibration
 from suite.calibration import fingerprint, key_of, local_calibration
 from tests.test_calibrate import synthetic, truth
 
 
 def shm_truth(base):
-    link = LinkClass(bandwidth_gbps=9.0, latency_us=150.0, rate_by="transfer",
-                     efficiency={1 << 20: 0.7, 1 << 23: 1.0, 1 << 25: 1.0, 1 << 27: 0.6})
-    lib = LinkClass(bandwidth_gbps=7.0, latency_us=250.0, rate_by="transfer",
-                    efficiency={1 << 20: 0.6, 1 << 23: 1.0, 1 << 25: 1.0, 1 << 27: 0.5})
+    link = LinkClass(
+        bandwidth_gbps=9.0,
+        latency_us=150.0,
+        rate_by="transfer",
+        efficiency={1 << 20: 0.7, 1 << 23: 1.0, 1 << 25: 1.0, 1 << 27: 0.6},
+    )
+    lib = LinkClass(
+        bandwidth_gbps=7.0,
+        latency_us=250.0,
+        rate_by="transfer",
+        efficiency={1 << 20: 0.6, 1 << 23: 1.0, 1 << 25: 1.0, 1 << 27: 0.5},
+    )
     return dataclasses.replace(base, library=lib, intra=dataclasses.replace(base.intra, link=link))
 
 
 def test_fit_shm_recovers_the_shared_memory_links():
     gloo = truth()
     t = shm_truth(gloo)
-    shm = [Measurement(f"shm_{k}", 1 << e, 0.0, 2) for e in range(12, 28)
-           for k in ("all_reduce", "reduce_scatter", "all_gather")]
-    shm = [dataclasses.replace(m, time_ms=predict_ms(t, dataclasses.replace(
-        m, kind=m.kind[4:]))) for m in shm]
+    shm = [
+        Measurement(f"shm_{k}", 1 << e, 0.0, 2)
+        for e in range(12, 28)
+        for k in ("all_reduce", "reduce_scatter", "all_gather")
+    ]
+    shm = [
+        dataclasses.replace(m, time_ms=predict_ms(t, dataclasses.replace(m, kind=m.kind[4:])))
+        for m in shm
+    ]
     ms = synthetic(gloo) + shm
     one_way = LinkClass(bandwidth_gbps=1.0, latency_us=100.0)  # gloo's send: not shm's P2P
-    fitted = dataclasses.replace(fit(ms, load_topology("local"), 2), alone_scale=0.9,
-                                 p2p_link=one_way, lone_p2p_link=one_way)
+    fitted = dataclasses.replace(
+        fit(ms, load_topology("local"), 2), alone_scale=0.9, p2p_link=one_way, lone_p2p_link=one_way
+    )
     got = fit_shm(ms, fitted, 2)
     assert got.device == fitted.device and got.compute_slowdown == fitted.compute_slowdown
     assert got.alone_scale == 1.0  # gloo's, not measured for shared memory
@@ -61,13 +75,20 @@ def test_the_fused_step_streams_at_the_concurrent_rate_not_the_lone_sweeps():
     times as long."""
     gloo = truth()
     t = shm_truth(gloo)
-    shm = [Measurement(f"shm_{k}", 1 << e, 0.0, 2) for e in range(12, 28, 3)
-           for k in ("all_reduce", "reduce_scatter", "all_gather")]
-    shm = [dataclasses.replace(m, time_ms=predict_ms(t, dataclasses.replace(
-        m, kind=m.kind[4:]))) for m in shm]
+    shm = [
+        Measurement(f"shm_{k}", 1 << e, 0.0, 2)
+        for e in range(12, 28, 3)
+        for k in ("all_reduce", "reduce_scatter", "all_gather")
+    ]
+    shm = [
+        dataclasses.replace(m, time_ms=predict_ms(t, dataclasses.replace(m, kind=m.kind[4:])))
+        for m in shm
+    ]
     launch = fit(synthetic(gloo), load_topology("local"), 2).device.launch_us
-    stream = [Measurement("kernel_stream", 28 << e, (launch + (28 << e) / 4e3) / 1e3, 2)
-              for e in (18, 19, 20, 21, 22)]  # 4 GB/s per rank
+    stream = [
+        Measurement("kernel_stream", 28 << e, (launch + (28 << e) / 4e3) / 1e3, 2)
+        for e in (18, 19, 20, 21, 22)
+    ]  # 4 GB/s per rank
     fitted = fit(synthetic(gloo) + stream, load_topology("local"), 2)
     got = fit_shm(synthetic(gloo) + shm + stream, fitted, 2)
     rate = got.device.stream_memory_gbps
@@ -76,15 +97,22 @@ def test_the_fused_step_streams_at_the_concurrent_rate_not_the_lone_sweeps():
     for m in stream:
         assert predict_ms(got, m) == pytest.approx(m.time_ms, rel=1e-6)
     plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": 1 << 24}, 2)
-    fast = simulate(plan, dataclasses.replace(got, device=dataclasses.replace(
-        got.device, stream_memory_gbps=20.0))).time_us
+    fast = simulate(
+        plan,
+        dataclasses.replace(got, device=dataclasses.replace(got.device, stream_memory_gbps=20.0)),
+    ).time_us
     slow = simulate(plan, got).time_us
     assert 3.5 < (slow - got.step_overhead_us) / (fast - got.step_overhead_us) < 5.5
 
 
 def _cfg(comm):
-    return N(calibration="auto", topology=N(path=None, name="local"),
-             backend=N(name="cpu", comm=comm), keep_awake=True, calibration_pool=8)
+    return N(
+        calibration="auto",
+        topology=N(path=None, name="local"),
+        backend=N(name="cpu", comm=comm),
+        keep_awake=True,
+        calibration_pool=8,
+    )
 
 
 def _write_cache(folder, created: str, *files: str) -> None:
@@ -93,14 +121,16 @@ def _write_cache(folder, created: str, *files: str) -> None:
     text = (calibration.PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
     for name in files:
         (folder / name).write_bytes(text)
-    sums = {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(folder.glob("topology*.yaml"))}
-    (folder / "fingerprint.json").write_text(json.dumps(
-        {"created": created, "schema": calibration.SCHEMA, "checksums": sums}))
+    sums = {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(folder.glob("topology*.yaml"))
+    }
+    (folder / "fingerprint.json").write_text(
+        json.dumps({"created": created, "schema": calibration.SCHEMA, "checksums": sums})
+    )
 
 
-def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp_path,
-                                                                            monkeypatch):
+def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp_path, monkeypatch):
     adam = experiments.get("adam_fusion")
     where = tmp_path / key_of(fingerprint())
     where.mkdir()
@@ -126,20 +156,41 @@ def test_comm_shm_predicts_with_the_shm_topology_calibrating_it_when_missing(tmp
 @pytest.mark.slow
 def test_calibrate_with_comm_shm_writes_the_shm_topology(tmp_path):
     exp = experiments.get("calibrate")
-    settings = MeasureSettings(scale="smoke", max_elements=1 << 16, world_size=2, warmup=1,
-                               repeats=3, csv_path=tmp_path / "results.csv",
-                               kernels_dir=tmp_path / "kernels", comm="shm")
+    settings = MeasureSettings(
+        scale="smoke",
+        max_elements=1 << 16,
+        world_size=2,
+        warmup=1,
+        repeats=3,
+        csv_path=tmp_path / "results.csv",
+        kernels_dir=tmp_path / "kernels",
+        comm="shm",
+    )
     rows = exp.measure(settings)
     kinds = {r["schedule"] for r in rows}
-    assert {"shm_all_reduce", "shm_reduce_scatter", "shm_all_gather", "all_reduce",
-            "kernel_stream"} <= kinds
+    assert {
+        "shm_all_reduce",
+        "shm_reduce_scatter",
+        "shm_all_gather",
+        "all_reduce",
+        "kernel_stream",
+    } <= kinds
     gloo = load_topology(path=tmp_path / "topology.yaml")
     shm = load_topology(path=tmp_path / "topology_shm.yaml")
     assert shm.device == gloo.device and "comm=shm" in shm.source
     assert shm.library != gloo.library
     assert shm.peer_reads and not gloo.peer_reads and shm.device.stream_memory_gbps > 0
-    pred = exp.predict(PredictSettings(scale="smoke", backend="cpu", topology=gloo, world_size=2,
-                                       max_elements=1 << 16, measured=rows, out_dir=tmp_path))
+    pred = exp.predict(
+        PredictSettings(
+            scale="smoke",
+            backend="cpu",
+            topology=gloo,
+            world_size=2,
+            max_elements=1 << 16,
+            measured=rows,
+            out_dir=tmp_path,
+        )
+    )
     assert len(pred) == len(rows) and all(r["time_ms"] > 0 for r in pred)
 
 
@@ -150,9 +201,18 @@ def test_comm_shm_predicts_the_gloo_baseline_on_the_gloo_topology_and_speedups_o
     gloo = truth()
     shm = shm_truth(gloo)
     n, shape = 1 << 22, f"[{1 << 22}]"
-    rows = {r["schedule"]: r for r in experiments.predict.predict(
-        adam_fusion.EXPERIMENT, shm, [{"N": n}], 2, baseline_compute_ms={shape: 5.0},
-        gloo=gloo, gloo_compute_ms={shape: 7.0})}
+    rows = {
+        r["schedule"]: r
+        for r in experiments.predict.predict(
+            adam_fusion.EXPERIMENT,
+            shm,
+            [{"N": n}],
+            2,
+            baseline_compute_ms={shape: 5.0},
+            gloo=gloo,
+            gloo_compute_ms={shape: 7.0},
+        )
+    }
     plan = lower(adam_fusion.EXPERIMENT.program(), {"N": n}, 2)
     on_gloo = simulate(plan, gloo, compute_us=experiments.predict.library_compute_us(plan, 7.0))
     g = rows["baseline(gloo)"]
@@ -165,16 +225,35 @@ def test_comm_shm_predicts_the_gloo_baseline_on_the_gloo_topology_and_speedups_o
     plain = experiments.predict.predict(adam_fusion.EXPERIMENT, shm, [{"N": n}], 2)
     assert "baseline(gloo)" not in {r["schedule"] for r in plain}
     assert not any("speedup_gloo" in r for r in plain)
-    measured = [{"source": "measured", "schedule": s, "world_size": 2, "size": n,
-                 "shape": shape, "compute_ms": ms} for s, ms in (("baseline", 5.0),
-                                                                  ("baseline(gloo)", 7.0))]
-    settings = PredictSettings(scale="smoke", backend="cpu", topology=shm, world_size=2,
-                               max_elements=n, measured=measured, out_dir=None,
-                               schedules={}, gloo_topology=gloo)
-    got = {r["schedule"]: r for r in experiments.predict.predictions(adam_fusion.EXPERIMENT,
-                                                                     settings)
-           if r["source"] == "predicted" and r["topology"] == shm.name}
+    measured = [
+        {
+            "source": "measured",
+            "schedule": s,
+            "world_size": 2,
+            "size": n,
+            "shape": shape,
+            "compute_ms": ms,
+        }
+        for s, ms in (("baseline", 5.0), ("baseline(gloo)", 7.0))
+    ]
+    settings = PredictSettings(
+        scale="smoke",
+        backend="cpu",
+        topology=shm,
+        world_size=2,
+        max_elements=n,
+        measured=measured,
+        out_dir=None,
+        schedules={},
+        gloo_topology=gloo,
+    )
+    got = {
+        r["schedule"]: r
+        for r in experiments.predict.predictions(adam_fusion.EXPERIMENT, settings)
+        if r["source"] == "predicted" and r["topology"] == shm.name
+    }
     assert got["baseline(gloo)"]["time_ms"] == g["time_ms"]
     off = dataclasses.replace(settings, gloo_topology=None)
-    assert "baseline(gloo)" not in {r["schedule"] for r in experiments.predict.predictions(
-        adam_fusion.EXPERIMENT, off)}
+    assert "baseline(gloo)" not in {
+        r["schedule"] for r in experiments.predict.predictions(adam_fusion.EXPERIMENT, off)
+    }

@@ -3,6 +3,7 @@ against exact expectations; waits that time out with a clear error; no segment l
 run, a rank that fails, or a rank killed by SIGKILL (the launcher removes them by the run's prefix),
 and what a launcher killed outright left is swept by the next launch (`shm.sweep`).
 """
+
 import dataclasses
 import glob
 import os
@@ -19,7 +20,6 @@ import pytest
 import torch
 
 import dsl
-from dsl.space import Budget as SpaceBudget, schedule_space
 from codegen.build import build
 from codegen.lower import lower
 from codegen.plan import Collective, Compute, FusedCollective
@@ -36,6 +36,8 @@ from cost_model.closed_form import kernel_bytes, spec_of
 from cost_model.peer_fused import peer_readable
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
+from dsl.space import Budget as SpaceBudget
+from dsl.space import schedule_space
 from experiments import adam_fusion, lamb_fusion
 from experiments.predict import library_compute_us
 
@@ -113,19 +115,27 @@ def test_every_collective_and_p2p_gives_the_exact_result(no_leaks, world):
             assert torch.equal(o[f"max{n}"], torch.full((4,), float(world)))
             k = n // world
             full = base * sum(r + 1 for r in range(world))
-            assert torch.equal(o[f"rs{n}"], full[rank * k:(rank + 1) * k])
+            assert torch.equal(o[f"rs{n}"], full[rank * k : (rank + 1) * k])
             assert torch.equal(o[f"ag{n}"], torch.arange(world).repeat_interleave(k).float())
     for rank in range(world):
         o = res[rank]
         assert torch.equal(o["bcast"], torch.full((8,), 1.0))
-        expect = torch.full((8,), float(sum(r + 1 for r in range(world)))) if rank == 0 else \
-            torch.zeros(8)
+        expect = (
+            torch.full((8,), float(sum(r + 1 for r in range(world))))
+            if rank == 0
+            else torch.zeros(8)
+        )
         assert torch.equal(o["reduce"], expect)
-        assert torch.equal(o["a2a"], torch.cat([torch.arange(4 * rank, 4 * rank + 4).float()
-                                                + 100 * i for i in range(world)]))
+        assert torch.equal(
+            o["a2a"],
+            torch.cat(
+                [torch.arange(4 * rank, 4 * rank + 4).float() + 100 * i for i in range(world)]
+            ),
+        )
         n = 64 * world
-        assert torch.equal(o["fused"], torch.arange(n).float() * sum(r + 1 for r in range(world))
-                           * 2)
+        assert torch.equal(
+            o["fused"], torch.arange(n).float() * sum(r + 1 for r in range(world)) * 2
+        )
         if rank < 2:
             assert torch.equal(o["p2p0"], torch.arange(256).float())
             assert torch.equal(o["p2p1"], torch.arange(1 << 19).float() + 1)
@@ -142,8 +152,11 @@ def _one_skips(rank, world):
 @pytest.mark.slow
 def test_a_peer_that_never_comes_is_a_timeout_not_a_hang(no_leaks):
     start = time.monotonic()
-    with pytest.raises(RankError, match=r"rank 0 failed: ShmTimeout: shm: member 0 waited "
-                                        r"1\.\d s for member\(s\) \[1\] \(all_reduce"):
+    with pytest.raises(
+        RankError,
+        match=r"rank 0 failed: ShmTimeout: shm: member 0 waited "
+        r"1\.\d s for member\(s\) \[1\] \(all_reduce",
+    ):
         launch(_one_skips, 2, timeout_s=60)
     assert time.monotonic() - start < 30
 
@@ -191,8 +204,13 @@ def test_a_launcher_killed_outright_leaves_segments_the_next_launch_sweeps(no_le
         launch(_stuck, 2, timeout_s=90)
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              cwd=root, env={**os.environ, "PYTHONPATH": root})
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
     try:
         paths = [parent.stdout.readline().strip() for _ in range(2)]
         assert all(p.startswith(shm.ROOT) and os.path.exists(p) for p in paths)
@@ -258,8 +276,9 @@ def test_fused_adam_over_shared_memory_matches_the_interpreter(no_leaks, world, 
     inputs = dsl.random_inputs(prog, world, b, np.random.default_rng(3))
     expect = dsl.interpret(prog, inputs, world, b)
     bounds = dsl.error_bounds(prog, inputs, world, b)
-    for rank, (steps, got) in enumerate(launch(_peer_adam, world, args=(plan, inputs),
-                                               timeout_s=300)):
+    for rank, (steps, got) in enumerate(
+        launch(_peer_adam, world, args=(plan, inputs), timeout_s=300)
+    ):
         assert steps, "the peer-reading kernel did not run"
         assert dsl.runs_agree(got, expect[rank], bounds[rank])
 
@@ -288,10 +307,16 @@ def test_on_a_peer_reads_topology_the_fused_step_is_memory_traffic_on_each_rank(
     mem = lambda b: b / (dev.stream_memory_gbps * 1e3)  # noqa: E731
     assert dev.write_allocate  # a copy: read, write, the destination's line read first
     kernel = dev.launch_us + mem(kernel_bytes(plan, k, topo) / C)
-    expect = (C * (dev.launch_us + mem(3 * head.nbytes / 2 / C))
-              + C * (kernel + mem(head.nbytes / 2 / C)
-                     + mem(g.nbytes / 2 / C))  # the own block: lines of w the kernel read
-              + dev.launch_us + mem(3 * g.nbytes / 2) + topo.step_overhead_us)
+    expect = (
+        C * (dev.launch_us + mem(3 * head.nbytes / 2 / C))
+        + C
+        * (
+            kernel + mem(head.nbytes / 2 / C) + mem(g.nbytes / 2 / C)
+        )  # the own block: lines of w the kernel read
+        + dev.launch_us
+        + mem(3 * g.nbytes / 2)
+        + topo.step_overhead_us
+    )
     assert simulate(plan, topo).time_us == pytest.approx(expect, rel=1e-6)
     split = lower(adam_fusion.schedules()["RS-C-AG+as_slice"], {"N": n}, P, fused_chunks=C)
     assert simulate(plan, topo).time_us < simulate(split, topo).time_us
@@ -304,9 +329,13 @@ def _traffic_topology(write_allocate: bool):
     for free: a task's microseconds are the kilobytes it moves."""
     path = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "local_shm.yaml"
     topo = load_topology("local", path=str(path))
-    dev = dataclasses.replace(topo.device, launch_us=0.0, write_allocate=write_allocate,
-                              peak_tflops={k: 1e6 for k in topo.device.peak_tflops},
-                              stream_memory_gbps=1.0)
+    dev = dataclasses.replace(
+        topo.device,
+        launch_us=0.0,
+        write_allocate=write_allocate,
+        peak_tflops={k: 1e6 for k in topo.device.peak_tflops},
+        stream_memory_gbps=1.0,
+    )
     return dataclasses.replace(topo, device=dev, step_overhead_us=0.0)
 
 
@@ -327,8 +356,12 @@ def test_the_fused_steps_modelled_bytes_are_what_the_runtime_moves(write_allocat
     plan = lower(adam_fusion.schedules()["fuse(RS-C-AG)+as_slice"], {"N": n}, P, fused_chunks=C)
     r = simulate(plan, _traffic_topology(write_allocate))
     df = r.trace[(r.trace["rank"] == 0) & (r.trace.stream == "compute")]
-    kb = {task: float((d.end - d.start).sum()) for task, d in
-          df.assign(task=df.task.str.replace(r" c\d+$", "", regex=True)).groupby("task")}
+    kb = {
+        task: float((d.end - d.start).sum())
+        for task, d in df.assign(task=df.task.str.replace(r" c\d+$", "", regex=True)).groupby(
+            "task"
+        )
+    }
     wa = 1 if write_allocate else 0
     assert kb["publish"] * 1e3 == pytest.approx((2 + wa) * u, rel=1e-9)
     assert kb["peers"] * 1e3 == pytest.approx((9 + wa) * u, rel=1e-9)
@@ -355,10 +388,12 @@ def test_the_shm_baselines_modelled_bytes_are_what_its_all_reduce_moves(write_al
     (ar,) = [st for st in plan.steps if isinstance(st, Collective)]
     spec = spec_of(plan, ar, topo)
     assert collective_us(spec, choose(spec, topo), topo) == pytest.approx(
-        fixed + (3 * copy + 3) * s / 1e3, rel=1e-9)
+        fixed + (3 * copy + 3) * s / 1e3, rel=1e-9
+    )
     gloo = dataclasses.replace(topo, peer_reads=False)  # not shared memory: the fitted link
-    assert simulate(plan, gloo, compute_us=library_compute_us(plan, 5.0)).time_us != \
-        pytest.approx(r.time_us, rel=1e-3)
+    assert simulate(plan, gloo, compute_us=library_compute_us(plan, 5.0)).time_us != pytest.approx(
+        r.time_us, rel=1e-3
+    )
 
 
 def test_the_cost_model_runs_peer_style_exactly_what_the_runtime_does():

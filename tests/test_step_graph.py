@@ -5,8 +5,8 @@ ranks agree (a step some rank could not capture runs eagerly everywhere), a capt
 and the harness's measured rows carry `graphed`, `graph_reason` and `host_us` into results.csv
 (2 gloo ranks). The capture itself (torch.cuda.graph over CuPy kernels and NCCL) needs a GPU:
 `scripts/gpu_figures.py` checks it there."""
+
 import csv
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,8 +22,13 @@ class _Runner:
     """What StepGraph reads of a PlanRunner: backend, plan, marks, run(), compute_ms."""
 
     def __init__(self, backend, marks=None):
-        self.backend, self.plan, self.marks, self.calls, self.compute_ms = (backend, None, marks,
-                                                                            0, 0.0)
+        self.backend, self.plan, self.marks, self.calls, self.compute_ms = (
+            backend,
+            None,
+            marks,
+            0,
+            0.0,
+        )
 
     def run(self):
         self.calls += 1
@@ -61,7 +66,8 @@ def test_the_rules_are_asked_in_order():
     assert "timeline" in timeline
     # the backend's reason comes first
     assert reason_not_to_capture(_Runner(backends.CpuBackend(), marks=[])) == (
-        "no CUDA graphs on the CPU")
+        "no CUDA graphs on the CPU"
+    )
 
 
 def test_a_failed_capture_runs_eagerly_with_the_error_as_its_reason():
@@ -89,6 +95,7 @@ def test_a_captured_step_replays_and_ranks_agree(monkeypatch):
             run()
         captured.append(_Graph())
         return captured[-1]
+
     monkeypatch.setattr(graph, "cuda_graph", fake)
     r = _Runner(_Capturable())
     votes = []
@@ -123,10 +130,17 @@ def test_measured_rows_say_whether_the_step_was_a_graph_and_its_host_time(tmp_pa
     assert {"host_us", "graphed", "graph_reason"} <= set(COLUMNS)
     adam = experiments.get("adam_fusion")
     fused = "fuse(RS-C-AG)+as_slice"
-    settings = MeasureSettings(scale="smoke", max_elements=1 << 12, world_size=2, warmup=0,
-                               repeats=1, points=[{"N": 1 << 12}],
-                               csv_path=tmp_path / "results.csv", kernels_dir=tmp_path / "kernels",
-                               schedules={fused: adam.schedules()[fused]})
+    settings = MeasureSettings(
+        scale="smoke",
+        max_elements=1 << 12,
+        world_size=2,
+        warmup=0,
+        repeats=1,
+        points=[{"N": 1 << 12}],
+        csv_path=tmp_path / "results.csv",
+        kernels_dir=tmp_path / "kernels",
+        schedules={fused: adam.schedules()[fused]},
+    )
     rows = {r["schedule"]: r for r in harness.measure(adam, settings)}
     assert set(rows) == {"baseline", "fuse(RS-C-AG)+as_slice"}
     fused, base = rows["fuse(RS-C-AG)+as_slice"], rows["baseline"]

@@ -1,4 +1,5 @@
 """cost_model.median: a step's median between its links fitted at the means and at the medians."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,9 @@ def _calibrated():
     """The shipped local topology with its lone (median) links 1.5x faster than its means'."""
     local = load_topology("local")
     fast = lambda link: dataclasses.replace(link, bandwidth_gbps=link.bandwidth_gbps * 1.5)  # noqa: E731
-    return dataclasses.replace(local, lone_link=fast(local.intra.link),
-                               lone_library=fast(local.library))
+    return dataclasses.replace(
+        local, lone_link=fast(local.intra.link), lone_library=fast(local.library)
+    )
 
 
 def _plans(n=1 << 20):

@@ -5,16 +5,18 @@ progress line per schedule x world size, report.md in `hydra.run.dir`, exit 0; a
 fails verification: still a report, exit 1. The toy experiment (tests/suite_fakes.py) keeps these
 tests independent of experiments/; the last tests run the real ones at smoke scale.
 """
+
 from __future__ import annotations
 
-from dataclasses import replace
 import csv
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from suite_fakes import toy
 
 import dsl
 import experiments
@@ -22,22 +24,33 @@ import suite.run
 from suite import PROJECT_ROOT
 from suite.cli import prevalidate
 from suite.errors import SuiteError
-from suite_fakes import toy
 
 TESTS = Path(__file__).resolve().parent
-KNOWN = ("known: adam_fusion, autotune, calibrate, collectives, lamb_fusion, model_parallel, paper, "
-         "pipeline_parallel, training, validate")
+KNOWN = (
+    "known: adam_fusion, autotune, calibrate, collectives, lamb_fusion, model_parallel, paper, "
+    "pipeline_parallel, training, validate"
+)
 
 
-def suite_cmd(*args: str, toy_run: bool = False, wrong: bool = False,
-              cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess:
+def suite_cmd(
+    *args: str, toy_run: bool = False, wrong: bool = False, cwd: Path = PROJECT_ROOT
+) -> subprocess.CompletedProcess:
     """Run the suite (with the toy experiment when asked) and capture its output."""
-    entry = [str(TESTS / "suite_fakes.py")] + (["--wrong"] if wrong else []) if toy_run \
+    entry = (
+        [str(TESTS / "suite_fakes.py")] + (["--wrong"] if wrong else [])
+        if toy_run
         else ["-m", "suite"]
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), str(TESTS)])}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, *entry, *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, *entry, *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> None:
@@ -57,13 +70,16 @@ def test_unknown_experiment(tmp_path):
     assert not any(tmp_path.iterdir())  # failed before Hydra made the run directory
 
 
-@pytest.mark.parametrize("override,expected", [
-    ("verify.trials=abc", "verify.trials=abc"),
-    ("nonexistent_key=1", "nonexistent_key"),
-    ("+nonexistent_key=1", "nonexistent_key"),
-    ("world_size=0", "world size 0 is impossible"),
-    ("scale=huge", "unknown scale 'huge'"),
-])
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("verify.trials=abc", "verify.trials=abc"),
+        ("nonexistent_key=1", "nonexistent_key"),
+        ("+nonexistent_key=1", "nonexistent_key"),
+        ("world_size=0", "world size 0 is impossible"),
+        ("scale=huge", "unknown scale 'huge'"),
+    ],
+)
 @pytest.mark.slow
 def test_bad_override(override, expected):
     assert_one_line_error(suite_cmd(override), expected)
@@ -143,8 +159,9 @@ def test_unknown_schedule():
 
 
 # -- the real experiments ---------------------------------------------------------------------
-@pytest.mark.parametrize("experiment", ["adam_fusion", "lamb_fusion", "model_parallel",
-                                        "pipeline_parallel"])
+@pytest.mark.parametrize(
+    "experiment", ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"]
+)
 @pytest.mark.slow
 def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
     exp = experiments.get(experiment)
@@ -170,16 +187,24 @@ def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
 
 @pytest.mark.slow
 def test_real_pipeline_rejects_odd_world_size(tmp_path):
-    proc = suite_cmd("experiment=pipeline_parallel", "verify.world_sizes=[3]",
-                     f"hydra.run.dir={tmp_path}")
+    proc = suite_cmd(
+        "experiment=pipeline_parallel", "verify.world_sizes=[3]", f"hydra.run.dir={tmp_path}"
+    )
     assert_one_line_error(proc, "world size 3 is not divisible by the 2 pipeline stages")
 
 
 def test_caches_stay_inside_the_project():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MPLCONFIGDIR", "TORCH_EXTENSIONS_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "TORCH_EXTENSIONS_DIR")}
     code = "import os, suite; print(os.environ['MPLCONFIGDIR'], os.environ['TORCH_EXTENSIONS_DIR'])"
-    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env, text=True,
-                         capture_output=True, check=True).stdout.split()
-    assert out == [str(PROJECT_ROOT / ".cache" / "matplotlib"),
-                   str(PROJECT_ROOT / ".cache" / "torch_extensions")]
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=PROJECT_ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.split()
+    assert out == [
+        str(PROJECT_ROOT / ".cache" / "matplotlib"),
+        str(PROJECT_ROOT / ".cache" / "torch_extensions"),
+    ]

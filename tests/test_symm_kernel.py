@@ -17,6 +17,7 @@ without a GPU.
 - The suite: `backend.comm=symm` writes the kernels of every schedule and says in one line that
   it cannot measure here.
 """
+
 import re
 import subprocess
 import sys
@@ -142,6 +143,7 @@ class _Runner:
 @pytest.mark.parametrize("P, n, chunks", [(2, 96, 4), (4, 100, 3), (8, 7, 4)])
 def test_the_kernels_chunk_schedule_is_the_shm_paths(P, n, chunks):
     from codegen.runtime.pipelined import peer_fused
+
     _, _, plan = _plan("fuse(RS-C-AG)+as_slice", P, n=n, chunks=chunks)
     step = only_step(plan)
     table = re.search(r"_chunks\[\d+\]\[2\] = \{(.*)\};", render_step(step)).group(1)
@@ -154,8 +156,13 @@ def test_the_kernels_chunk_schedule_is_the_shm_paths(P, n, chunks):
 
 def test_the_pad_layout_has_a_word_for_every_flag():
     lay = PadLayout(8, 4)
-    words = [lay.epoch, lay.exit, *range(lay.count, lay.count + 4), *range(lay.ready, lay.ready + 8),
-             *range(lay.done, lay.done + 32)]
+    words = [
+        lay.epoch,
+        lay.exit,
+        *range(lay.count, lay.count + 4),
+        *range(lay.ready, lay.ready + 8),
+        *range(lay.done, lay.done + 32),
+    ]
     assert sorted(words) == list(range(lay.words)) and lay.nbytes % 128 == 0
 
 
@@ -193,11 +200,15 @@ def shm_reference(plan, inputs):
     srcs = [{g.src: bufs[j][g.src].clone() for g in ps.gathers} for j in range(P)]
     for me in range(P):
         view = dict(bufs[me])
-        view.update({pb: bufs[i][ps.head.src].view(-1)[me * n:(me + 1) * n]
-                     for i, pb in enumerate(ps.peer_buffers)})
+        view.update(
+            {
+                pb: bufs[i][ps.head.src].view(-1)[me * n : (me + 1) * n]
+                for i, pb in enumerate(ps.peer_buffers)
+            }
+        )
         for o, g in zip(ps.own_blocks, ps.gathers):
             k = plan.buffer(g.src).numel
-            view[o] = bufs[me][g.dst].view(-1)[me * k:(me + 1) * k]
+            view[o] = bufs[me][g.dst].view(-1)[me * k : (me + 1) * k]
             view[g.src] = srcs[me][g.src]
         for s in ps.kernels:
             for lo, hi in chunk_bounds(s.kernel.numel, f.chunks):
@@ -207,7 +218,7 @@ def shm_reference(plan, inputs):
             k = plan.buffer(g.src).numel
             for i in range(P):
                 if i != j:
-                    bufs[j][g.dst].view(-1)[i * k:(i + 1) * k].copy_(srcs[i][g.src].view(-1))
+                    bufs[j][g.dst].view(-1)[i * k : (i + 1) * k].copy_(srcs[i][g.src].view(-1))
     return [{name: bufs[j][b].numpy().copy() for name, b in plan.outputs} for j in range(P)]
 
 
@@ -256,8 +267,9 @@ def test_members_launched_apart_wait_for_each_other(tmp_path):
     vr = VirtualRanks(plan, step, _host)
     inputs = dsl.random_inputs(prog, P, b, np.random.default_rng(7))
     vr.load(inputs)
-    early = [threading.Thread(target=mod.run_symm, args=(step, 2, 1, j, vr.table))
-             for j in range(P - 1)]
+    early = [
+        threading.Thread(target=mod.run_symm, args=(step, 2, 1, j, vr.table)) for j in range(P - 1)
+    ]
     for t in early:
         t.start()
     time.sleep(1.0)
@@ -275,6 +287,7 @@ def test_members_launched_apart_wait_for_each_other(tmp_path):
 # -- the backend and the suite ---------------------------------------------------------------------
 def test_comm_symm_selects_the_symm_backend_and_refuses_unknown_comms():
     from codegen.runtime.symm import SymmBackend
+
     be = backends.get("cuda", comm="symm", archs=["sm_80"])
     assert isinstance(be, SymmBackend) and be.name == "cuda"
     _, _, plan = _plan("fuse(RS-C-AG)", 2)
@@ -290,13 +303,28 @@ def test_comm_symm_selects_the_symm_backend_and_refuses_unknown_comms():
 @needs_nvrtc
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_python_m_suite_backend_comm_symm_without_a_gpu(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "suite", "experiment=adam_fusion", "scale=smoke",
-                          "backend=cuda", "backend.comm=symm", f"hydra.run.dir={tmp_path}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "suite",
+            "experiment=adam_fusion",
+            "scale=smoke",
+            "backend=cuda",
+            "backend.comm=symm",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     said = [ln for ln in out.stdout.splitlines() if "cannot measure" in ln]
     assert len(said) == 1 and "backend cuda" in said[0]
     fused = (tmp_path / "kernels" / "adam_fusion_fuse_RS-C-AG.cu").read_text()
     assert re.search(r'extern "C" __global__ void __launch_bounds__\(256\)\nsymm_', fused)
-    assert ".entry symm_" in (tmp_path / "kernels" / "adam_fusion_fuse_RS-C-AG.sm_90.ptx").read_text()
+    assert (
+        ".entry symm_" in (tmp_path / "kernels" / "adam_fusion_fuse_RS-C-AG.sm_90.ptx").read_text()
+    )
     assert "symm_" not in (tmp_path / "kernels" / "adam_fusion_AR-C.cu").read_text()

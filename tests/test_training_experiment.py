@@ -4,6 +4,7 @@ measurement on 2 gloo ranks read back by its report section.
 The measurement here is shortened (4 loss steps, 2 timed rounds of 1 step) to keep the test
 quick; `python -m suite experiment=training scale=smoke` runs the full 50 steps.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,9 +55,18 @@ def measured(tmp_path_factory):
     short = dataclasses.replace(training.SETTINGS["smoke"], steps=4, rounds=2, steps_per_round=1)
     training.SETTINGS["short"] = short
     try:
-        rows = training.measure(MeasureSettings(
-            scale="short", max_elements=0, world_size=2, warmup=0, repeats=1,
-            csv_path=out / "results.csv", kernels_dir=out / "kernels", timeout_s=600))
+        rows = training.measure(
+            MeasureSettings(
+                scale="short",
+                max_elements=0,
+                world_size=2,
+                warmup=0,
+                repeats=1,
+                csv_path=out / "results.csv",
+                kernels_dir=out / "kernels",
+                timeout_s=600,
+            )
+        )
     finally:
         del training.SETTINGS["short"]
     return out, rows
@@ -86,7 +96,12 @@ def test_the_report_section_reads_the_table(measured):
     for r in training.predict(None):  # as the suite appends them
         append_row(out / "results.csv", r)
     text = training_section(pd.read_csv(out / "results.csv"), out)
-    for heading in ("## Loss curves", "## Step time and throughput", "## Memory per rank",
-                    "## Table 1 predicted", "x1.22 .. x1.52"):
+    for heading in (
+        "## Loss curves",
+        "## Step time and throughput",
+        "## Memory per rank",
+        "## Table 1 predicted",
+        "x1.22 .. x1.52",
+    ):
         assert heading in text
     assert (out / "figures" / "training_loss.png").stat().st_size > 0

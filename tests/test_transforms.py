@@ -1,4 +1,5 @@
 """Transforms: the paper's schedules, their names, equivalence, and every precondition error."""
+
 import pytest
 
 import dsl
@@ -11,10 +12,20 @@ PROGRAMS = [e.name for e in experiments.registry.program_experiments()]
 N = sym("N")
 
 NAMES = {
-    "adam_fusion": ["AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
-                    "fuse(RS-C-AG)+as_slice"],
-    "lamb_fusion": ["AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)",
-                    "fuse(RS-C-AG)+as_slice"],
+    "adam_fusion": [
+        "AR-C",
+        "RS-C-AG",
+        "RS-C-AG+as_slice",
+        "fuse(RS-C-AG)",
+        "fuse(RS-C-AG)+as_slice",
+    ],
+    "lamb_fusion": [
+        "AR-C",
+        "RS-C-AG",
+        "RS-C-AG+as_slice",
+        "fuse(RS-C-AG)",
+        "fuse(RS-C-AG)+as_slice",
+    ],
     "model_parallel": ["MM-AR-C", "MM-RS-C-AG", "ol(MM,fuse(RS-C-AG))"],
     "pipeline_parallel": ["AR-C-P2P", "AR-P2P-C", "RS-P2P-C-AG", "ol(RS,fuse(P2P-C-AG))"],
 }
@@ -42,8 +53,12 @@ def test_as_slice_names_say_which_state_is_sliced():
 
 
 # world sizes that split into the program's pipeline stages (the pipeline has 2)
-CASES = [(name, world) for name in PROGRAMS for world in (1, 2, 3, 4)
-         if world % experiments.get(name).program().stages == 0]
+CASES = [
+    (name, world)
+    for name in PROGRAMS
+    for world in (1, 2, 3, 4)
+    if world % experiments.get(name).program().stages == 0
+]
 
 
 @pytest.mark.parametrize("name, world", CASES)

@@ -1,5 +1,6 @@
 """Property test: random data-parallel programs through split, reorder, as_slice and fuse stay
 equivalent to the original on world sizes 1 to 8 (hypothesis draws the programs)."""
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -14,6 +14,7 @@ order, with `python` resolving to this interpreter (its folder first on PATH) an
 PYTHONPATH. Runnable commands are cheap (scale=smoke, backend=sim where they can, tiny sizes) and
 write only under their current directory (`hydra.run.dir=runs/...`), never into the checkout.
 """
+
 import os
 import re
 import subprocess
@@ -47,13 +48,15 @@ def items(page: Path) -> list[Item]:
             k += 1
             continue
         fence = k + 1
-        assert fence < len(lines) and lines[fence].startswith("```"), \
+        assert fence < len(lines) and lines[fence].startswith("```"), (
             f"{page.name}:{k + 1}: a marker must sit on the line before a fenced block"
+        )
         if found.group(1) == "run":
-            assert lines[fence].strip() in ("```sh", "```bash"), \
+            assert lines[fence].strip() in ("```sh", "```bash"), (
                 f"{page.name}:{fence + 1}: a runnable block is ```sh"
+            )
         end = next(j for j in range(fence + 1, len(lines)) if lines[j].startswith("```"))
-        text = "\n".join(lines[fence + 1:end]) + "\n"
+        text = "\n".join(lines[fence + 1 : end]) + "\n"
         if found.group(1) == "run":
             out.append(Item("run", text, line=fence + 1))
         else:
@@ -97,15 +100,24 @@ def test_a_tutorial_runs_as_written(page, tmp_path):
     todo = items(page)
     if not any(i.kind == "run" for i in todo):
         pytest.skip(f"{page.name} has no runnable command (see its not-runnable note)")
-    env = {**os.environ,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                         if p)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     for item in todo:
         if item.kind == "file":
             (tmp_path / item.name).write_text(item.text)
             continue
-        proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + item.text], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
-        assert proc.returncode == 0, (f"{page.name}:{item.line}: exit {proc.returncode}\n"
-                                      f"{item.text}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        proc = subprocess.run(
+            ["bash", "-c", "set -euo pipefail\n" + item.text],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
+        )
+        assert proc.returncode == 0, (
+            f"{page.name}:{item.line}: exit {proc.returncode}\n"
+            f"{item.text}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )

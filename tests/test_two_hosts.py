@@ -3,6 +3,7 @@ the ranks joined as a SLURM job's tasks are (codegen.runtime.joined, with GLOO_S
 naming each node's interface, as the manual tells a cluster user); the store is bound to the
 address named for rank 0 and nothing listens beyond the nodes' own addresses; the measured rows
 are verified. Needs root and `ip netns` (skipped with the reason elsewhere)."""
+
 import json
 import os
 import shutil
@@ -55,16 +56,33 @@ def test_a_two_host_run_binds_to_the_named_interface_and_verifies(two_hosts, tmp
     procs = []
     for rank, (ns, (_, dev)) in enumerate(two_hosts.items()):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": dev}
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, str(ROOT / "tests" / "two_host_rank.py"),
-             str(rank), head, str(port), str(tmp_path)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    str(ROOT / "tests" / "two_host_rank.py"),
+                    str(rank),
+                    head,
+                    str(port),
+                    str(tmp_path),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=600)[0] for p in procs]
     results = []
     for out in outs:
         lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         assert lines, out[-3000:]
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+        results.append(json.loads(lines[-1][len("RESULT ") :]))
     assert all("error" not in r for r in results), results
     lead = results[0]
     assert f"{head}:{port}" in lead["listening"][0]  # the store, on rank 0's named address

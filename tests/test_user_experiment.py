@@ -1,6 +1,7 @@
 """A user's own experiment, kept outside the project's packages (tests/fixtures/user_experiments/),
 runs through `python -m suite` as a shipped one does: verification, measured rows against its own
 torch baseline (torch.optim.SGD with momentum), predictions over that baseline, and a report."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,10 +9,10 @@ import sys
 
 import pandas as pd
 import pytest
+from test_suite_cli import assert_one_line_error, suite_cmd
 
 import experiments
 from suite import PROJECT_ROOT
-from test_suite_cli import assert_one_line_error, suite_cmd
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "user_experiments"
 SGD = FIXTURES / "sgd_momentum.py"
@@ -21,9 +22,21 @@ SCHEDULES = ["AR-C", "RS-C-AG", "RS-C-AG+as_slice", "fuse(RS-C-AG)", "fuse(RS-C-
 @pytest.mark.slow
 def test_sgd_momentum_runs_through_the_suite(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "suite", "experiment=sgd_momentum", f"experiment.module={SGD}",
-         "scale=smoke", "verify.world_sizes=[2]", f"hydra.run.dir={tmp_path}"],
-        cwd=PROJECT_ROOT, text=True, capture_output=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "suite",
+            "experiment=sgd_momentum",
+            f"experiment.module={SGD}",
+            "scale=smoke",
+            "verify.world_sizes=[2]",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=PROJECT_ROOT,
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# sgd_momentum\n") and "## Verification" in report
@@ -56,8 +69,9 @@ def test_a_dotted_module_on_the_python_path_registers_too(monkeypatch):
 
 @pytest.mark.slow
 def test_a_module_that_cannot_load_is_one_line(tmp_path):
-    proc = suite_cmd("experiment=sgd_momentum", "experiment.module=no_such_module",
-                     f"hydra.run.dir={tmp_path}")
+    proc = suite_cmd(
+        "experiment=sgd_momentum", "experiment.module=no_such_module", f"hydra.run.dir={tmp_path}"
+    )
     assert_one_line_error(proc, "cannot import experiment module 'no_such_module'")
     proc = suite_cmd("experiment=other", f"experiment.module={SGD}", f"hydra.run.dir={tmp_path}")
     assert_one_line_error(proc, "unknown experiment 'other'", "sgd_momentum")

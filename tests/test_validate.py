@@ -1,6 +1,7 @@
 """Published measurements as data (cost_model/data) and experiment=validate: the data's sources,
 the constants fitted per system reproducible from it, the predictions against it, and the
 report (pure: no ranks)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,12 +54,21 @@ def test_predictions_against_the_published_points():
         assert summary[system]["check"]["ok"], summary[system]
         assert summary[system]["check"]["median_pct"] <= LIMIT_MEDIAN
         assert summary[system]["check"]["max_large_pct"] <= LIMIT_LARGE
-    plateau = [r for r in points if r["topology"] == "dgx_a100" and r["size"] >= 256 << 20
-               and r["schedule"] == "all_reduce (8 GPUs) [Azure ND A100 v4]"]
+    plateau = [
+        r
+        for r in points
+        if r["topology"] == "dgx_a100"
+        and r["size"] >= 256 << 20
+        and r["schedule"] == "all_reduce (8 GPUs) [Azure ND A100 v4]"
+    ]
     assert len(plateau) >= 3
     assert all(abs(r["error_pct"]) <= 5 for r in plateau)
     curves = [r for r in rows if r.get("row_kind") == "curve"]
-    assert {r["proto"] for r in curves if r["topology"] == "dgx_a100" and r["proto"]} == {"LL", "LL128", "Simple"}
+    assert {r["proto"] for r in curves if r["topology"] == "dgx_a100" and r["proto"]} == {
+        "LL",
+        "LL128",
+        "Simple",
+    }
 
 
 MEETS = ("dgx1_v100", "oci_h100_roce")  # the systems whose check split holds the thresholds today
@@ -78,16 +88,23 @@ def test_the_check_split_was_drawn_by_its_rule_and_holds_a_third_of_every_system
 def test_a_fit_never_sees_the_check_split():
     """Moving every check point's busbw changes no fitted constant; moving a fit point does."""
     import dataclasses
+
     points = validation.published()
-    moved = [dataclasses.replace(p, busbw_gbps=p.busbw_gbps * 3) if p.split == "check" else p
-             for p in points]
+    moved = [
+        dataclasses.replace(p, busbw_gbps=p.busbw_gbps * 3) if p.split == "check" else p
+        for p in points
+    ]
     assert validation.fit_pipeline("dgx_h100", moved) == validation.fit_pipeline("dgx_h100")
     assert all(p.split == "fit" for p in validation.training_points("dgx_h100"))
-    first_fit = next(i for i, p in enumerate(points) if p.system == "dgx_h100" and
-                     p.split == "fit" and p.bytes >= 1 << 28)
+    first_fit = next(
+        i
+        for i, p in enumerate(points)
+        if p.system == "dgx_h100" and p.split == "fit" and p.bytes >= 1 << 28
+    )
     nudged = list(points)
-    nudged[first_fit] = dataclasses.replace(points[first_fit],
-                                            busbw_gbps=points[first_fit].busbw_gbps * 0.2)
+    nudged[first_fit] = dataclasses.replace(
+        points[first_fit], busbw_gbps=points[first_fit].busbw_gbps * 0.2
+    )
     assert validation.fit_pipeline("dgx_h100", nudged) != validation.fit_pipeline("dgx_h100")
 
 
@@ -100,8 +117,8 @@ def test_a_forced_algorithm_is_what_the_published_run_forced():
 
 @pytest.mark.slow
 def test_the_report_section_tables_figures_and_misses(tmp_path):
-    from reports.validation import _size
     from reports.table import append_row
+    from reports.validation import _size
 
     for r in validate.predict(None):
         append_row(tmp_path / "results.csv", r)
@@ -115,8 +132,13 @@ def test_the_report_section_tables_figures_and_misses(tmp_path):
     for system in ("dgx_a100", "dgx_h100", "dgx_b200", "aws_p5", "dgx1_v100"):
         assert (tmp_path / "figures" / f"validate_{system}.png").stat().st_size > 0
     # every check point outside the thresholds is named; fit points are not held to them
-    outside = [r for r in validate.predict(None) if r.get("error_pct") is not None and
-               r["size"] >= LARGE_FROM and abs(r["error_pct"]) > LIMIT_LARGE]
+    outside = [
+        r
+        for r in validate.predict(None)
+        if r.get("error_pct") is not None
+        and r["size"] >= LARGE_FROM
+        and abs(r["error_pct"]) > LIMIT_LARGE
+    ]
     for r in outside:
         named = f"{r['topology']}, {r['schedule']} at {_size(int(r['size']))}:" in text
         assert named == (r["split"] == "check"), r
@@ -141,9 +163,14 @@ def test_python_m_suite_experiment_validate(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root), "MPLCONFIGDIR": str(tmp_path / "mpl")}
-    proc = subprocess.run([sys.executable, "-m", "suite", "experiment=validate",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=root, env=env, text=True,
-                          capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "suite", "experiment=validate", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=root,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "dgx_h100" in proc.stdout and "median" in proc.stdout
     report = (tmp_path / "run" / "report.md").read_text()

@@ -1,6 +1,7 @@
 """Started by tests/test_runtime_comm.py under torchrun (`python -m torch.distributed.run
 --standalone --nproc_per_node=2 tests/torchrun_allreduce.py`): joins the ranks with `run_ranks`,
 runs an all-reduce and a ring reduce-scatter, checks every rank's values, prints OK on rank 0."""
+
 import os
 import sys
 

@@ -3,6 +3,7 @@ as `python tests/two_host_rank.py RANK HOST PORT OUT`: it joins the job the way 
 (codegen.runtime.joined: rank 0 serves the store on HOST, the address named for it), rank 0
 measures experiment adam_fusion at smoke scale on both ranks into OUT/results.csv, and each rank
 prints `RESULT <json>` with the TCP addresses listening in its namespace during the run."""
+
 import json
 import os
 import sys
@@ -26,9 +27,12 @@ def listening(rank: int, world: int) -> list:
             if state == "0A":
                 address, port = local.split(":")
                 raw = bytes.fromhex(address)
-                words = [raw[i:i + 4][::-1] for i in range(0, len(raw), 4)]
-                ip = (".".join(str(b) for b in words[0]) if len(raw) == 4
-                      else ":".join(w.hex() for w in words))
+                words = [raw[i : i + 4][::-1] for i in range(0, len(raw), 4)]
+                ip = (
+                    ".".join(str(b) for b in words[0])
+                    if len(raw) == 4
+                    else ":".join(w.hex() for w in words)
+                )
                 out.append(f"{ip}:{int(port, 16)}")
     return out
 
@@ -43,14 +47,24 @@ def main() -> None:
             import experiments
             from experiments.api import MeasureSettings
             from experiments.harness import measure
+
             seen["listening"] = run_ranks(listening, WORLD)
-            settings = MeasureSettings(scale="smoke", max_elements=1 << 12, world_size=WORLD,
-                                       warmup=1, repeats=3, csv_path=out / "results.csv",
-                                       kernels_dir=out / "kernels", max_rounds=3)
+            settings = MeasureSettings(
+                scale="smoke",
+                max_elements=1 << 12,
+                world_size=WORLD,
+                warmup=1,
+                repeats=3,
+                csv_path=out / "results.csv",
+                kernels_dir=out / "kernels",
+                max_rounds=3,
+            )
             rows = measure(experiments.get("adam_fusion"), settings)
-            seen["rows"] = [{k: r[k] for k in ("schedule", "size", "verified", "nodes")}
-                            for r in rows]
+            seen["rows"] = [
+                {k: r[k] for k in ("schedule", "size", "verified", "nodes")} for r in rows
+            ]
             return "led"
+
         seen["value"] = group.lead(body) if rank == 0 else group.serve()
     except RankError as e:
         seen["error"] = str(e)

@@ -21,6 +21,7 @@ so a launcher killed outright leaves none behind. Where SCHED_IDLE or prctl is m
 Linux) or `enabled` is false, it does nothing. The calibration a run uses is keyed by whether
 it was on (`suite.calibration`), since it changes every communication's time.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,14 +33,16 @@ from contextlib import contextmanager, suppress
 # at once if it is already gone), pin to its CPU, idle priority, then yield forever (a syscall
 # loop keeps the vCPU busy without taking a core's execution units from a sibling as a tight
 # loop would)
-_SPIN = ("import ctypes, os, sys\n"
-         "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
-         "if os.getppid() != int(sys.argv[2]):\n"
-         "    sys.exit(0)\n"
-         "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
-         "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
-         "while True:\n"
-         "    os.sched_yield()\n")
+_SPIN = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[2]):\n"
+    "    sys.exit(0)\n"
+    "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+    "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "while True:\n"
+    "    os.sched_yield()\n"
+)
 
 
 def supported() -> bool:
@@ -55,11 +58,14 @@ def keep_awake(enabled: bool = True):
     procs: list[subprocess.Popen] = []
     try:
         for cpu in sorted(os.sched_getaffinity(0)):
-            procs.append(subprocess.Popen([sys.executable, "-S", "-c", _SPIN, str(cpu),
-                                           str(os.getpid())],
-                                          stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-S", "-c", _SPIN, str(cpu), str(os.getpid())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         yield procs
     finally:
         for p in procs:

@@ -37,6 +37,7 @@ for gloo's own calls issued chunk by chunk, the path the CUDA backend takes with
 `comm="symm"`: `codegen.runtime.symm`, fused steps as one kernel over symmetric memory),
 loaded by name so that a CPU-only install never imports CuPy.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,11 +59,19 @@ from . import comm
 from .communicator import LibraryComm, RingComm
 from .shm_comm import ShmComm
 
-TORCH = {DType.f16: torch.float16, DType.bf16: torch.bfloat16, DType.f32: torch.float32,
-         DType.f64: torch.float64, DType.i32: torch.int32, DType.i64: torch.int64,
-         DType.bool: torch.bool}
-BACKENDS = {"cpu": "codegen.runtime.backend:CpuBackend",
-            "cuda": "codegen.runtime.cuda_backend:CudaBackend"}
+TORCH = {
+    DType.f16: torch.float16,
+    DType.bf16: torch.bfloat16,
+    DType.f32: torch.float32,
+    DType.f64: torch.float64,
+    DType.i32: torch.int32,
+    DType.i64: torch.int64,
+    DType.bool: torch.bool,
+}
+BACKENDS = {
+    "cpu": "codegen.runtime.backend:CpuBackend",
+    "cuda": "codegen.runtime.cuda_backend:CudaBackend",
+}
 # (backend, comm) -> the class that runs that transport where it is not the backend's own
 VARIANTS = {("cuda", "symm"): "codegen.runtime.symm:SymmBackend"}
 CUDA_COMMS = ("nccl", "symm")
@@ -85,6 +94,7 @@ def get(name: str, **options) -> "Backend":
 @dataclass(frozen=True)
 class Groups:
     """Every rank (P2P between stages) and each pipeline stage's tensor-parallel group."""
+
     world: comm.Group
     stages: tuple[comm.Group, ...]
 
@@ -150,6 +160,7 @@ class WallClock:
 
 class Backend:
     """The interface (see the module doc); subclasses fill it in."""
+
     name: str
     device: torch.device
 
@@ -192,6 +203,7 @@ class Backend:
 
 class CpuKernel:
     """A compiled C++ kernel in the Kernel calling convention (no workspace on the CPU)."""
+
     workspace_bytes = 0
 
     def __init__(self, fn: Callable):
@@ -206,6 +218,7 @@ class CpuBackend(Backend):
     `comm="ring"` (default) the chunked rings of `codegen.runtime.comm`, `comm="library"` gloo's
     own collectives chunk by chunk (the CUDA backend's path, for tests without a GPU),
     `comm="shm"` POSIX shared memory between the ranks of one host (`codegen.runtime.shm_comm`)."""
+
     name = "cpu"
     renderer = CppRenderer()
     COMMS = {"ring": RingComm, "library": LibraryComm, "shm": ShmComm}

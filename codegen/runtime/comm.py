@@ -37,15 +37,25 @@ issue order (gloo matches the messages of one tag first in, first out): every ra
 them, and issue their chunks, in the same order; give them distinct `tag`s to decouple them.
 Buffers given to an operation (x and out) must not be touched until it has completed (`wait()`).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .group import (DTYPES, KIND_P2P, OPS, Group, check, chunk_size, make_tag,  # noqa: F401
-                    op_of, pg_timeout_s, wait_work)
+from .group import (  # noqa: F401
+    DTYPES,
+    KIND_P2P,
+    OPS,
+    Group,
+    check,
+    chunk_size,
+    make_tag,
+    op_of,
+    pg_timeout_s,
+    wait_work,
+)
 from .rings import RingAllGather, RingReduceScatter, all_gather, reduce_scatter  # noqa: F401
-
 
 # ----------------------------------------------------------------------------- point to point
 
@@ -55,8 +65,9 @@ class P2P:
     src or dst. `start()` issues every chunk; `wait_chunk(c)` -> (begin, end) once chunk c has
     arrived (dst) or been sent (src); `wait()` finishes all."""
 
-    def __init__(self, x, out, src: int, dst: int, chunks: int = 1,
-                 group: Group | None = None, tag: int = 0):
+    def __init__(
+        self, x, out, src: int, dst: int, chunks: int = 1, group: Group | None = None, tag: int = 0
+    ):
         self.g, self.src, self.dst, self.rank = group, src, dst, dist.get_rank()
         if self.rank not in (src, dst):
             raise ValueError(f"p2p: rank {self.rank} is neither src={src} nor dst={dst}")
@@ -105,14 +116,16 @@ class P2P:
         return self.out
 
 
-def p2p_async(x, out, src: int, dst: int, chunks: int = 1, group: Group | None = None,
-              tag: int = 0) -> P2P:
+def p2p_async(
+    x, out, src: int, dst: int, chunks: int = 1, group: Group | None = None, tag: int = 0
+) -> P2P:
     """Start a transfer x (on src) -> out (on dst); returns the started handle."""
     return P2P(x, out, src, dst, chunks, group, tag).start()
 
 
-def p2p(x, out, src: int, dst: int, chunks: int = 1, group: Group | None = None,
-        tag: int = 0) -> torch.Tensor | None:
+def p2p(
+    x, out, src: int, dst: int, chunks: int = 1, group: Group | None = None, tag: int = 0
+) -> torch.Tensor | None:
     """Transfer x (on src) into out (on dst) and wait; returns out (None on src unless given)."""
     return p2p_async(x, out, src, dst, chunks, group, tag).wait()
 

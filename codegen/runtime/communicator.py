@@ -28,6 +28,7 @@ return at once.
   path without a GPU). NCCL's reduce-scatter and all-gather take one contiguous piece per member,
   so chunk c of every block is packed before its reduce-scatter and scattered after its gather.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,12 @@ import torch.distributed as dist
 
 from . import comm
 
-OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-       "prod": dist.ReduceOp.PRODUCT}
+OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+    "prod": dist.ReduceOp.PRODUCT,
+}
 # torch >= 2.13 names them *_single; older releases only have the *_tensor names
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -44,6 +49,7 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 class RingComm:
     """`codegen.runtime.comm` over gloo (no streams: every call has completed when it returns)."""
+
     reads_peers = False  # kernels cannot read the peers' data (see shm_comm.ShmComm)
 
     def __init__(self, group: comm.Group, streams=None):
@@ -79,6 +85,7 @@ class RingComm:
 
 class LibraryComm:
     """torch.distributed's collectives (NCCL or gloo), chunks ordered by the runner's streams."""
+
     reads_peers = False
 
     def __init__(self, group: comm.Group, streams):
@@ -139,9 +146,12 @@ class ChunkedReduceScatter:
         return self
 
     def send_chunk(self, c: int) -> None:
-        piece = self.out[c * self.k:(c + 1) * self.k]
-        self.done[c] = self.c.issue(lambda: _reduce_scatter(
-            piece, self.blocks[:, c].contiguous().view(-1), op=OPS[self.op], group=self.c.pg))
+        piece = self.out[c * self.k : (c + 1) * self.k]
+        self.done[c] = self.c.issue(
+            lambda: _reduce_scatter(
+                piece, self.blocks[:, c].contiguous().view(-1), op=OPS[self.op], group=self.c.pg
+            )
+        )
 
     def wait_chunk(self, c: int) -> tuple[int, int]:
         self.c.streams.wait(self.c.streams.compute, self.done[c])
@@ -165,7 +175,7 @@ class ChunkedAllGather:
 
         def gather() -> None:
             got = torch.empty(P * k, dtype=self.src.dtype, device=self.src.device)
-            _all_gather(got, self.src[c * k:(c + 1) * k], group=self.c.pg)
+            _all_gather(got, self.src[c * k : (c + 1) * k], group=self.c.pg)
             self.out.view(P, self.chunks, k)[:, c].copy_(got.view(P, k))
 
         self.c.issue(gather)
@@ -192,7 +202,7 @@ class ChunkedP2P:
         return self
 
     def start_chunk(self, c: int) -> None:
-        piece = self.buf[c * self.k:(c + 1) * self.k]
+        piece = self.buf[c * self.k : (c + 1) * self.k]
         if self.sending:
             self.done[c] = self.c.issue(lambda: dist.send(piece, dst=self.dst, group=self.c.pg))
         else:

@@ -18,6 +18,7 @@ through torch.distributed. One rank per GPU: rank r uses GPU LOCAL_RANK % (GPUs 
 Without a GPU (a CPU build of torch, no driver, no device) `cannot_run()` says why in one line;
 everything but `write_sources` needs a GPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,9 +61,13 @@ def caller_stream() -> cupy.cuda.ExternalStream:
 class CudaStreams(Streams):
     def __init__(self, device: int):
         with cupy.cuda.Device(device):
-            super().__init__(cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True))
-        self._torch = {id(s): torch.cuda.ExternalStream(s.ptr, device=torch.device("cuda", device))
-                       for s in (self.compute, self.comm)}
+            super().__init__(
+                cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+            )
+        self._torch = {
+            id(s): torch.cuda.ExternalStream(s.ptr, device=torch.device("cuda", device))
+            for s in (self.compute, self.comm)
+        }
 
     @contextlib.contextmanager
     def use(self, stream):
@@ -111,8 +116,12 @@ class CudaBackend(Backend):
     name = "cuda"
     renderer = build_cuda.RENDERER
 
-    def __init__(self, comm: str = "nccl", archs: Sequence[str] = build_cuda.DEFAULT_ARCHS,
-                 device: Optional[int] = None):
+    def __init__(
+        self,
+        comm: str = "nccl",
+        archs: Sequence[str] = build_cuda.DEFAULT_ARCHS,
+        device: Optional[int] = None,
+    ):
         if comm != "nccl":
             raise ValueError(f"cuda: unknown comm {comm!r}; known: nccl")
         self.archs, self._device = build_cuda.check_archs(archs), device
@@ -141,8 +150,10 @@ class CudaBackend(Backend):
             return why
         nccl = tuple(torch.cuda.nccl.version()[:3])
         if nccl < NCCL_GRAPHS:
-            return (f"NCCL {'.'.join(map(str, nccl))} cannot be captured in a CUDA graph "
-                    f"(needs {'.'.join(map(str, NCCL_GRAPHS))})")
+            return (
+                f"NCCL {'.'.join(map(str, nccl))} cannot be captured in a CUDA graph "
+                f"(needs {'.'.join(map(str, NCCL_GRAPHS))})"
+            )
         return None
 
     def build(self, kernels: Sequence[Kernel], name: Optional[str] = None) -> dict:
@@ -165,9 +176,14 @@ class CudaBackend(Backend):
             self.device  # noqa: B018 - NCCL needs the rank's device set first
             ranks = tuple(range(world))
             every = comm.Group.of(dist.new_group(list(ranks), backend="nccl"), ranks)
-            tp = (every,) if stages == 1 else tuple(
-                comm.Group.of(dist.new_group(list(r), backend="nccl"), r)
-                for r in stage_ranks(stages))
+            tp = (
+                (every,)
+                if stages == 1
+                else tuple(
+                    comm.Group.of(dist.new_group(list(r), backend="nccl"), r)
+                    for r in stage_ranks(stages)
+                )
+            )
             self._groups[key] = Groups(every, tp)
         return self._groups[key]
 

@@ -31,6 +31,7 @@ the step's `codegen.plan.label`, what was done, the chunk): a plain step once, a
 overlapped one per piece (`pipelined`). On the CPU it is the rank's thread's time, waits
 included; on a backend with streams, the time to issue the work.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,19 +42,36 @@ import torch
 
 from dsl.types import Sliced
 
+from ..chunked import fusable, overlappable
+from ..plan import (
+    P2P,
+    Collective,
+    Compute,
+    Copy,
+    FusedCollective,
+    MatMul,
+    Overlap,
+    Plan,
+    label,
+    walk,
+)
 from . import pipelined
 from .backend import TORCH, Backend, CpuBackend, Groups
-from ..chunked import fusable, overlappable
-from ..plan import (Collective, Compute, Copy, FusedCollective, MatMul, Overlap, P2P, Plan,
-                    label, walk)
 
 CPU = CpuBackend()
 
 
 class PlanRunner:
-    def __init__(self, plan: Plan, rank: int, kernels: Mapping[str, Callable], groups: Groups,
-                 backend: Backend = CPU, fused: bool = True,
-                 tensors: Optional[Mapping[str, torch.Tensor]] = None):
+    def __init__(
+        self,
+        plan: Plan,
+        rank: int,
+        kernels: Mapping[str, Callable],
+        groups: Groups,
+        backend: Backend = CPU,
+        fused: bool = True,
+        tensors: Optional[Mapping[str, torch.Tensor]] = None,
+    ):
         self.plan, self.rank, self.kernels, self.fused = plan, rank, dict(kernels), fused
         self.backend = backend
         self.stage, self.tp = divmod(rank, plan.P)
@@ -63,8 +81,10 @@ class PlanRunner:
         ids = dict(plan.inputs)
         bound = {ids[name] for name in tensors or {} if name in ids}
         self.bufs: dict[int, torch.Tensor] = {
-            b.id: backend.buffer(b.shape, TORCH[b.dtype]) for b in plan.buffers
-            if (b.stage is None or b.stage == self.stage) and b.id not in bound}
+            b.id: backend.buffer(b.shape, TORCH[b.dtype])
+            for b in plan.buffers
+            if (b.stage is None or b.stage == self.stage) and b.id not in bound
+        }
         for name, t in (tensors or {}).items():
             self.bind(name, t)
         for name, value in plan.defaults:
@@ -72,8 +92,11 @@ class PlanRunner:
                 self.bufs[ids[name]].fill_(value)
         self.workspaces: dict[int, torch.Tensor] = {  # Compute step id -> its sums' scratch
             s.id: backend.buffer((kernels[s.kernel.name].workspace_bytes,), torch.uint8)
-            for s in walk(plan.steps) if isinstance(s, Compute) and s.kernel.name in kernels
-            and kernels[s.kernel.name].workspace_bytes}
+            for s in walk(plan.steps)
+            if isinstance(s, Compute)
+            and s.kernel.name in kernels
+            and kernels[s.kernel.name].workspace_bytes
+        }
         self.compute_ms = 0.0
         self.peer_steps = pipelined.peer_steps(self)  # fused steps whose kernels read the peers
         self.marks: Optional[list[tuple[str, float]]] = None  # a list: the timeline of run()s
@@ -87,8 +110,7 @@ class PlanRunner:
         ids = dict(self.plan.inputs)
         unknown = [name for name in inputs if name not in ids]
         if unknown:
-            raise ValueError(f"{self.plan.name}: no input {unknown[0]!r}; inputs: "
-                             f"{', '.join(ids)}")
+            raise ValueError(f"{self.plan.name}: no input {unknown[0]!r}; inputs: {', '.join(ids)}")
         for name, bid in self.plan.inputs:
             if bid in self.bufs and name in inputs:
                 buf = self.bufs[bid]
@@ -102,8 +124,10 @@ class PlanRunner:
         if not isinstance(b.layout, Sliced):
             return f"{shape}, got {list(got)}"
         whole = int(np.prod(got)) == b.numel * self.plan.P
-        return (f"{shape} (rank {self.rank}'s slice along dim {b.layout.dim}: the input is held "
-                f"as slices), got {list(got)}" + (" (the whole array?)" if whole else ""))
+        return (
+            f"{shape} (rank {self.rank}'s slice along dim {b.layout.dim}: the input is held "
+            f"as slices), got {list(got)}" + (" (the whole array?)" if whole else "")
+        )
 
     def bind(self, name: str, tensor: torch.Tensor) -> None:
         """Make the caller's `tensor` the buffer of input `name` (aliased: no copy, written in place
@@ -115,10 +139,12 @@ class PlanRunner:
         want = (tuple(b.shape), TORCH[b.dtype], self.backend.device.type)
         got = (tuple(tensor.shape), tensor.dtype, tensor.device.type)
         if got != want or not tensor.is_contiguous():
-            raise ValueError(f"{self.plan.name}: input {name!r} must be a contiguous {want[1]} "
-                             f"tensor of shape {list(want[0])} on {want[2]}, got "
-                             f"{got[1]} {list(got[0])} on {got[2]}"
-                             + ("" if tensor.is_contiguous() else " (not contiguous)"))
+            raise ValueError(
+                f"{self.plan.name}: input {name!r} must be a contiguous {want[1]} "
+                f"tensor of shape {list(want[0])} on {want[2]}, got "
+                f"{got[1]} {list(got[0])} on {got[2]}"
+                + ("" if tensor.is_contiguous() else " (not contiguous)")
+            )
         self.bufs[b.id] = tensor
 
     def outputs(self) -> dict[str, np.ndarray]:
@@ -161,8 +187,14 @@ class PlanRunner:
         if self.marks is not None:
             self.marks.append((segment(step, what, chunk), time.perf_counter()))
 
-    def compute(self, s: Compute, begin: int, end: int, zero: bool = True,
-                bufs: Optional[Mapping[int, torch.Tensor]] = None) -> None:
+    def compute(
+        self,
+        s: Compute,
+        begin: int,
+        end: int,
+        zero: bool = True,
+        bufs: Optional[Mapping[int, torch.Tensor]] = None,
+    ) -> None:
         """Kernel s on elements [begin, end) of its loop, on the current stream (`bufs`: tensors
         in place of the runner's buffers, by id: shared memory for `pipelined.peer_fused`)."""
         k = s.kernel
@@ -185,16 +217,20 @@ class PlanRunner:
     def p2p(self, s: P2P) -> None:
         P = self.plan.P
         src, dst = self.bufs.get(s.src), self.bufs.get(s.dst)
-        self.world.p2p(src.view(-1) if src is not None else None,
-                       dst.view(-1) if dst is not None else None,
-                       src=s.src_stage * P + self.tp, dst=s.dst_stage * P + self.tp,
-                       chunks=1).start().wait()
+        self.world.p2p(
+            src.view(-1) if src is not None else None,
+            dst.view(-1) if dst is not None else None,
+            src=s.src_stage * P + self.tp,
+            dst=s.dst_stage * P + self.tp,
+            chunks=1,
+        ).start().wait()
 
 
 def segment(step, what: str = "", chunk: Optional[int] = None) -> str:
     """A timeline segment's name: the step's `label`, what was done in it, the chunk."""
-    return " ".join([label(step)] + ([what] if what else []) + ([f"c{chunk}"] if chunk is not None
-                                                                else []))
+    return " ".join(
+        [label(step)] + ([what] if what else []) + ([f"c{chunk}"] if chunk is not None else [])
+    )
 
 
 # -- the rules --------------------------------------------------------------------------------------
@@ -211,8 +247,11 @@ def _on_comm(r: PlanRunner, stage, fn) -> None:
 
 
 def _matmul(r: PlanRunner, s: MatMul) -> None:
-    _on_compute(r, s.stage, lambda: r.timed(
-        lambda: torch.matmul(r.bufs[s.a], r.bufs[s.b], out=r.bufs[s.out])))
+    _on_compute(
+        r,
+        s.stage,
+        lambda: r.timed(lambda: torch.matmul(r.bufs[s.a], r.bufs[s.b], out=r.bufs[s.out])),
+    )
 
 
 def _p2p(r: PlanRunner, s: P2P) -> None:
@@ -294,9 +333,14 @@ def _all_to_all(r, s, src, dst) -> None:
     dst.copy_(torch.cat([p.movedim(0, s.split_dim) for p in pieces], dim=s.concat_dim))
 
 
-COLLECTIVES = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
-               "all_gather": _all_gather, "broadcast": _broadcast, "reduce": _reduce,
-               "all_to_all": _all_to_all}
+COLLECTIVES = {
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_gather": _all_gather,
+    "broadcast": _broadcast,
+    "reduce": _reduce,
+    "all_to_all": _all_to_all,
+}
 
 
 def _moved_buffer(like: torch.Tensor, dim: int) -> torch.Tensor:

@@ -33,6 +33,7 @@ Contract
 Host time per step (the time `run()` takes to return) is the caller's to measure
 (`experiments.harness`: `host_us`).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -45,8 +46,14 @@ OTHER_RANK = "capture failed on another rank"
 # why a step cannot be captured, asked in order: runner -> one line, or None (no objection)
 REASONS: tuple[tuple[str, Callable[[object], Optional[str]]], ...] = (
     ("backend", lambda r: r.backend.graph_reason(r.plan)),
-    ("timeline", lambda r: "a timeline (marks) times each piece of work on the host"
-                           if r.marks is not None else None),
+    (
+        "timeline",
+        lambda r: (
+            "a timeline (marks) times each piece of work on the host"
+            if r.marks is not None
+            else None
+        ),
+    ),
 )
 
 
@@ -89,8 +96,9 @@ class StepGraph:
         self.runner, self.graph, self.reason = runner, graph, reason
 
     @classmethod
-    def capture(cls, runner, agree: Optional[Callable[[bool], bool]] = None,
-                warmup: int = WARMUP) -> "StepGraph":
+    def capture(
+        cls, runner, agree: Optional[Callable[[bool], bool]] = None, warmup: int = WARMUP
+    ) -> "StepGraph":
         reason, graph = reason_not_to_capture(runner), None
         if reason is None:
             try:

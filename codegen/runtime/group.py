@@ -6,6 +6,7 @@ timeout (s), which every wait passes so that a lost peer raises, never hangs. `c
 chunks)`: elements per chunk of an n-element slice. `check`, `op_of`, `make_tag`, `overlaps`,
 `wait_work`: the validation, reduction ops, message tags and timed waits of `comm` and `rings`.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -14,8 +15,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-OPS = {"sum": (dist.ReduceOp.SUM, torch.add), "max": (dist.ReduceOp.MAX, torch.maximum),
-       "min": (dist.ReduceOp.MIN, torch.minimum), "prod": (dist.ReduceOp.PRODUCT, torch.mul)}
+OPS = {
+    "sum": (dist.ReduceOp.SUM, torch.add),
+    "max": (dist.ReduceOp.MAX, torch.maximum),
+    "min": (dist.ReduceOp.MIN, torch.minimum),
+    "prod": (dist.ReduceOp.PRODUCT, torch.mul),
+}
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 KIND_RS, KIND_AG, KIND_P2P = 1, 2, 3
 SEQ_BITS, USER_TAGS = 20, 64

@@ -28,6 +28,7 @@ up to ECHO_GRACE_S for it). The group is then closed: rank 0's later run_ranks r
 others return from serve. A rank that dies without a word leaves its peers their connection error. A
 world_size that is not the job's is refused: the job's ranks are the measurement's ranks.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -48,24 +49,50 @@ COMMAND_WAIT_S = 30 * 24 * 3600.0  # the others wait this long for rank 0's next
 _KEY = "coconet/"
 
 
-def join(rank: int, world_size: int, ranks_per_node: int, host: str, port: int,
-         rendezvous_timeout_s: float = 300.0, timeout_s: float = 1800.0) -> "Group":
+def join(
+    rank: int,
+    world_size: int,
+    ranks_per_node: int,
+    host: str,
+    port: int,
+    rendezvous_timeout_s: float = 300.0,
+    timeout_s: float = 1800.0,
+) -> "Group":
     """This process as rank `rank` of `world_size`, rank 0 at host:port (see the module)."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank % ranks_per_node), LOCAL_WORLD_SIZE=str(ranks_per_node),
-                      MASTER_ADDR=host, MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank % ranks_per_node),
+        LOCAL_WORLD_SIZE=str(ranks_per_node),
+        MASTER_ADDR=host,
+        MASTER_PORT=str(port),
+    )
     set_threads(default_threads(ranks_per_node))
     wait = datetime.timedelta(seconds=rendezvous_timeout_s)
     try:
-        store = (serve_store(host, port, world_size, wait, wait_for_workers=True) if rank == 0
-                 else dist.TCPStore(host, port, world_size, False, timeout=wait))
+        store = (
+            serve_store(host, port, world_size, wait, wait_for_workers=True)
+            if rank == 0
+            else dist.TCPStore(host, port, world_size, False, timeout=wait)
+        )
     except Exception as e:  # noqa: BLE001 - torch raises several types; each says what failed
-        what = (f"rank 0 could not gather the {world_size - 1} other ranks on port {port}"
-                if rank == 0 else f"rank {rank} could not reach rank 0 at {host}:{port}")
-        raise RankError(f"rendezvous: {what} within {rendezvous_timeout_s:g} s "
-                        f"({_one_line(e)})", rank=rank, ranks=(rank,)) from None
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+        what = (
+            f"rank 0 could not gather the {world_size - 1} other ranks on port {port}"
+            if rank == 0
+            else f"rank {rank} could not reach rank 0 at {host}:{port}"
+        )
+        raise RankError(
+            f"rendezvous: {what} within {rendezvous_timeout_s:g} s ({_one_line(e)})",
+            rank=rank,
+            ranks=(rank,),
+        ) from None
+    dist.init_process_group(
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     store.set_timeout(datetime.timedelta(seconds=COMMAND_WAIT_S))
     return Group(rank, world_size, store)
 
@@ -90,8 +117,10 @@ class Group:
 
     def _dispatch(self, fn, world_size: Optional[int], args: tuple, gather: bool):
         if world_size is not None and world_size != self.world_size:
-            raise RankError(f"run_ranks: this job has {self.world_size} ranks, the measurement "
-                            f"needs {world_size} (world_size = nodes x tasks per node)")
+            raise RankError(
+                f"run_ranks: this job has {self.world_size} ranks, the measurement "
+                f"needs {world_size} (world_size = nodes x tasks per node)"
+            )
         self._send(("run", fn, tuple(args)))
         values = self._gather(self._call(fn, args))
         return values if gather else values[self.rank]
@@ -141,8 +170,9 @@ class Group:
             root = (self.rank, f"rank {self.rank} failed: {line}")
             self.store.set(f"{_KEY}err/{self.rank}", root[1])
         self._close(root[1])
-        return RankError(root[1], rank=root[0], ranks=(root[0],), exc_type=type(e).__name__,
-                         exc_message=str(e))
+        return RankError(
+            root[1], rank=root[0], ranks=(root[0],), exc_type=type(e).__name__, exc_message=str(e)
+        )
 
     def _root_cause(self) -> Optional[tuple[int, str]]:
         """(rank, line) of a peer's stored failure, waiting up to ECHO_GRACE_S for one."""

@@ -62,6 +62,7 @@ allocator does on GPUs. Measured here: that LAMB step at 2^22 elements, 66 ms ->
 time no longer depends on what the process allocated before. A value the caller set wins; under
 torchrun set them in the launching shell.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -80,15 +81,15 @@ from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
 
 from . import shm
-from .rendezvous import serve_store
 from .failures import RankError, failure, raise_failure, raise_timeout  # noqa: F401 (RankError)
+from .rendezvous import serve_store
 
 _HOST = "127.0.0.1"
 MALLOC_SETTINGS = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-_ECHO_GRACE_S = 1.0     # after a failure that looks like an echo, wait this long for its cause
-_STOP_GRACE_S = 2.0     # SIGTERM, then SIGKILL after this long
-_EXIT_GRACE_S = 10.0    # after all results arrived, ranks may take this long to exit
-_DUMP_WAIT_S = 0.3      # on a timeout, time given to the hung ranks to dump their stacks
+_ECHO_GRACE_S = 1.0  # after a failure that looks like an echo, wait this long for its cause
+_STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
+_EXIT_GRACE_S = 10.0  # after all results arrived, ranks may take this long to exit
+_DUMP_WAIT_S = 0.3  # on a timeout, time given to the hung ranks to dump their stacks
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -108,6 +109,7 @@ def default_threads(ranks_on_host: int) -> int:
 def set_threads(threads: int) -> None:
     """Use `threads` threads in torch and in OpenMP runtimes loaded from now on."""
     import torch
+
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 
@@ -120,8 +122,15 @@ def started_by_torchrun() -> bool:
 # ----------------------------------------------------------------------------- launch
 
 
-def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
-           threads_per_rank: int | None = None, collective_timeout_s: float | None = None) -> list:
+def launch(
+    fn,
+    world_size: int,
+    args: tuple = (),
+    timeout_s: float = 120.0,
+    *,
+    threads_per_rank: int | None = None,
+    collective_timeout_s: float | None = None,
+) -> list:
     """Run `fn(rank, world_size, *args)` on `world_size` local gloo ranks; see the module doc."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -140,10 +149,22 @@ def launch(fn, world_size: int, args: tuple = (), timeout_s: float = 120.0, *,
         with _env(OMP_NUM_THREADS=str(threads), **malloc):
             for rank in range(world_size):
                 recv_end, send_end = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_rank_main, name=f"rank{rank}", args=(
-                    rank, world_size, store.port, fn, tuple(args),
-                    collective_timeout_s or timeout_s, threads, send_end,
-                    _stacks_path(stacks_dir.name, rank), os.getpid()))
+                proc = ctx.Process(
+                    target=_rank_main,
+                    name=f"rank{rank}",
+                    args=(
+                        rank,
+                        world_size,
+                        store.port,
+                        fn,
+                        tuple(args),
+                        collective_timeout_s or timeout_s,
+                        threads,
+                        send_end,
+                        _stacks_path(stacks_dir.name, rank),
+                        os.getpid(),
+                    ),
+                )
                 proc.start()
                 send_end.close()
                 procs.append(proc)
@@ -167,7 +188,7 @@ def _stacks_dir() -> tempfile.TemporaryDirectory:
     """A temporary folder for the ranks' stack files, named after this process, once the
     folders of launching processes that no longer exist are removed."""
     for old in glob.glob(os.path.join(tempfile.gettempdir(), STACKS_PREFIX + "*-*")):
-        pid = os.path.basename(old)[len(STACKS_PREFIX):].split("-", 1)[0]
+        pid = os.path.basename(old)[len(STACKS_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return tempfile.TemporaryDirectory(prefix=f"{STACKS_PREFIX}{os.getpid()}-")
@@ -200,8 +221,9 @@ def _exit_with(parent: int, every_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn, stacks_path,
-               parent) -> None:
+def _rank_main(
+    rank, world_size, port, fn, args, timeout_s, threads, conn, stacks_path, parent
+) -> None:
     """Body of a spawned rank: init gloo, run fn, send ('ok', value) or ('err', ...) back.
     SIGUSR1 dumps every thread's Python stack into `stacks_path` (read by the parent on a
     timeout); the rank ends itself when its parent is gone. A terminal's Ctrl-C reaches every
@@ -211,17 +233,24 @@ def _rank_main(rank, world_size, port, fn, args, timeout_s, threads, conn, stack
     _exit_with(parent)
     stacks = open(stacks_path, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    os.environ.update(MASTER_ADDR=_HOST, MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR=_HOST,
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     failed = False
     try:
         import torch.distributed as dist
+
         set_threads(threads)
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(_HOST, port, None, False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
         value = fn(rank, world_size, *args)
         _send(conn, ("ok", value))
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
@@ -258,8 +287,9 @@ def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -
         if decide_at is not None and now >= decide_at:
             break
         if decide_at is None and now >= deadline:
-            _raise_if_stopped(procs, pending, f" and the run did not finish within "
-                                              f"timeout_s={timeout_s:g}")
+            _raise_if_stopped(
+                procs, pending, f" and the run did not finish within timeout_s={timeout_s:g}"
+            )
             raise_timeout(sorted(pending), timeout_s, _dump_stacks(procs, pending, stacks_dir))
         waiting = {conns[r]: ("msg", r) for r in pending}
         waiting.update({procs[r].sentinel: ("exit", r) for r in pending})
@@ -287,8 +317,11 @@ def _raise_if_stopped(procs, pending, why: str) -> None:
     """RankError naming the first of the `pending` ranks whose process is suspended, if any."""
     stopped = [r for r in sorted(pending) if _stopped(procs[r].pid)]
     if stopped:
-        raise RankError(f"rank {stopped[0]} is stopped (suspended, e.g. by SIGSTOP){why}"[:600],
-                        rank=stopped[0], ranks=tuple(stopped))
+        raise RankError(
+            f"rank {stopped[0]} is stopped (suspended, e.g. by SIGSTOP){why}"[:600],
+            rank=stopped[0],
+            ranks=tuple(stopped),
+        )
 
 
 def _stopped(pid: int) -> bool:
@@ -309,8 +342,12 @@ def _read(conn, proc):
     try:
         return pickle.loads(data)
     except Exception as exc:  # noqa: BLE001 - e.g. a class the caller cannot import
-        return ("err", type(exc).__name__, f"cannot unpickle the rank's report: {exc}",
-                traceback.format_exc())
+        return (
+            "err",
+            type(exc).__name__,
+            f"cannot unpickle the rank's report: {exc}",
+            traceback.format_exc(),
+        )
 
 
 def _dump_stacks(procs, ranks, stacks_dir: str) -> str:
@@ -372,21 +409,26 @@ def placement() -> tuple[int, int]:
     return max(1, world // local), local
 
 
-def init_from_env(timeout_s: float = 120.0, *, threads_per_rank: int | None = None
-                  ) -> tuple[int, int]:
+def init_from_env(
+    timeout_s: float = 120.0, *, threads_per_rank: int | None = None
+) -> tuple[int, int]:
     """Join the gloo process group described by torchrun's variables; return (rank, world_size)."""
     import torch.distributed as dist
+
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     missing = [k for k in _TORCHRUN_VARS if k not in os.environ]
     if missing:
-        raise RuntimeError(f"init_from_env: {', '.join(missing)} not set; start the ranks with "
-                           "torchrun, or use launch()")
+        raise RuntimeError(
+            f"init_from_env: {', '.join(missing)} not set; start the ranks with "
+            "torchrun, or use launch()"
+        )
     world_size = int(os.environ["WORLD_SIZE"])
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     set_threads(threads_per_rank or default_threads(local_size))
-    dist.init_process_group("gloo", init_method="env://",
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo", init_method="env://", timeout=datetime.timedelta(seconds=timeout_s)
+    )
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -403,18 +445,32 @@ def dispatching(to):
         _DISPATCH.pop()
 
 
-def run_ranks(fn, world_size: int | None = None, args: tuple = (), timeout_s: float = 120.0, *,
-              gather: bool = True, threads_per_rank: int | None = None,
-              collective_timeout_s: float | None = None):
+def run_ranks(
+    fn,
+    world_size: int | None = None,
+    args: tuple = (),
+    timeout_s: float = 120.0,
+    *,
+    gather: bool = True,
+    threads_per_rank: int | None = None,
+    collective_timeout_s: float | None = None,
+):
     """Run fn on every rank: join torchrun's ranks, or launch local ones; see the module doc."""
     if _DISPATCH:
         return _DISPATCH[-1](fn, world_size, tuple(args), gather)
     if not started_by_torchrun():
         if world_size is None:
             raise ValueError("run_ranks: world_size is required outside torchrun")
-        return launch(fn, world_size, args, timeout_s, threads_per_rank=threads_per_rank,
-                      collective_timeout_s=collective_timeout_s)
+        return launch(
+            fn,
+            world_size,
+            args,
+            timeout_s,
+            threads_per_rank=threads_per_rank,
+            collective_timeout_s=collective_timeout_s,
+        )
     import torch.distributed as dist
+
     rank, size = init_from_env(timeout_s, threads_per_rank=threads_per_rank)
     if world_size is not None and world_size != size:
         raise ValueError(f"run_ranks: world_size={world_size} but torchrun started {size} ranks")

@@ -9,6 +9,7 @@ default one `launch` makes); a repeat's time is what `clock` measured between `s
 the ranks of the group (all_reduce MAX), so a repeat costs what the slowest rank paid. Every rank
 gets the same Timing (the same number of repeats too). Units: milliseconds.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,16 @@ class Timing:
         return max(self.times_ms)
 
 
-def time_ranks(fn: Callable[[], None], warmup: int, repeats: int, group: Optional[object] = None,
-               before: Optional[Callable[[], None]] = None, min_total_ms: float = 0.0,
-               max_repeats: int = 0, clock=None) -> Timing:
+def time_ranks(
+    fn: Callable[[], None],
+    warmup: int,
+    repeats: int,
+    group: Optional[object] = None,
+    before: Optional[Callable[[], None]] = None,
+    min_total_ms: float = 0.0,
+    max_repeats: int = 0,
+    clock=None,
+) -> Timing:
     """Time fn on every rank of `group`; `before()` (untimed) runs ahead of each call, e.g. to
     reset state that fn updates in place. With `min_total_ms`, a short fn is repeated until the
     repeats add up to that much (as the first repeat's time, the same on every rank, says), at

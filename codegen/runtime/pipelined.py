@@ -27,6 +27,7 @@ Each piece of work ends with `r.mark` (a no-op unless the runner keeps a timelin
 barrier, and the final waits; `overlapped_send` its kernel chunks, then (in `execute`) the rest
 of the step as one segment; `peer_fused` the whole step as one.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -86,7 +87,7 @@ def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
     with r.streams.use(r.streams.compute):
         for j in range(r.plan.P):
             lo = j * rows + c * k
-            r.timed(lambda: torch.matmul(a2[lo:lo + k], r.bufs[mm.b], out=out2[lo:lo + k]))
+            r.timed(lambda: torch.matmul(a2[lo : lo + k], r.bufs[mm.b], out=out2[lo : lo + k]))
 
 
 def peer_steps(r) -> dict[int, PeerStep]:
@@ -94,12 +95,20 @@ def peer_steps(r) -> dict[int, PeerStep]:
     slots (comm=shm), their kernels built into `r.kernels`; {} elsewhere."""
     if not r.comm.reads_peers:
         return {}
-    steps = {f.id: peer_step(r.plan, f) for f in walk(r.plan.steps)
-             if isinstance(f, FusedCollective) and isinstance(f.steps[0], Collective)
-             and r.mine(f.steps[0].stage)}
+    steps = {
+        f.id: peer_step(r.plan, f)
+        for f in walk(r.plan.steps)
+        if isinstance(f, FusedCollective)
+        and isinstance(f.steps[0], Collective)
+        and r.mine(f.steps[0].stage)
+    }
     steps = {i: ps for i, ps in steps.items() if ps is not None}
-    missing = {s.kernel.name: s.kernel for ps in steps.values() for s in ps.kernels
-               if s.kernel.name not in r.kernels}
+    missing = {
+        s.kernel.name: s.kernel
+        for ps in steps.values()
+        for s in ps.kernels
+        if s.kernel.name not in r.kernels
+    }
     if missing:
         r.kernels.update(r.backend.build(list(missing.values())))
     return steps
@@ -112,10 +121,13 @@ def peer_fused(r, f: FusedCollective, ps: PeerStep) -> None:
     read them, and into its own block of their destinations (the all-gather is a read of the
     peers' blocks)."""
     C, rs = f.chunks, ps.head
-    ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op,
-                                        C, reduce=False).start(send=False)
-    gathers = [r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C,
-                                        in_slot=True) for ag in ps.gathers]
+    ring = r.comm.reduce_scatter_chunks(
+        r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op, C, reduce=False
+    ).start(send=False)
+    gathers = [
+        r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C, in_slot=True)
+        for ag in ps.gathers
+    ]
     bufs = dict(zip(ps.peer_buffers, ring.peers()))
     bufs.update({ag.src: g.slot for ag, g in zip(ps.gathers, gathers)})
     bufs.update({o: g.own_block for o, g in zip(ps.own_blocks, gathers)})
@@ -144,13 +156,16 @@ def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -
     rs, C, streams = f.steps[0], f.chunks, r.streams
     if producer is not None:
         streams.after_other(streams.compute)  # the matmul's inputs are ready
-    ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op,
-                                        C).start(send=producer is None)
+    ring = r.comm.reduce_scatter_chunks(
+        r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op, C
+    ).start(send=producer is None)
     r.mark(rs, "start")
     gathers = []
     for k, (kernels, barrier, ags) in enumerate(_phases(r.plan, f.steps[1:])):
-        mine = [(ag, r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1),
-                                              C)) for ag in ags]
+        mine = [
+            (ag, r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C))
+            for ag in ags
+        ]
         gathers += mine
 
         def finish(c: int) -> None:
@@ -188,8 +203,9 @@ def overlapped_send(r, o: Overlap) -> None:
     P = r.plan.P
     src, dst = send.src_stage * P + r.tp, send.dst_stage * P + r.tp
     if r.stage == send.src_stage:
-        ring = r.comm.reduce_scatter_chunks(r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1),
-                                            rs.op, C).start()
+        ring = r.comm.reduce_scatter_chunks(
+            r.bufs[rs.src].view(-1), r.bufs[rs.dst].view(-1), rs.op, C
+        ).start()
         p2p = r.world.p2p(r.bufs[send.src].view(-1), None, src, dst, C)
         for c in range(C):
             ring.wait_chunk(c)
@@ -199,8 +215,11 @@ def overlapped_send(r, o: Overlap) -> None:
     elif r.stage == send.dst_stage:
         p2p = r.world.p2p(None, r.bufs[send.dst].view(-1), src, dst, C).start()
         kernels = [s for s in f.steps[1:] if isinstance(s, Compute)]
-        gathers = [r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C)
-                   for ag in f.steps[1:] if isinstance(ag, Collective)]
+        gathers = [
+            r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), C)
+            for ag in f.steps[1:]
+            if isinstance(ag, Collective)
+        ]
         for c in range(C):
             p2p.wait_chunk(c)
             _chunk(r, kernels, c, C)

@@ -9,6 +9,7 @@ port (the store's `.port`). The socket is made here, listening, and handed to th
 (`TCPStore(host, port, ..., is_master=False)`). Raises OSError where the address cannot be
 bound (not this host's, or the port is taken).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -20,8 +21,13 @@ import torch.distributed as dist
 BACKLOG = 1024  # pending connections (every rank connects at once)
 
 
-def serve_store(host: str, port: int, world_size: Optional[int],
-                timeout: datetime.timedelta, wait_for_workers: bool = False) -> dist.TCPStore:
+def serve_store(
+    host: str,
+    port: int,
+    world_size: Optional[int],
+    timeout: datetime.timedelta,
+    wait_for_workers: bool = False,
+) -> dist.TCPStore:
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -29,9 +35,15 @@ def serve_store(host: str, port: int, world_size: Optional[int],
         sock.bind(address)
         sock.listen(BACKLOG)
         bound = sock.getsockname()[1]
-        store = dist.TCPStore(host, bound, world_size, True, timeout=timeout,
-                              wait_for_workers=wait_for_workers,
-                              master_listen_fd=sock.detach())
+        store = dist.TCPStore(
+            host,
+            bound,
+            world_size,
+            True,
+            timeout=timeout,
+            wait_for_workers=wait_for_workers,
+            master_listen_fd=sock.detach(),
+        )
     finally:
         sock.close()  # detached on success: closes nothing then
     return store

@@ -2,13 +2,13 @@
 (`codegen.runtime.comm`'s contract: its `reduce_scatter`, `all_gather`, `RingReduceScatter` and
 `RingAllGather` are these).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .group import (KIND_AG, KIND_RS, Group, check, chunk_size, make_tag, op_of, overlaps,
-                    wait_work)
+from .group import KIND_AG, KIND_RS, Group, check, chunk_size, make_tag, op_of, overlaps, wait_work
 
 
 class RingReduceScatter:
@@ -17,8 +17,9 @@ class RingReduceScatter:
     block, fully reduced, while later chunks may still be in flight; run a kernel on it at once.
     """
 
-    def __init__(self, x, out, op: str = "sum", chunks: int = 1, group: Group | None = None,
-                 tag: int = 0):
+    def __init__(
+        self, x, out, op: str = "sum", chunks: int = 1, group: Group | None = None, tag: int = 0
+    ):
         self.g = group or Group.world()
         self.P, self.me = self.g.size, self.g.me
         check(out, "out")
@@ -39,7 +40,7 @@ class RingReduceScatter:
 
     def _xblock(self, block: int, c: int) -> torch.Tensor:
         begin = (block % self.P) * self.n + c * self.k
-        return self.x[begin:begin + self.k]
+        return self.x[begin : begin + self.k]
 
     def start(self, send: bool = True) -> RingReduceScatter:
         """Post every receive and, with `send`, every chunk's first send. With send=False the
@@ -56,8 +57,11 @@ class RingReduceScatter:
         for s in range(steps):  # recv step s into scratch row s, the last step straight into out
             for c in range(self.chunks):
                 lo, hi = self.chunk_range(c)
-                buf = self.out[lo:hi] if s == steps - 1 else scratch[s * self.n + lo:
-                                                                     s * self.n + hi]
+                buf = (
+                    self.out[lo:hi]
+                    if s == steps - 1
+                    else scratch[s * self.n + lo : s * self.n + hi]
+                )
                 work = dist.irecv(buf, src=self.g.left(me), group=self.g.pg, tag=self._t(s, c))
                 self._recvs[(c, s)] = (buf, work)
         if send:
@@ -122,7 +126,7 @@ class RingAllGather:
         self.src, self.out, self.n = src, out, src.numel()
         self.chunks, self.k = chunks, chunk_size(self.n, chunks)
         self.tag = tag
-        self.own = out[self.me * self.n:(self.me + 1) * self.n]
+        self.own = out[self.me * self.n : (self.me + 1) * self.n]
         self.in_place = src.data_ptr() == self.own.data_ptr()
         if not self.in_place and overlaps(src, out):
             raise ValueError("all_gather: src must be out's own block or not overlap out")
@@ -132,8 +136,7 @@ class RingAllGather:
         for s in range(self.P - 1):  # step s receives block me-s-1 from the left
             for c in range(chunks):
                 buf = self._oblock(self.me - s - 1, c)
-                work = dist.irecv(buf, src=self.g.left(self.me), group=self.g.pg,
-                                  tag=self._t(s, c))
+                work = dist.irecv(buf, src=self.g.left(self.me), group=self.g.pg, tag=self._t(s, c))
                 self._recvs[(c, s)] = work
 
     def chunk_range(self, c: int) -> tuple[int, int]:
@@ -141,7 +144,7 @@ class RingAllGather:
 
     def _oblock(self, block: int, c: int) -> torch.Tensor:
         begin = (block % self.P) * self.n + c * self.k
-        return self.out[begin:begin + self.k]
+        return self.out[begin : begin + self.k]
 
     def _t(self, s: int, c: int) -> int:
         return make_tag(KIND_AG, self.tag, s * self.chunks + c)
@@ -180,8 +183,9 @@ class RingAllGather:
         return self.out
 
 
-def reduce_scatter(x, out, op: str = "sum", chunks: int = 1, group: Group | None = None,
-                   tag: int = 0) -> torch.Tensor:
+def reduce_scatter(
+    x, out, op: str = "sum", chunks: int = 1, group: Group | None = None, tag: int = 0
+) -> torch.Tensor:
     """out = block `me` of the reduction over members of x (ring; see the module doc)."""
     return RingReduceScatter(x, out, op, chunks, group, tag).start().wait()
 

@@ -19,6 +19,7 @@ a hang. Columns: per lane (one operation in flight) `posted(lane)` (data written
 (done reading peers' data), then per peer j `sent(j)` (chunks sent to member j) and `acked(j)`
 (chunks received from j and read).
 """
+
 from __future__ import annotations
 
 import glob
@@ -96,7 +97,7 @@ def sweep() -> list[str]:
 
 def port_of(path: str) -> int | None:
     """The rendezvous port in a segment's name (`prefix`), None if it has none."""
-    port = os.path.basename(path)[len(NAMES):].split("-", 1)[0]
+    port = os.path.basename(path)[len(NAMES) :].split("-", 1)[0]
     return int(port) if port.isdigit() else None
 
 
@@ -182,7 +183,9 @@ class Board:
             waited = time.monotonic() - start
             if waited > self.timeout_s:
                 late = [m for m in members if flags[m, col] < target]
-                raise ShmTimeout(f"shm: member {self.me} waited {waited:.1f} s for member(s) "
-                                 f"{late} ({what}); a peer died, hung or called a different "
-                                 f"collective")
+                raise ShmTimeout(
+                    f"shm: member {self.me} waited {waited:.1f} s for member(s) "
+                    f"{late} ({what}); a peer died, hung or called a different "
+                    f"collective"
+                )
             time.sleep(0 if waited < 1e-3 else 2e-5)

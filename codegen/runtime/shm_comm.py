@@ -19,6 +19,7 @@ Slots grow (collectively, to the next power of two) when an operation needs more
 unlinked as soon as every peer has mapped it. Every wait times out (the group's timeout, or
 `timeout_s`) with `shm.ShmTimeout`. Reductions go in member order within each slice (in place: the member's own first).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -63,15 +64,17 @@ class Lane:
         name = lambda i: f"{c.base}l{self.index}-m{i}-g{self.gen}"  # noqa: E731
         mine = shm.Segment(name(me), cap, create=True)
         self.post(f"{what}: slot created")
-        segs = [mine if i == me else shm.Segment(name(i), cap, create=False)
-                for i in range(c.group.size)]
+        segs = [
+            mine if i == me else shm.Segment(name(i), cap, create=False)
+            for i in range(c.group.size)
+        ]
         self.post(f"{what}: slots mapped")
         mine.unlink()
         self.slots, self.cap = [s.tensor() for s in segs], cap
 
     def view(self, member: int, like: torch.Tensor, numel: int | None = None) -> torch.Tensor:
         n = like.numel() if numel is None else numel
-        return self.slots[member][:n * like.element_size()].view(like.dtype)
+        return self.slots[member][: n * like.element_size()].view(like.dtype)
 
     def post(self, what: str, wait: bool = True) -> None:
         """Count a post; with `wait`, until every peer has posted as often (a barrier)."""
@@ -94,6 +97,7 @@ class Lane:
 
 class ShmComm:
     """Collectives and point-to-point over shared memory among the members of `group`."""
+
     reads_peers = True  # a fused step's kernels may read the peers' slots themselves
 
     def __init__(self, group: comm.Group, streams=None, timeout_s: float | None = None):
@@ -101,14 +105,16 @@ class ShmComm:
         hosts = [None] * P
         dist.all_gather_object(hosts, socket.gethostname(), group=group.pg)
         if len(set(hosts)) > 1:
-            raise ValueError(f"comm=shm needs every rank of the group on one host; hosts: "
-                             f"{sorted(set(hosts))}")
+            raise ValueError(
+                f"comm=shm needs every rank of the group on one host; hosts: {sorted(set(hosts))}"
+            )
         self.timeout_s = timeout_s or group.timeout_s
         if "MASTER_PORT" not in os.environ:
-            raise ValueError("comm=shm names its segments by the rendezvous port: MASTER_PORT "
-                             "must be set (the launcher and torchrun set it)")
-        self.base = (shm.prefix(os.environ["MASTER_PORT"]) +
-                     f"g{group.ranks[0]}x{P}-c{next(_ids)}-")
+            raise ValueError(
+                "comm=shm names its segments by the rendezvous port: MASTER_PORT "
+                "must be set (the launcher and torchrun set it)"
+            )
+        self.base = shm.prefix(os.environ["MASTER_PORT"]) + f"g{group.ranks[0]}x{P}-c{next(_ids)}-"
         nbytes = shm.Board.nbytes(P)
         if me == 0:
             seg = shm.Segment(self.base + "board", nbytes, create=True)
@@ -138,7 +144,7 @@ class ShmComm:
         fn = REDUCE[op]
         same = [i for i, p in enumerate(parts) if p.data_ptr() == out.data_ptr()]
         if same:
-            parts = [parts[same[0]]] + parts[:same[0]] + parts[same[0] + 1:]
+            parts = [parts[same[0]]] + parts[: same[0]] + parts[same[0] + 1 :]
         fn(parts[0], parts[1], out=out) if len(parts) > 1 else out.copy_(parts[0])
         for p in parts[2:]:
             fn(out, p, out=out)
@@ -153,8 +159,9 @@ class ShmComm:
             mine[lo:hi].copy_(x[lo:hi])
         ln.post("all_reduce: inputs")
         lo, hi = bounds(n, P, me)
-        self._reduce(x[lo:hi], [x[lo:hi] if i == me else ln.view(i, x)[lo:hi]
-                                for i in range(P)], op)
+        self._reduce(
+            x[lo:hi], [x[lo:hi] if i == me else ln.view(i, x)[lo:hi] for i in range(P)], op
+        )
         mine[lo:hi].copy_(x[lo:hi])
         ln.post("all_reduce: reduced slices")
         for i in self.peers:
@@ -196,12 +203,13 @@ class ShmComm:
         ln.view(me, x).copy_(x)
         ln.post("all_to_all")
         for i in range(P):
-            out[i * k:(i + 1) * k].copy_(ln.view(i, x)[me * k:(me + 1) * k])
+            out[i * k : (i + 1) * k].copy_(ln.view(i, x)[me * k : (me + 1) * k])
         ln.end()
 
     # -- chunk by chunk ------------------------------------------------------------------------
-    def reduce_scatter_chunks(self, x, out, op: str, chunks: int,
-                              reduce: bool = True) -> "ShmReduceScatter":
+    def reduce_scatter_chunks(
+        self, x, out, op: str, chunks: int, reduce: bool = True
+    ) -> "ShmReduceScatter":
         """With `reduce=False` `wait_chunk(c)` only waits for chunk c of every member; the
         caller's kernel reduces it, reading `peers()` (out is left alone)."""
         return ShmReduceScatter(self, x, out, op, chunks, reduce)
@@ -231,12 +239,13 @@ class ShmReduceScatter:
         """Every member's block `me` as it wrote it (n elements each, in member order): the
         peers' in their slots, this member's own in x (never copied to its slot)."""
         me = self.c.group.me
-        return [self.own() if i == me else self.blocks(i)[me].view(-1)
-                for i in range(self.c.group.size)]
+        return [
+            self.own() if i == me else self.blocks(i)[me].view(-1) for i in range(self.c.group.size)
+        ]
 
     def own(self) -> torch.Tensor:
         me, n = self.c.group.me, self.out.numel()
-        return self.x.view(-1)[me * n:(me + 1) * n]
+        return self.x.view(-1)[me * n : (me + 1) * n]
 
     def start(self, send: bool = True) -> "ShmReduceScatter":
         if send:
@@ -253,7 +262,7 @@ class ShmReduceScatter:
         if me > 0:
             mine[:me, c].copy_(xs[:me, c])
         if me + 1 < P:
-            mine[me + 1:, c].copy_(xs[me + 1:, c])
+            mine[me + 1 :, c].copy_(xs[me + 1 :, c])
         self.sent += 1
         self.ln.post(f"reduce_scatter chunk {c}", wait=False)
 
@@ -267,7 +276,7 @@ class ShmReduceScatter:
                 self.reduced[c] = True
                 return c * k, (c + 1) * k
             parts = [p.view(self.C, k)[c] for p in self.peers()]
-            self.c._reduce(self.out[c * k:(c + 1) * k], parts, self.op)
+            self.c._reduce(self.out[c * k : (c + 1) * k], parts, self.op)
             self.reduced[c] = True
         return c * k, (c + 1) * k
 
@@ -295,14 +304,14 @@ class ShmAllGather:
     def own_block(self) -> torch.Tensor:
         """This member's block of out (where `wait(own=False)` leaves what the caller wrote)."""
         me, n = self.c.group.me, self.src.numel()
-        return self.out[me * n:(me + 1) * n]
+        return self.out[me * n : (me + 1) * n]
 
     def start_chunk(self, c: int) -> None:
         if c != self.started:
             raise ValueError(f"shm all_gather: chunk {c} started before chunk {self.started}")
         k = self.k
         if not self.in_slot:
-            self.slot[c * k:(c + 1) * k].copy_(self.src[c * k:(c + 1) * k])
+            self.slot[c * k : (c + 1) * k].copy_(self.src[c * k : (c + 1) * k])
         self.started += 1
         self.ln.post(f"all_gather chunk {c}", wait=False)
 
@@ -315,7 +324,7 @@ class ShmAllGather:
         n, me = self.src.numel(), self.c.group.me
         for i in range(self.c.group.size):
             if own or i != me:
-                self.out[i * n:(i + 1) * n].copy_(self.ln.view(i, self.src))
+                self.out[i * n : (i + 1) * n].copy_(self.ln.view(i, self.src))
         self.ln.end()
 
 
@@ -329,8 +338,9 @@ class ShmP2P:
         self.sending = g.me == self.i
         self.buf = x if self.sending else out
         self.k = comm.chunk_size(self.buf.numel(), chunks)
-        st = c.pairs.setdefault((self.i, self.j), {"total": 0, "gen": 0, "cap": 0, "seg": None,
-                                                   "opened": 0})
+        st = c.pairs.setdefault(
+            (self.i, self.j), {"total": 0, "gen": 0, "cap": 0, "seg": None, "opened": 0}
+        )
         self.st, self.base, self.done = st, st["total"], 0
         nbytes = self.buf.numel() * self.buf.element_size()
         b = c.board
@@ -348,8 +358,9 @@ class ShmP2P:
 
     def piece(self, c: int) -> torch.Tensor:
         k = self.k
-        return self.st["seg"][:self.buf.numel() * self.buf.element_size()].view(
-            self.buf.dtype)[c * k:(c + 1) * k]
+        return self.st["seg"][: self.buf.numel() * self.buf.element_size()].view(self.buf.dtype)[
+            c * k : (c + 1) * k
+        ]
 
     def start(self) -> "ShmP2P":
         if self.sending:
@@ -362,7 +373,7 @@ class ShmP2P:
             return
         if c != self.done:
             raise ValueError(f"shm p2p: chunk {c} sent before chunk {self.done}")
-        self.piece(c).copy_(self.buf[c * self.k:(c + 1) * self.k])
+        self.piece(c).copy_(self.buf[c * self.k : (c + 1) * self.k])
         self.done += 1
         self.c.board.set(self.c.board.sent(self.j), self.base + self.done)
 
@@ -379,7 +390,7 @@ class ShmP2P:
                 seg = shm.Segment(self.name(), self.st["cap"], create=False)
                 seg.unlink()
                 self.st["seg"], self.st["opened"] = seg.tensor(), self.st["gen"]
-            self.buf[d * self.k:(d + 1) * self.k].copy_(self.piece(d))
+            self.buf[d * self.k : (d + 1) * self.k].copy_(self.piece(d))
             self.done += 1
             b.set(b.acked(self.i), self.base + self.done)
         return c * self.k, (c + 1) * self.k

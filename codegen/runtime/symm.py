@@ -31,6 +31,7 @@ Not done: the PlanRunner (`codegen.runtime.execute`) does not call `SymmFused` y
 run with comm=symm is refused by `cannot_run()` on a GPU too, rather than timing NCCL under the
 name symm.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,13 +51,19 @@ from .cuda_backend import CudaBackend, gpu_count
 from .symm_ranks import VirtualRanks, only_step
 
 log = logging.getLogger(__name__)
-NOT_WIRED = ("comm=symm: the PlanRunner does not launch the one-kernel fused step yet "
-             "(codegen.runtime.symm.run_virtual runs it over virtual ranks)")
+NOT_WIRED = (
+    "comm=symm: the PlanRunner does not launch the one-kernel fused step yet "
+    "(codegen.runtime.symm.run_virtual runs it over virtual ranks)"
+)
 
 
 class SymmBackend(CudaBackend):
-    def __init__(self, comm: str = "symm", archs: Sequence[str] = build_cuda.DEFAULT_ARCHS,
-                 device: Optional[int] = None):
+    def __init__(
+        self,
+        comm: str = "symm",
+        archs: Sequence[str] = build_cuda.DEFAULT_ARCHS,
+        device: Optional[int] = None,
+    ):
         if comm != "symm":
             raise ValueError(f"cuda: SymmBackend takes comm='symm', not {comm!r}")
         super().__init__("nccl", archs, device)
@@ -81,8 +88,9 @@ def _function(step: SymmStep, device: int):
         return cupy.RawModule(path=str(build_cuda.cache_path(source, arch))).get_function(step.name)
 
 
-def run_virtual(plan: Plan, inputs: Sequence[Mapping[str, np.ndarray]], device: int = 0,
-                launches: int = 1) -> tuple[list[dict[str, np.ndarray]], float]:
+def run_virtual(
+    plan: Plan, inputs: Sequence[Mapping[str, np.ndarray]], device: int = 0, launches: int = 1
+) -> tuple[list[dict[str, np.ndarray]], float]:
     """The plan's one fused step over plan.P virtual ranks on GPU `device`: (outputs per member,
     ms of the last launch). `launches` > 1 replays it (inputs reloaded before each)."""
     if not gpu_count():
@@ -127,7 +135,7 @@ class SymmFused:
 
     def view(self, b: int) -> torch.Tensor:
         buf = self.plan.buffer(b)
-        raw = self.staging[self.offsets[b]:self.offsets[b] + buf.nbytes]
+        raw = self.staging[self.offsets[b] : self.offsets[b] + buf.nbytes]
         return raw.view(TORCH[buf.dtype]).view(buf.shape)
 
     def table(self, bufs: Mapping[int, torch.Tensor]) -> torch.Tensor:
@@ -148,8 +156,11 @@ class SymmFused:
             self.view(b).copy_(bufs[b])
         self._table = self.table(bufs)
         grid = self.launch.grid(self.step.n, sms)
-        self.fn((grid, 1), (self.launch.threads,),
-                (np.int64(self.me), np.uint64(self._table.data_ptr())))
+        self.fn(
+            (grid, 1),
+            (self.launch.threads,),
+            (np.int64(self.me), np.uint64(self._table.data_ptr())),
+        )
         for p in self.step.pushes:
             bufs[p.dst].copy_(self.view(p.dst))
 

@@ -16,6 +16,7 @@ Runs on whatever device `alloc` allocates on: CUDA memory for the GPU launcher
 (`codegen.runtime.symm.run_virtual`), host memory for the CPU emulation of the kernel
 (`tests/cuda_emulation.py`). No CuPy here. Units: elements; pads in bytes.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
@@ -33,23 +34,29 @@ def only_step(plan: Plan) -> SymmStep:
     """The SymmStep of a plan that is one fused all-reduce and nothing else (ValueError if not;
     `codegen.symm_fuse.SymmError` if the kernel cannot run it)."""
     if len(plan.steps) != 1 or not isinstance(plan.steps[0], FusedCollective):
-        raise ValueError(f"{plan.name} [{plan.schedule}]: virtual ranks run a plan of one fused "
-                         f"step; it has {len(plan.steps)} steps")
+        raise ValueError(
+            f"{plan.name} [{plan.schedule}]: virtual ranks run a plan of one fused "
+            f"step; it has {len(plan.steps)} steps"
+        )
     return symm_step(plan, plan.steps[0])
 
 
 class VirtualRanks:
-    def __init__(self, plan: Plan, step: SymmStep,
-                 alloc: Callable[[tuple, torch.dtype], torch.Tensor]):
+    def __init__(
+        self, plan: Plan, step: SymmStep, alloc: Callable[[tuple, torch.dtype], torch.Tensor]
+    ):
         self.plan, self.step, P = plan, step, step.P
         for b in step.slots:
             if plan.buffer(b).alias is not None:
-                raise ValueError(f"{plan.name}: buffer {plan.buffer(b).name} aliases another; "
-                                 "virtual ranks allocate every slot on its own")
-        self.bufs = [{b: alloc(plan.buffer(b).shape, TORCH[plan.buffer(b).dtype])
-                      for b in step.slots} for _ in range(P)]
-        self.pads = [alloc((PadLayout(P, len(step.chunks)).nbytes,), torch.uint8)
-                     for _ in range(P)]
+                raise ValueError(
+                    f"{plan.name}: buffer {plan.buffer(b).name} aliases another; "
+                    "virtual ranks allocate every slot on its own"
+                )
+        self.bufs = [
+            {b: alloc(plan.buffer(b).shape, TORCH[plan.buffer(b).dtype]) for b in step.slots}
+            for _ in range(P)
+        ]
+        self.pads = [alloc((PadLayout(P, len(step.chunks)).nbytes,), torch.uint8) for _ in range(P)]
         addrs = [self.bufs[j][b].data_ptr() for b in step.slots for j in range(P)]
         self.table = torch.tensor(addrs + [p.data_ptr() for p in self.pads], dtype=torch.int64)
         ids = dict(plan.inputs)

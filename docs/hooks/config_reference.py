@@ -10,6 +10,7 @@ own files (`suite/conf/scale/*.yaml`, `suite/conf/backend/*.yaml`, ...) are list
 The source is read with `ast` and `tokenize`, not imported, so the manual builds without torch.
 Registered in mkdocs.yml under `hooks:`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,14 +26,27 @@ MARKER = "<!-- config-reference -->"
 CONFIG_PY = ROOT / "suite" / "config.py"
 TOPOLOGY_PY = ROOT / "cost_model" / "topology.py"
 CONF = ROOT / "suite" / "conf"
-GROUPS = {"experiment": "ExperimentConf", "scale": "ScaleConf", "backend": "BackendConf",
-          "verify": "VerifyConf"}
+GROUPS = {
+    "experiment": "ExperimentConf",
+    "scale": "ScaleConf",
+    "backend": "BackendConf",
+    "verify": "VerifyConf",
+}
 # keys the schema leaves without a comment, described here until it has one
-NOTES = {"seed": "The random seed: the inputs drawn at every point, and the order of the "
-                 "interleaved rounds (the same on every rank)."}
+NOTES = {
+    "seed": "The random seed: the inputs drawn at every point, and the order of the "
+    "interleaved rounds (the same on every rank)."
+}
 # the topology group's classes, in the order the page shows them
-TOPOLOGY_CLASSES = ("Topology", "Device", "IntraNode", "InterNode", "FabricTier", "LinkClass",
-                    "Nccl")
+TOPOLOGY_CLASSES = (
+    "Topology",
+    "Device",
+    "IntraNode",
+    "InterNode",
+    "FabricTier",
+    "LinkClass",
+    "Nccl",
+)
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:  # noqa: ARG001
@@ -52,8 +66,12 @@ def _constants(tree: ast.Module) -> dict[str, str]:
     """Module-level tuples of strings (`RATE_BY = ("message", "transfer")`), by name."""
     out = {}
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Tuple)):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Tuple)
+        ):
             items = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
             out[node.targets[0].id] = " | ".join(str(i) for i in items)
     return out
@@ -65,16 +83,21 @@ def _allowed(value: ast.expr | None, constants: dict[str, str]) -> str:
         return ""
     meta = next((k.value for k in value.keywords if k.arg == "metadata"), None)
     if isinstance(meta, ast.Call) and getattr(meta.func, "id", "") == "_positive":
-        strict = not (meta.args and isinstance(meta.args[0], ast.Constant) and not meta.args[0].value)
+        strict = not (
+            meta.args and isinstance(meta.args[0], ast.Constant) and not meta.args[0].value
+        )
         return "> 0" if strict else ">= 0"
     if not isinstance(meta, ast.Dict):
         return ""
     m = {ast.unparse(k).strip("'\""): v for k, v in zip(meta.keys, meta.values)}
     parts = []
     if "choices" in m:
-        parts.append(constants.get(ast.unparse(m["choices"]),
-                                   " | ".join(str(getattr(e, "value", "")) for e in
-                                                 getattr(m["choices"], "elts", []))))
+        parts.append(
+            constants.get(
+                ast.unparse(m["choices"]),
+                " | ".join(str(getattr(e, "value", "")) for e in getattr(m["choices"], "elts", [])),
+            )
+        )
     if "items" in m:
         parts.append("each of " + constants.get(ast.unparse(m["items"]), ast.unparse(m["items"])))
     low = ast.unparse(m["min"]) if "min" in m else None
@@ -138,11 +161,21 @@ def classes(path: Path) -> dict[str, tuple[str, list[Field]]]:
             while k >= 1 and lines[k - 1].strip().startswith("#"):
                 above.insert(0, comments.get(k, ""))
                 k -= 1
-            after = [comments[n] for n in range(stmt.lineno, stmt.end_lineno + 1)
-                     if n in comments and not lines[n - 1].strip().startswith("#")]
+            after = [
+                comments[n]
+                for n in range(stmt.lineno, stmt.end_lineno + 1)
+                if n in comments and not lines[n - 1].strip().startswith("#")
+            ]
             doc = " ".join(part for part in (" ".join(above), " ".join(after)) if part)
-            fields.append(Field(stmt.target.id, ast.unparse(stmt.annotation),
-                                _default(stmt.value), doc, _allowed(stmt.value, constants)))
+            fields.append(
+                Field(
+                    stmt.target.id,
+                    ast.unparse(stmt.annotation),
+                    _default(stmt.value),
+                    doc,
+                    _allowed(stmt.value, constants),
+                )
+            )
         out[node.name] = (ast.get_docstring(node) or "", fields)
     return out
 
@@ -226,8 +259,13 @@ def _described_in(name: str, texts: dict[str, str]) -> str:
     return ""
 
 
-def _table(prefix: str, fields: list[Field], defaults: dict | None = None,
-           links: dict[str, str] | None = None, notes: dict[str, str] | None = None) -> list[str]:
+def _table(
+    prefix: str,
+    fields: list[Field],
+    defaults: dict | None = None,
+    links: dict[str, str] | None = None,
+    notes: dict[str, str] | None = None,
+) -> list[str]:
     """Rows of key, type, default, meaning; `notes` {key: text} for fields without a comment."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for k, f in enumerate(fields):
@@ -239,14 +277,16 @@ def _table(prefix: str, fields: list[Field], defaults: dict | None = None,
         for cls, anchor in (links or {}).items():
             if cls in f.type.replace("[", " ").replace("]", " ").replace(",", " ").split():
                 doc = (doc + " " if doc else "") + f"Fields: [{cls}](#{anchor})."
-        rows.append(f"| `{key}` | {_cell(_code(f.type))} | {_cell(_code(default))} | "
-                    f"{_cell(doc)} |")
+        rows.append(
+            f"| `{key}` | {_cell(_code(f.type))} | {_cell(_code(default))} | {_cell(doc)} |"
+        )
     return rows
 
 
 def _group_files(group: str) -> dict[str, dict]:
-    return {p.stem: (yaml.safe_load(p.read_text()) or {})
-            for p in sorted((CONF / group).glob("*.yaml"))}
+    return {
+        p.stem: (yaml.safe_load(p.read_text()) or {}) for p in sorted((CONF / group).glob("*.yaml"))
+    }
 
 
 SENTENCE_END = re.compile(r"(?<!Fig)(?<!e\.g)(?<!i\.e)\.\s+(?=[A-Z])")
@@ -276,11 +316,14 @@ def _by_option(group: str, fields: list[Field]) -> list[str]:
     names = list(files)
     if group == "scale":
         names = [n for n in ("smoke", "default", "paper") if n in files]
-    rows = ["| key | " + " | ".join(f"`{group}={n}`" for n in names) + " |",
-            "|---|" + "---|" * len(names)]
+    rows = [
+        "| key | " + " | ".join(f"`{group}={n}`" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     for f in fields:
-        cells = [_cell(_code(_yaml_value(files[n][f.name]))) if f.name in files[n] else ""
-                 for n in names]
+        cells = [
+            _cell(_code(_yaml_value(files[n][f.name]))) if f.name in files[n] else "" for n in names
+        ]
         rows.append(f"| `{group}.{f.name}` | " + " | ".join(cells) + " |")
     return rows
 
@@ -304,9 +347,13 @@ def _notes() -> dict[str, str]:
 def _top_level(schema: dict) -> list[str]:
     defaults = _flat(yaml.safe_load((CONF / "config.yaml").read_text()))
     top = [f for f in schema["Config"][1] if f.type not in (*GROUPS.values(), "TopologyConf")]
-    out = ["## Top-level keys", "",
-           "Given as `key=value` on the command line. The default is `suite/conf/config.yaml`'s where "
-           "it sets the key, else the schema's.", ""]
+    out = [
+        "## Top-level keys",
+        "",
+        "Given as `key=value` on the command line. The default is `suite/conf/config.yaml`'s where "
+        "it sets the key, else the schema's.",
+        "",
+    ]
     out += _table("", top, defaults, notes=_notes())
     out += ["", "`predict_also` entries: " + schema["ExtraTopology"][0].replace("\n", " "), ""]
     return out + _table("predict_also[].", schema["ExtraTopology"][1])
@@ -319,12 +366,18 @@ def _groups(schema: dict) -> list[str]:
         fields = schema[cls][1]
         out += ["", f"## `{group}`", ""]
         if (CONF / group).is_dir():
-            out += [f"Options: one file each in `suite/conf/{group}/`, picked with `{group}=NAME`.", ""]
+            out += [
+                f"Options: one file each in `suite/conf/{group}/`, picked with `{group}=NAME`.",
+                "",
+            ]
             out += _options(group) + [""]
         out += _table(f"{group}.", fields, defaults, notes=_notes())
         if group == "experiment":
-            out += ["", "`experiment.runs` entries: " + schema["PaperRun"][0].replace("\n", " "),
-                    ""]
+            out += [
+                "",
+                "`experiment.runs` entries: " + schema["PaperRun"][0].replace("\n", " "),
+                "",
+            ]
             out += _table("experiment.runs[].", schema["PaperRun"][1])
         if group in ("scale", "backend"):
             out += ["", f"The values each `{group}` file sets:", ""]
@@ -338,16 +391,20 @@ TOPOLOGY_INTRO = (
     "`topology.path=FILE` loads a whole topology from a YAML file instead (a calibration's "
     "`topology.yaml`, or your own): its top level holds the fields below. Types are checked when "
     "the command line is composed; ranges and required fields when the run loads the topology. "
-    "The schema is `cost_model.topology` (see its [API page](api/cost-model.md#cost_model.topology)).")
+    "The schema is `cost_model.topology` (see its [API page](api/cost-model.md#cost_model.topology))."
+)
 
 
 def _topology() -> list[str]:
     topology, bullets = classes(TOPOLOGY_PY), module_bullets(TOPOLOGY_PY)
     anchors = {name: f"topology-{name.lower()}" for name in TOPOLOGY_CLASSES}
     out = ["", "## `topology`", "", TOPOLOGY_INTRO, ""] + _options("topology") + [""]
-    out += ["| key | type | default | meaning |", "|---|---|---|---|",
-            "| `topology.path` | `Optional[str]` | `null` | A topology file to load instead of "
-            "the group's figures. |"]
+    out += [
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+        "| `topology.path` | `Optional[str]` | `null` | A topology file to load instead of "
+        "the group's figures. |",
+    ]
     fields = topology["Topology"][1]
     # the module's bullets that describe Topology's own fields (nccl's introduces the Nccl table)
     described = {k: v for k, v in bullets.items() if k in {f.name for f in fields} - {"nccl"}}

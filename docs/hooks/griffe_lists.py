@@ -6,6 +6,7 @@ the list runs into the paragraph. This extension inserts that blank line when th
 is built; the source is not changed. Registered in mkdocs.yml under the python handler's
 `extensions`.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,8 +31,12 @@ def separate_lists(text: str) -> str:
         previous = out[-1] if out else ""
         if not fenced and ITEM.match(line):
             continues = item_indent is not None and _indent(previous) > item_indent
-            if (previous.strip() and not ITEM.match(previous) and not continues
-                    and _indent(line) < 4):  # deeper: a code block after a blank line
+            if (
+                previous.strip()
+                and not ITEM.match(previous)
+                and not continues
+                and _indent(line) < 4
+            ):  # deeper: a code block after a blank line
                 out.append("")
             item_indent = _indent(line)
         elif line.strip() and item_indent is not None and _indent(line) <= item_indent:

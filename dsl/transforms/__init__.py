@@ -3,6 +3,7 @@
 Each checks its preconditions first and raises `TransformError` naming the statement at fault;
 each result is re-verified and carries its schedule name (`Program.schedule`).
 """
+
 from .as_slice import as_slice
 from .fuse import fuse
 from .naming import schedule_name

@@ -6,6 +6,7 @@ new statement. Types are always re-inferred, so a transform cannot produce an il
 a rule that fails becomes a `TransformError` naming the statement at fault. `finish()` renames the
 outputs, names the schedule and verifies the result.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence
@@ -22,8 +23,10 @@ def select(p: Program, ref: Optional[Ref], ops: Sequence[str], transform: str) -
     if ref is None:
         found = [s for s in p.body if s.op in ops and not _scalar_sync(s)]
         if len(found) != 1:
-            raise TransformError(f"{transform}: program {p.name} has {len(found)} statements of kind "
-                                 f"{'/'.join(ops)}; name the one to transform")
+            raise TransformError(
+                f"{transform}: program {p.name} has {len(found)} statements of kind "
+                f"{'/'.join(ops)}; name the one to transform"
+            )
         return found[0]
     try:
         v = p.value(getattr(ref, "value", ref))  # a builder Tensor handle, a Value, an id or a name
@@ -51,8 +54,10 @@ def need_program(p: object, transform: str) -> None:
 def no_schedule(p: Program, transform: str) -> None:
     need_program(p, transform)
     if p.fused or p.overlaps:
-        raise TransformError(f"{transform}: program {p.name} is already fused or overlapped; "
-                             "apply fuse and overlap last")
+        raise TransformError(
+            f"{transform}: program {p.name} is already fused or overlapped; "
+            "apply fuse and overlap last"
+        )
 
 
 class Rebuild:
@@ -75,8 +80,14 @@ class Rebuild:
         self.names.add(name)
         return name
 
-    def emit(self, op: str, args: Sequence[Arg], attrs: Iterable[tuple[str, object]] = (),
-             name: str = "t", like: Optional[Stmt] = None) -> Value:
+    def emit(
+        self,
+        op: str,
+        args: Sequence[Arg],
+        attrs: Iterable[tuple[str, object]] = (),
+        name: str = "t",
+        like: Optional[Stmt] = None,
+    ) -> Value:
         attrs = tuple(attrs)
         types = [a.type if isinstance(a, Value) else a for a in args]
         try:
@@ -116,5 +127,3 @@ def verified(q: Program, transform: str) -> Program:
     except DSLError as e:
         raise TransformError(f"{transform} produced an invalid program: {e}") from None
     return q
-
-

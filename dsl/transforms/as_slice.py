@@ -8,6 +8,7 @@ Preconditions: the input is Replicated and not a 0-d hyper-parameter; every use 
 (a pointwise statement with a Sliced result, a `slice`, or an update from an all_gather), all along
 the same dimension; the program is not yet fused or overlapped.
 """
+
 from __future__ import annotations
 
 from ..errors import TransformError
@@ -32,14 +33,18 @@ def _slice_dim(p: Program, x: Value, s: Stmt) -> int:
         src = p.producer(s.args[1].id) if isinstance(s.args[1], Value) else None
         if src is not None and src.op == "all_gather":
             return src.args[0].type.layout.dim
-    raise TransformError(f"as_slice: {format_stmt(s)}: needs the full tensor {x.name}; "
-                         "reorder the computation onto slices first")
+    raise TransformError(
+        f"as_slice: {format_stmt(s)}: needs the full tensor {x.name}; "
+        "reorder the computation onto slices first"
+    )
 
 
 def as_slice(p: Program, name: str) -> Program:
     no_schedule(p, "as_slice")
     if not isinstance(name, str):
-        raise TransformError(f"as_slice: the input to keep as slices is named by a string, got {name!r}")
+        raise TransformError(
+            f"as_slice: the input to keep as slices is named by a string, got {name!r}"
+        )
     try:
         inp = p.input(name)
     except KeyError:
@@ -50,10 +55,12 @@ def as_slice(p: Program, name: str) -> Program:
     uses = p.users(x.id)
     dims = {_slice_dim(p, x, s) for s in uses}
     if len(dims) != 1:
-        raise TransformError(f"as_slice: input {name} is read as slices along {sorted(dims) or 'no'} "
-                             "dimensions; need exactly one")
+        raise TransformError(
+            f"as_slice: input {name} is read as slices along {sorted(dims) or 'no'} "
+            "dimensions; need exactly one"
+        )
     d = dims.pop()
-    shape = x.type.shape[:d] + (x.type.shape[d] / P,) + x.type.shape[d + 1:]
+    shape = x.type.shape[:d] + (x.type.shape[d] / P,) + x.type.shape[d + 1 :]
     new_x = Value(x.id, x.name, x.type.__class__(x.type.dtype, shape, Sliced(d), x.type.stage))
     r = Rebuild(p, "as_slice")
     r.inputs = [Input(new_x, i.default, i.init) if i is inp else i for i in p.inputs]

@@ -11,6 +11,7 @@ Preconditions (else TransformError naming the statement): the statements exist a
 fused; no matmul (overlap it instead); at most one collective as above; no cycle through a
 statement outside the group (a member depending on an outside statement that depends on a member).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -39,20 +40,28 @@ def _range(p: Program, first: Optional[Ref], last: Optional[Ref]) -> list[Stmt]:
     i = index(first, comm[0] if comm else 0)
     j = index(last, len(ids) - 1)
     if j < i:
-        raise TransformError(f"fuse: {format_stmt(p.body[j])} comes before {format_stmt(p.body[i])}")
-    return list(p.body[i:j + 1])
+        raise TransformError(
+            f"fuse: {format_stmt(p.body[j])} comes before {format_stmt(p.body[i])}"
+        )
+    return list(p.body[i : j + 1])
 
 
 def _check_comm(members: list[Stmt]) -> None:
-    comm = [s for s in members if s.op in COMM and not (s.op == "all_reduce" and s.out.type.rank == 0)]
+    comm = [
+        s for s in members if s.op in COMM and not (s.op == "all_reduce" and s.out.type.rank == 0)
+    ]
     kinds = [s.op for s in comm]
     heads = [s for s in comm if s.op != "all_gather"]
-    ok = (len(comm) <= 1
-          or (len(heads) == 1 and heads[0].op in ("reduce_scatter", "p2p") and heads[0] is comm[0])
-          or (not heads))
+    ok = (
+        len(comm) <= 1
+        or (len(heads) == 1 and heads[0].op in ("reduce_scatter", "p2p") and heads[0] is comm[0])
+        or (not heads)
+    )
     if not ok:
-        raise TransformError(f"fuse: more than one collective in one group ({', '.join(kinds)}); at "
-                             f"{format_stmt(comm[1])}")
+        raise TransformError(
+            f"fuse: more than one collective in one group ({', '.join(kinds)}); at "
+            f"{format_stmt(comm[1])}"
+        )
 
 
 def _check_cycle(p: Program, members: list[Stmt]) -> None:
@@ -62,14 +71,20 @@ def _check_cycle(p: Program, members: list[Stmt]) -> None:
         if s.out.id in inside:
             outside_deps = [a for a in s.values if a.id in after_member and a.id not in inside]
             if outside_deps:
-                raise TransformError(f"fuse: {format_stmt(s)}: depends on %{outside_deps[0].id}, "
-                                     "outside the group, which depends on the group: a cycle")
+                raise TransformError(
+                    f"fuse: {format_stmt(s)}: depends on %{outside_deps[0].id}, "
+                    "outside the group, which depends on the group: a cycle"
+                )
         elif any(a.id in after_member for a in s.values):
             after_member.add(s.out.id)
 
 
-def fuse(p: Program, first: Optional[Ref] = None, last: Optional[Ref] = None,
-         stmts: Optional[Sequence[Ref]] = None) -> Program:
+def fuse(
+    p: Program,
+    first: Optional[Ref] = None,
+    last: Optional[Ref] = None,
+    stmts: Optional[Sequence[Ref]] = None,
+) -> Program:
     need_program(p, "fuse")
     if stmts is not None and (isinstance(stmts, (str, bytes)) or not isinstance(stmts, Iterable)):
         raise TransformError(f"fuse: stmts must be a list of statements, got {stmts!r}")
@@ -89,7 +104,9 @@ def fuse(p: Program, first: Optional[Ref] = None, last: Optional[Ref] = None,
         if p.group_of(s.out.id) is not None:
             raise TransformError(f"fuse: {format_stmt(s)}: already fused")
         if s.op == "matmul":
-            raise TransformError(f"fuse: {format_stmt(s)}: a matmul is not fused; overlap it instead")
+            raise TransformError(
+                f"fuse: {format_stmt(s)}: a matmul is not fused; overlap it instead"
+            )
     _check_comm(members)
     _check_cycle(p, members)
     # members become contiguous: outside statements between them that do not depend on a member
@@ -97,7 +114,7 @@ def fuse(p: Program, first: Optional[Ref] = None, last: Optional[Ref] = None,
     ids = {s.out.id for s in members}
     start = p.body.index(members[0])
     stop = p.body.index(members[-1])
-    between = [s for s in p.body[start:stop + 1] if s.out.id not in ids]
-    body = p.body[:start] + tuple(between) + tuple(members) + p.body[stop + 1:]
+    between = [s for s in p.body[start : stop + 1] if s.out.id not in ids]
+    body = p.body[:start] + tuple(between) + tuple(members) + p.body[stop + 1 :]
     q = p.with_(body=body, fused=p.fused + (Fuse(tuple(s.out.id for s in members)),))
     return verified(q.with_(schedule=schedule_name(q)), "fuse")

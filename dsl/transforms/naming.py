@@ -14,13 +14,22 @@ update order, so that distinct slicings never share a name.
     RS, C, AG                 -> RS-C-AG
     MM, [RS, C, AG] fused, MM overlapped with RS -> ol(MM,fuse(RS-C-AG))
 """
+
 from __future__ import annotations
 
 from ..ir import Program, Stmt
 from ..types import Sliced
 
-TOKENS = {"matmul": "MM", "all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG",
-          "p2p": "P2P", "broadcast": "BC", "reduce": "RD", "all_to_all": "A2A"}
+TOKENS = {
+    "matmul": "MM",
+    "all_reduce": "AR",
+    "reduce_scatter": "RS",
+    "all_gather": "AG",
+    "p2p": "P2P",
+    "broadcast": "BC",
+    "reduce": "RD",
+    "all_to_all": "A2A",
+}
 
 
 def token(s: Stmt) -> str | None:
@@ -63,7 +72,7 @@ def schedule_name(p: Program) -> str:
         a = next(k for k, (_, ids) in enumerate(segs) if o.producer in ids)
         b = next(k for k, (_, ids) in enumerate(segs) if o.consumer in ids)
         merged = (f"ol({segs[a][0]},{segs[b][0]})", segs[a][1] | segs[b][1])
-        segs = segs[:a] + [merged] + segs[a + 1:b] + segs[b + 1:]
+        segs = segs[:a] + [merged] + segs[a + 1 : b] + segs[b + 1 :]
     name = "-".join(_collapse([t for t, _ in segs]))
     return name + _sliced_suffix(p)
 

@@ -9,6 +9,7 @@ Preconditions: producer and consumer of those kinds, the consumer reads the prod
 directly, chunks >= 1, neither is already overlapped. Whether `chunks` divides the rows depends on
 the sizes and is checked with the bindings (`check_chunks`).
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional
@@ -33,8 +34,9 @@ def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: i
     except KeyError as e:
         raise TransformError(f"overlap: {e.args[0]}") from None
     if prod is None or prod.op not in PAIRS:
-        raise TransformError(f"overlap: producer {producer!r} must be a statement of kind "
-                             f"{'/'.join(PAIRS)}")
+        raise TransformError(
+            f"overlap: producer {producer!r} must be a statement of kind {'/'.join(PAIRS)}"
+        )
     users = [s for s in p.users(prod.out.id) if s.op in PAIRS[prod.op]]
     if consumer is not None:
         try:
@@ -43,10 +45,14 @@ def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: i
             raise TransformError(f"overlap: {e.args[0]}") from None
         users = [s for s in users if s.out.id == cid]
     if len(users) != 1:
-        raise TransformError(f"overlap: {format_stmt(prod)}: needs exactly one consumer of kind "
-                             f"{'/'.join(PAIRS[prod.op])} reading it directly, found {len(users)}")
+        raise TransformError(
+            f"overlap: {format_stmt(prod)}: needs exactly one consumer of kind "
+            f"{'/'.join(PAIRS[prod.op])} reading it directly, found {len(users)}"
+        )
     if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-        raise TransformError(f"overlap: {format_stmt(prod)}: chunks must be an integer >= 1, got {chunks!r}")
+        raise TransformError(
+            f"overlap: {format_stmt(prod)}: chunks must be an integer >= 1, got {chunks!r}"
+        )
     cons = users[0]
     taken = {i for o in p.overlaps for i in (o.producer, o.consumer)}
     if prod.out.id in taken or cons.out.id in taken:
@@ -73,6 +79,8 @@ def check_chunks(p: Program, bindings: Mapping[str, int]) -> None:
     for o in p.overlaps:
         rows = chunk_rows(p, o, bindings)
         if rows % o.chunks:
-            raise ShapeError(f"overlap(%{o.producer} -> %{o.consumer}): {o.chunks} chunks do not "
-                             f"divide the {rows} rows of each rank's part; choose a chunk count "
-                             "that divides them")
+            raise ShapeError(
+                f"overlap(%{o.producer} -> %{o.consumer}): {o.chunks} chunks do not "
+                f"divide the {rows} rows of each rank's part; choose a chunk count "
+                "that divides them"
+            )

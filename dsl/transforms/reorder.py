@@ -22,6 +22,7 @@ Preconditions: `at` is an all_gather or p2p (or the program has exactly one); th
 to move; a moved value is not used elsewhere (p2p); an operand cannot be sliced (a Local operand
 meeting a slice) -> TransformError naming the statement.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -57,17 +58,28 @@ def _movable_after_gather(p: Program, g: Stmt) -> set[int]:
         changed = False
         for s in p.body:
             users = p.users(s.out.id)
-            if (s.op in POINTWISE and s.out.id not in moved and s.out.type.shape == full_shape
-                    and isinstance(s.out.type.layout, Replicated) and not p.is_output(s.out.id)
-                    and users and all(u.out.id in moved for u in users)):
+            if (
+                s.op in POINTWISE
+                and s.out.id not in moved
+                and s.out.type.shape == full_shape
+                and isinstance(s.out.type.layout, Replicated)
+                and not p.is_output(s.out.id)
+                and users
+                and all(u.out.id in moved for u in users)
+            ):
                 moved.add(s.out.id)
                 changed = True
     # reductions of replicated tensors whose results feed moved computation
     d = g.args[0].type.layout.dim
     for s in p.body:
         x = s.args[0]
-        if (s.op in REDUCE and s.out.id not in moved and isinstance(x.type.layout, Replicated)
-                and x.type.rank > d and any(u.out.id in moved for u in p.users(s.out.id))):
+        if (
+            s.op in REDUCE
+            and s.out.id not in moved
+            and isinstance(x.type.layout, Replicated)
+            and x.type.rank > d
+            and any(u.out.id in moved for u in p.users(s.out.id))
+        ):
             moved.add(s.out.id)
     return moved
 
@@ -94,8 +106,11 @@ def _sliced_operand(r: Rebuild, sliced: dict[int, Value], a, d: int, rank: int):
         return sliced[a.id]
     new = r.arg(a)
     ad = d - (rank - new.type.rank)
-    if (isinstance(new.type.layout, Replicated) and 0 <= ad < new.type.rank
-            and new.type.shape[ad] != Size.of(1)):
+    if (
+        isinstance(new.type.layout, Replicated)
+        and 0 <= ad < new.type.rank
+        and new.type.shape[ad] != Size.of(1)
+    ):
         return _slice_of(r, new, ad)
     return new
 
@@ -119,9 +134,12 @@ def _deferred(p: Program, g: Stmt, moved: set[int]) -> set[int]:
     k0 = p.body.index(g)
     last = max(k for k, s in enumerate(p.body) if s.out.id in moved)
     changed, deferred = moved | {g.out.id}, set()
-    for s in p.body[k0 + 1:last]:
-        if (s.out.id not in moved and s.out.id not in needed
-                and any(a.id in changed or a.id in deferred for a in s.values)):
+    for s in p.body[k0 + 1 : last]:
+        if (
+            s.out.id not in moved
+            and s.out.id not in needed
+            and any(a.id in changed or a.id in deferred for a in s.values)
+        ):
             deferred.add(s.out.id)
     return deferred
 
@@ -161,8 +179,9 @@ def _reorder_gather(p: Program, g: Stmt) -> Program:
         if k == last:  # the statements that need full tensors follow the moved computation
             for t in p.body:
                 if t.out.id in deferred:
-                    r.env[t.out.id] = r.emit(t.op, [full(a) for a in t.args], t.attrs, t.out.name,
-                                             like=t)
+                    r.env[t.out.id] = r.emit(
+                        t.op, [full(a) for a in t.args], t.attrs, t.out.name, like=t
+                    )
     for _, v in p.outputs:
         full(v)
     return r.finish()
@@ -185,15 +204,18 @@ def _chain_before_send(p: Program, send: Stmt) -> list[Stmt]:
 def _reorder_send(p: Program, send: Stmt) -> Program:
     chain = _chain_before_send(p, send)
     if not chain:
-        raise TransformError(f"reorder: {format_stmt(send)}: no computation or all_gather produces "
-                             "the sent tensor; nothing to move")
+        raise TransformError(
+            f"reorder: {format_stmt(send)}: no computation or all_gather produces "
+            "the sent tensor; nothing to move"
+        )
     ids = {s.out.id for s in chain} | {send.out.id}
     for s in chain:
         outside = [u for u in p.users(s.out.id) if u.out.id not in ids]
         if outside or p.is_output(s.out.id):
             at = format_stmt(outside[0]) if outside else f"output {s.out.name}"
-            raise TransformError(f"reorder: {format_stmt(s)}: also used by {at}; cannot move it past "
-                                 "the send")
+            raise TransformError(
+                f"reorder: {format_stmt(s)}: also used by {at}; cannot move it past the send"
+            )
     dst = send.attr("dst")
     r = Rebuild(p, "reorder")
     for s in p.body:

@@ -3,6 +3,7 @@
 Preconditions: `at` names an all_reduce (or the program has exactly one that is not 0-d); the
 tensor has a dimension `dim` to scatter along; the program is not yet fused or overlapped.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -17,7 +18,9 @@ def split(p: Program, at: Optional[Ref] = None, dim: int = 0) -> Program:
     no_schedule(p, "split")
     target = select(p, at, ("all_reduce",), "split")
     if target.out.type.rank == 0:
-        raise TransformError(f"split: {format_stmt(target)}: a 0-d all_reduce has nothing to scatter")
+        raise TransformError(
+            f"split: {format_stmt(target)}: a 0-d all_reduce has nothing to scatter"
+        )
     if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < target.out.type.rank:
         raise TransformError(f"split: {format_stmt(target)}: dim {dim!r} is out of range")
     r = Rebuild(p, "split")
@@ -27,6 +30,8 @@ def split(p: Program, at: Optional[Ref] = None, dim: int = 0) -> Program:
             continue
         # allreduce(x) -> allgather(reducescatter(x))
         x = r.arg(s.args[0])
-        rs = r.emit("reduce_scatter", [x], (("op", s.attr("op", "sum")), ("dim", dim)), f"{s.out.name}.rs")
+        rs = r.emit(
+            "reduce_scatter", [x], (("op", s.attr("op", "sum")), ("dim", dim)), f"{s.out.name}.rs"
+        )
         r.env[s.out.id] = r.emit("all_gather", [rs], (), f"{s.out.name}.ag")
     return r.finish()

@@ -7,6 +7,7 @@ experiment made from another (experiment=autotune target=NAME) is rebuilt as tha
 from its own records (`Experiment.recorded`: autotune.csv), with its own section. An
 experiment=paper run is rebuilt run by run, then its reproduction report (`suite.paper`). Bad
 input (no such run directory, no results) is one line on stderr and exit 2."""
+
 import sys
 from pathlib import Path
 
@@ -24,12 +25,15 @@ from ..run import final_summary, report
 def rebuild(run_dir: Path) -> Path:
     conf = run_dir / ".hydra" / "config.yaml"
     if not (run_dir / "results.csv").exists() or not conf.exists():
-        raise SuiteError(f"{run_dir} is not a run directory with results (needs results.csv and "
-                         ".hydra/config.yaml)")
+        raise SuiteError(
+            f"{run_dir} is not a run directory with results (needs results.csv and "
+            ".hydra/config.yaml)"
+        )
     register()  # the schema and the coconet.comm resolver a recorded config may interpolate
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
-                                                  OmegaConf.load(conf)))
+        cfg = OmegaConf.to_object(
+            OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(conf))
+        )
     except (OmegaConfBaseException, ValueError) as e:
         raise SuiteError(f"{conf}: {e}") from None
     if cfg.experiment.runs:  # experiment=paper: its runs, then the reproduction report
@@ -39,13 +43,20 @@ def rebuild(run_dir: Path) -> Path:
 
 def rebuild_one(cfg: Config, run_dir: Path) -> Path:
     """One experiment's report from its folder (results.csv) and its configuration."""
-    exp = recorded_experiment(cfg, load_experiment(cfg.experiment.name, cfg.experiment.module),
-                              run_dir)
+    exp = recorded_experiment(
+        cfg, load_experiment(cfg.experiment.name, cfg.experiment.module), run_dir
+    )
     _, schedules = load_programs(exp, cfg)
     kept = recorded_report(run_dir)
-    path = report(cfg, exp, schedules, [], run_dir,
-                  "as recorded in the run (report rebuilt by python -m suite.report)",
-                  rebuilt=kept if kept is not None else {})
+    path = report(
+        cfg,
+        exp,
+        schedules,
+        [],
+        run_dir,
+        "as recorded in the run (report rebuilt by python -m suite.report)",
+        rebuilt=kept if kept is not None else {},
+    )
     print(final_summary(exp.name, run_dir), flush=True)
     return path
 
