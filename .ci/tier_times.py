@@ -16,4 +16,6 @@ for case in cases:
     node = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
     total += t
     fast += t if node in fast_ids else 0.0
-print(f"tests' own time: full suite {total / 60:.1f} min, fast tier (-m 'not slow') {fast / 60:.1f} min")
+print(
+    f"tests' own time: full suite {total / 60:.1f} min, fast tier (-m 'not slow') {fast / 60:.1f} min"
+)

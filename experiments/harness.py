@@ -46,7 +46,7 @@ With comm=shm the library baseline also runs on gloo (`GLOO_BASELINE`, its own r
 the same rounds, and every row adds `speedup_gloo` (`_lo`, `_hi`): its paired speedup over it.
 
 Rank 0 appends each row to `settings.csv_path` as soon as it is measured and prints it with a
-progress bar (`publish`). The rows are the results table's (see DESIGN.md); `speedup` is over the
+progress bar (`publish`). The rows are the results table's (docs/ref/results-csv.md); `speedup` is over the
 baseline at the same point. The experiment reaches the ranks by name (and, for a user's module,
 by its module spec: `registry.source_of`), so its fields need not be picklable.
 """

@@ -1,6 +1,6 @@
 """The results table: one row per measured, predicted or paper point (`results.csv`).
 
-Columns (DESIGN.md): experiment, schedule, source (measured | predicted | paper), backend,
+Columns (docs/ref/results-csv.md): experiment, schedule, source (measured | predicted | paper), backend,
 topology, world_size, size (elements of the principal tensor, or bytes for collectives), shape,
 dtype, time_ms (median), time_ms_min, time_ms_max (spread over repeats, measured rows), speedup
 (baseline median / this median at the same point, source and topology), verified; measured rows

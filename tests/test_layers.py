@@ -1,4 +1,4 @@
-"""The layering DESIGN.md draws, kept by an import-linter contract (pyproject.toml,
+"""The layering docs/architecture.md draws, kept by an import-linter contract (pyproject.toml,
 [tool.importlinter]): suite -> experiments -> cost_model | coconet -> codegen -> dsl (coconet, the
 library, beside cost_model), cost_model taking only
 the Plan's data types from codegen, reports standing apart, and no import cycle between the
