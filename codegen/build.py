@@ -34,6 +34,7 @@ import fcntl
 import functools
 import hashlib
 import inspect
+import logging
 import os
 import re
 import shutil
@@ -46,6 +47,8 @@ from . import cache
 from .plan import Kernel
 from .render import RenderError
 from .render_cpp import CppRenderer
+
+log = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
@@ -179,7 +182,7 @@ def _whole(so: Path) -> bool:
 
 def _drop(so: Path) -> None:
     if so.exists():
-        print(f"the cached build {so} is damaged or would not load: building it again", flush=True)
+        log.warning(f"the cached build {so} is damaged or would not load: building it again")
         so.unlink()
 
 

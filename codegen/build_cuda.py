@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import re
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,8 @@ from .plan import Kernel
 from .render import RenderError
 from .render_cuda import CudaRenderer, Launch
 from .symm_fuse import SymmStep
+
+log = logging.getLogger(__name__)
 
 OPTIONS = ("--std=c++17", "--fmad=false")
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -184,11 +186,7 @@ def _checked(path: Path) -> Optional[bytes]:
         expected = ""
     if hashlib.sha256(image).hexdigest() == expected:
         return image
-    print(
-        f"cuda cache: {path} does not match its checksum; compiling it again",
-        file=sys.stderr,
-        flush=True,
-    )
+    log.warning(f"cuda cache: {path} does not match its checksum; compiling it again")
     path.unlink(missing_ok=True)
     return None
 

@@ -17,12 +17,15 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from codegen.logs import configure
+
 from . import MeasureSettings, RegistryError, get, harness, load_module
 
 MAX_ELEMENTS = {"smoke": 1 << 16, "default": 1 << 25, "paper": 1 << 27}
 
 
 def main() -> None:
+    configure()
     ap = argparse.ArgumentParser(prog="python -m experiments")
     ap.add_argument("name")
     ap.add_argument("--module", default=None)

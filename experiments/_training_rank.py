@@ -20,6 +20,7 @@ data-parallel configurations (`experiments._bert.CONFIGS`: ddp, zero, fused) for
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import torch.distributed as dist
 from codegen.runtime.backend import CpuBackend
 
 from . import _bert as B
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -146,5 +149,5 @@ def rank_main(rank: int, world: int, spec: Spec) -> dict:
             "timing": _timing(spec, setups, memory, rank),
         }
         if rank == 0:
-            print(f"training: {optimizer} measured", flush=True)
+            log.info(f"training: {optimizer} measured")
     return out

@@ -47,6 +47,7 @@ with it forced: `Experiment.algos`, results.csv's `algo` column names what each 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -68,6 +69,8 @@ from .api import DeriveSettings, Experiment
 from .harness import FUSED_CHUNKS
 from .predict import sim_setting
 from .registry import register
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -274,13 +277,12 @@ def tune(target: Experiment, s: DeriveSettings) -> Experiment:
             verify_bindings=target.verify_bindings("smoke"),
             algorithms=nccl_algorithms(s.topology) if s.backend == "sim" else (),
         )
-        print(
+        log.info(
             f"autotune {target.name} {target.size_and_shape(b)[1]} on {s.topology.name} "
             f"({world} ranks): {tuned.found} schedules; {tuned.candidates} candidates ranked "
             f"by the closed form in {tuned.closed_s:.2f} s, the best {tuned.des_count} by the "
             f"DES in {tuned.des_s:.2f} s (search {tuned.search_s:.1f} s); predicted best "
-            f"{_label(names, tuned.chosen)}",
-            flush=True,
+            f"{_label(names, tuned.chosen)}"
         )
         tunings.append((b, tuned, [(_label(names, c), c, r) for c, r in tuned.ranking]))
     schedules = {label: c.schedule for _, _, ranked in tunings for label, c, _ in ranked}

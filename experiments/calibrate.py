@@ -88,6 +88,7 @@ predicted-vs-measured check stay this calibration's.
 from __future__ import annotations
 
 import json
+import logging
 import platform
 import statistics
 import time
@@ -125,6 +126,8 @@ from .calibration_history import keep, pooled
 from .optimizers import adam_program
 from .registry import register
 from .rounds import calls_for, needs_untimed
+
+log = logging.getLogger(__name__)
 
 NAME = "calibrate"
 TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
@@ -319,7 +322,7 @@ def interleaved(
                 times[i][j].append(float(vec[slots[i] + j]))
         line = bar.step(f"round {r + 1} of {rounds} over {len(benches)} benchmarks")
         if rank == 0:
-            print(line, flush=True)
+            log.info(line)
     return times
 
 
@@ -329,7 +332,7 @@ def measure(settings) -> list[dict]:
     P, out_dir = settings.world_size, Path(settings.csv_path).parent
     szs, ksz = sizes(settings.scale), sizes(settings.scale, KERNEL_SCALES)
     plan, step = _adam_kernel(max(ksz) * P, P)
-    print("building the Adam kernel ...", flush=True)
+    log.info("building the Adam kernel ...")
     build([step.kernel])  # compiled once here; the ranks load it from the cache
     small = settings.scale == "smoke"
     spec = {
@@ -372,12 +375,11 @@ def measure(settings) -> list[dict]:
         header=source + "\nUse it with: python -m "
         f"suite experiment=... topology=local topology.path={out_dir / TOPOLOGY}",
     )
-    print(
+    log.info(
         f"calibration: {len(raw)} measurements on {P} ranks in {took:.0f} s; fitted topology "
-        f"written to {path}",
-        flush=True,
+        f"written to {path}"
     )
-    print(describe(topo), flush=True)
+    log.info(describe(topo))
     if spec["shm"]:
         shm = fit_shm(measurements, topo, P, source=source + ", comm=shm")
         path = dump_topology(
@@ -387,7 +389,7 @@ def measure(settings) -> list[dict]:
             f"python -m suite experiment=... comm=shm topology=local "
             f"topology.path={out_dir / TOPOLOGY_SHM}",
         )
-        print(f"comm=shm: fitted topology written to {path}\n{describe(shm)}", flush=True)
+        log.info(f"comm=shm: fitted topology written to {path}\n{describe(shm)}")
     rows = [_row(m, "measured", "cpu", m["time_ms"]) for m in raw if m["kind"] not in DERIVED]
     for r in rows:
         append_row(settings.csv_path, r)
@@ -411,11 +413,10 @@ def with_history(raw: list[dict], settings, out_dir: Path) -> tuple[list[dict], 
         kept_as = str(keep(Path(history), raw, settings.scale, settings.world_size))
     except OSError as e:  # the fit does not need it: say so, and go on
         kept_as = f"no history (not kept: {e})"
-    print(
+    log.info(
         f"calibration kept in {kept_as}; the fit pools {len(used)} calibration"
         f"{'s' if len(used) > 1 else ''} of this machine (calibration_pool="
-        f"{settings.calibration_pool}): {', '.join(name for name, _ in used)}",
-        flush=True,
+        f"{settings.calibration_pool}): {', '.join(name for name, _ in used)}"
     )
     if len(used) == 1:
         return raw, ""

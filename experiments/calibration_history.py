@@ -18,10 +18,12 @@ no file is ever deleted or rewritten. A file that does not parse is skipped with
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def _suffix(scale: str, world: int) -> str:
@@ -47,7 +49,7 @@ def pooled(
         try:
             got = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            print(f"calibration history: skipped {path} ({e})", file=sys.stderr, flush=True)
+            log.warning(f"calibration history: skipped {path} ({e})")
             continue
         if isinstance(got, list) and got:
             out.append((path.name, got))

@@ -32,6 +32,7 @@ GPU topologies).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Optional
 
@@ -48,6 +49,8 @@ from reports.table import append_row
 from .api import Experiment
 from .registry import register
 from .rounds import Budget, interleave
+
+log = logging.getLogger(__name__)
 
 NAME = "collectives"
 POINT_BUDGET_S = 5.0  # interleaved rounds (several transports): at most this long per point
@@ -317,10 +320,9 @@ def measure(settings) -> list[dict]:
     )[0]
     for r in rows:
         append_row(settings.csv_path, r)
-    print(
+    log.info(
         f"measured {len(rows)} points on {settings.world_size} ranks in "
-        f"{time.perf_counter() - start:.0f} s",
-        flush=True,
+        f"{time.perf_counter() - start:.0f} s"
     )
     return rows
 

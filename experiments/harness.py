@@ -53,6 +53,7 @@ by its module spec: `registry.source_of`), so its fields need not be picklable.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -88,6 +89,8 @@ from .api import (
     with_defaults,
 )
 from .rounds import Budget, interleave
+
+log = logging.getLogger(__name__)
 
 PROBE = "probe"  # the baseline's memory probe among a point's timed functions (`probe_ms`)
 COMM_PROBE = "comm_probe"  # the all-reduce timed among them, on 2 ranks and more (`comm_probe_ms`)
@@ -131,11 +134,10 @@ def publish(row: dict, csv_path, rank: int, bar: Progress, label: str) -> dict:
             if "rounds" in row
             else f"x{row['speedup']:.2f}"
         )
-        print(
+        log.info(
             f"  {label} {row['schedule']:24s} {row['time_ms']:9.2f} ms "
             f"[{row['time_ms_min']:.2f}, {row['time_ms_max']:.2f}]  {spread} "
-            f"{verdict}\n  {line}",
-            flush=True,
+            f"{verdict}\n  {line}"
         )
     return row
 
@@ -180,7 +182,7 @@ def measure(exp: Experiment, settings: MeasureSettings) -> list[dict]:
         kernels = list(
             {k.name: k for pl in plans for _, _, plan in pl for k in plan.kernels()}.values()
         )
-        print(f"building {len(kernels)} kernels ...", flush=True)
+        log.info(f"building {len(kernels)} kernels ...")
         target = backends.get(settings.backend, **_comm(settings.comm))
         target.precompile(kernels)
         target.write_sources(kernels, settings.kernels_dir, exp.name)

@@ -28,6 +28,7 @@ model without DDP and `coconet.FusedAdam` / `coconet.FusedLAMB` (the generated s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,8 @@ from ._training_rank import Spec, rank_main
 from .api import Experiment
 from .predict import paper_result_rows
 from .registry import register
+
+log = logging.getLogger(__name__)
 
 NAME = "training"
 LABEL = {"ddp": "baseline", "zero": "zero_redundancy", "fused": SLICED}
@@ -201,10 +204,9 @@ def memory_rows(setting: Setting, base: dict, memory) -> list[dict]:
 
 def measure(settings) -> list[dict]:
     if settings.backend != "cpu":
-        print(
+        log.info(
             f"measure: skipped: training measures torch DDP and the fused optimizers on cpu "
-            f"gloo ranks only (backend={settings.backend})",
-            flush=True,
+            f"gloo ranks only (backend={settings.backend})"
         )
         return []
     setting = SETTINGS[settings.scale]
@@ -220,10 +222,9 @@ def measure(settings) -> list[dict]:
         seed=settings.seed,
         comm=settings.comm or "ring",
     )
-    print(
+    log.info(
         f"training: {setting.size} ({setting.size.parameters()} parameters), "
-        f"{setting.steps} steps per set-up, micro-batch {setting.micro_batch}",
-        flush=True,
+        f"{setting.steps} steps per set-up, micro-batch {setting.micro_batch}"
     )
     per_rank = run_ranks(
         rank_main,

@@ -20,6 +20,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from codegen.logs import configure, level_of
+
 from . import CONF_DIR, PROJECT_ROOT
 from .cli import holds_a_run, prevalidate, run_dir, user_experiment_overrides
 from .config import register
@@ -61,6 +63,7 @@ def plugins_on_path() -> None:
 
 
 def main() -> None:
+    configure()  # progress on stdout, warnings on stderr (codegen.logs); the run's level below
     if sys.argv[1:2] == ["report"]:  # python -m suite report DIR
         from .report.__main__ import main as report_main
 
@@ -74,6 +77,8 @@ def main() -> None:
         where = run_dir(sys.argv[1:]) if cfg is not None else None
     except SuiteError as e:
         fail(e)
+    if cfg is not None:
+        configure(level_of(cfg.quiet, cfg.verbose))
     if holds_a_run(where) and not cfg.resume and cfg.existing == "aside":
         move_aside(where)
     before = Snapshot.of(where)  # put back if the run refuses its input (exit 2)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -53,6 +54,8 @@ from experiments import MeasureSettings
 
 from . import CACHE_DIR, PROJECT_ROOT
 from .errors import SuiteError, one_line
+
+log = logging.getLogger(__name__)
 
 MODES = ("auto", "refresh", "off")
 # the calibration code's version (experiments.rounds: how calibrate samples communications;
@@ -134,10 +137,9 @@ def local_calibration(
             gloo_path=where / TOPOLOGY if shm else None,
         )
     why = "calibration=refresh" if cfg.calibration == "refresh" else "none cached for this machine"
-    print(
+    log.info(
         f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
-        f"cached in {where} for later runs) ...",
-        flush=True,
+        f"cached in {where} for later runs) ..."
     )
     started = time.monotonic()
     _calibrate(
@@ -149,7 +151,7 @@ def local_calibration(
         cfg.calibration_pool,
     )
     took = time.monotonic() - started
-    print(f"calibrated in {took:.0f} s: {where / name}", flush=True)
+    log.info(f"calibrated in {took:.0f} s: {where / name}")
     meta = json.loads((where / FINGERPRINT).read_text())
     return Calibration(
         key, where / name, meta["created"], True, took, gloo_path=where / TOPOLOGY if shm else None

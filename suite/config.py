@@ -175,6 +175,9 @@ class Config:
     # work and touching nothing (one line, exit 2); aside, the earlier run moved whole to the
     # next free DIR.<k> first. resume=true continues it instead.
     existing: str = "stop"
+    # Messages: quiet shows warnings and errors only, verbose adds debug detail (codegen.logs).
+    quiet: bool = False
+    verbose: bool = False
     # Each collective's timeout in the ranks, seconds: a rank that stops answering (killed,
     # suspended) ends the run after this, named. null: from the calibrated rate
     # (`collective_timeout`: 100x the calibrated all-reduce of the run's largest tensor, at

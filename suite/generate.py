@@ -15,6 +15,7 @@ status 3, `suite.run`).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -26,15 +27,16 @@ from codegen.plan import Plan
 from dsl.equivalence import default_bindings
 from experiments import Experiment
 
+log = logging.getLogger(__name__)
+
 
 def generate(
     cfg, exp: Experiment, schedules: dict[str, dsl.Program], backend, out_dir: Path
 ) -> list[Path]:
     """See the module doc; returns the paths written."""
     folder = Path(out_dir) / "kernels"
-    print(
-        f"generate: {len(schedules)} schedules' kernels for backend {backend.name} into {folder}",
-        flush=True,
+    log.info(
+        f"generate: {len(schedules)} schedules' kernels for backend {backend.name} into {folder}"
     )
     written = []
     for name, program in schedules.items():
@@ -49,10 +51,9 @@ def generate(
         )
         paths = backend.write_sources(kernels, folder, f"{exp.name}_{file_name(name)}")
         written += paths
-        print(
+        log.info(
             f"  {name}: {len(kernels)} kernels -> {', '.join(p.name for p in paths)} "
-            f"({time.perf_counter() - start:.2f} s)",
-            flush=True,
+            f"({time.perf_counter() - start:.2f} s)"
         )
     return written
 

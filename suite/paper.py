@@ -29,6 +29,7 @@ that run's.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -54,6 +55,8 @@ from .config import Config
 from .errors import SuiteError
 from .interrupt import Interrupted
 
+log = logging.getLogger(__name__)
+
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = "topology.yaml"  # what an experiment that fits the local topology writes
 
@@ -72,10 +75,7 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
     for exp, _ in runs:
         name = exp.name
         try:
-            print(
-                f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========",
-                flush=True,
-            )
+            log.info(f"\n======== paper: {name} ({names.index(name) + 1} of {len(names)}) ========")
             sub = replace(run_config(cfg, name), topology=replace(cfg.topology, path=topology_path))
             outcomes[name] = run_one(sub, out_dir / name)
         except (SystemExit, Interrupted) as e:  # the run ended early (its own report written)
@@ -85,19 +85,17 @@ def run_paper(cfg: Config, out_dir: Path, run_one) -> int:
         fitted = out_dir / name / TOPOLOGY
         if exp.fits_topology and topology_path is None and fitted.exists():
             topology_path = str(fitted)
-            print(f"paper: the later runs predict this machine with {fitted}", flush=True)
-        print(bar.step(name), flush=True)
+            log.info(f"paper: the later runs predict this machine with {fitted}")
+        log.info(bar.step(name))
     env["elapsed_s"] = round(time.monotonic() - started, 1)
     (out_dir / "environment.json").write_text(json.dumps(env, indent=2) + "\n")
     if stopped is None:
         return finish(cfg, out_dir, outcomes, env)
     status = outcomes[name].status
     finish(cfg, out_dir, outcomes, env)
-    print(
+    log.warning(
         f"paper: stopped during {name} ({len(outcomes)} of {len(names)} runs, exit status "
-        f"{status}); report (from the runs so far): {out_dir / 'report.md'}",
-        file=sys.stderr,
-        flush=True,
+        f"{status}); report (from the runs so far): {out_dir / 'report.md'}"
     )
     sys.exit(status)
 
@@ -144,10 +142,9 @@ def finish(cfg: Config, out_dir: Path, outcomes: dict, env: dict) -> int:
     )
     if any(isinstance(o, Stopped) for o in outcomes.values()):
         verdict = "stopped early (the last run did not finish)"
-    print(
+    log.info(
         f"{verdict}; {len(outcomes)} runs in {clock_text(env['elapsed_s'])}; report: {path} "
-        f"(and {path.with_suffix('.html')})",
-        flush=True,
+        f"(and {path.with_suffix('.html')})"
     )
     return status
 
@@ -168,7 +165,7 @@ def merged_report(out_dir: Path, names: list[str], checks: dict, env: dict) -> P
     if not df.empty:
         write_tables(df, out_dir)
     header, rows = summary_rows(df, names, checks)
-    print("\n== summary: paper ==\n" + text_table(header, rows), flush=True)
+    log.info("\n== summary: paper ==\n" + text_table(header, rows))
     return path
 
 

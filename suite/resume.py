@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from pathlib import Path
 from typing import Optional
 
 from reports.table import append_row, read_table
 
 from .errors import SuiteError
+
+log = logging.getLogger(__name__)
 
 SETTINGS = "settings.json"
 REPORT = "report"  # settings.json's record of the report's own inputs (`record_report`)
@@ -40,7 +43,7 @@ def keep_earlier_results(out_dir: Path) -> Optional[Path]:
         k += 1
     kept = out_dir / f"results.{k}.csv"
     old.replace(kept)
-    print(f"kept the directory's earlier results as {kept}", flush=True)
+    log.info(f"kept the directory's earlier results as {kept}")
     return kept
 
 

@@ -38,6 +38,7 @@ stderr, `error: ...`), 3 when the run failed once started (a rank died, a kernel
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -78,6 +79,8 @@ from .resume import (
 )
 from .verification import Check, verify_schedules
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -117,7 +120,7 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     except (SuiteError, dsl.DSLError, BuildError) as e:
         fail(e)
     except Interrupted as e:  # calibrating or ranking (autotune): nothing measured yet
-        print(f"{e} before any point was measured", file=sys.stderr, flush=True)
+        log.warning(f"{e} before any point was measured")
         sys.exit(e.status)
     except RankError as e:  # a calibrating rank died
         fail_run(e)
@@ -157,10 +160,7 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     )
     if stopped is not None:
         end_early(stopped, exp, cfg, out_dir, path)
-    print(
-        final_summary(exp.name, out_dir, bool(calibrated.topology.path) or exp.fits_topology),
-        flush=True,
-    )
+    log.info(final_summary(exp.name, out_dir, bool(calibrated.topology.path) or exp.fits_topology))
     return Outcome(summarize(checks, rows, path), checks, path)
 
 
@@ -197,7 +197,7 @@ def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) 
     write_settings(out_dir, settings)
     restart_with(out_dir, kept)
     if cfg.resume:
-        print(f"resume: {len(kept)} measured rows kept from the earlier run", flush=True)
+        log.info(f"resume: {len(kept)} measured rows kept from the earlier run")
     return kept
 
 
@@ -207,14 +207,12 @@ def end_early(
     """The line that says how far the run got, then its exit status (130/143, or 3)."""
     if isinstance(stopped, Interrupted):
         done, planned = points_measured(exp, out_dir), points_planned(cfg, exp)
-        print(
+        log.warning(
             f"interrupted after {done} of {planned if planned else '?'} points; report "
-            f"(from the rows so far): {path}",
-            file=sys.stderr,
-            flush=True,
+            f"(from the rows so far): {path}"
         )
         sys.exit(stopped.status)
-    print(f"report (from the rows so far): {path}", flush=True)
+    log.info(f"report (from the rows so far): {path}")
     fail_run(stopped)
 
 
@@ -237,7 +235,7 @@ def points_planned(cfg: Config, exp: Experiment) -> int:
 
 def show_programs(schedules: dict[str, dsl.Program]) -> None:
     for name, program in schedules.items():
-        print(f"== {name} ==\n{program}\n", flush=True)
+        log.info(f"== {name} ==\n{program}\n")
 
 
 def verify(
@@ -247,7 +245,7 @@ def verify(
     paper's own precision (`PaperSetting.published`) against theirs, where the run predicts
     them (a chosen schedule list names them)."""
     bindings = exp.verify_bindings(cfg.scale.name) or [None]
-    show = lambda line: print(line, flush=True)  # noqa: E731
+    show = log.info
     checks = verify_schedules(
         reference,
         schedules,
@@ -293,17 +291,13 @@ def measure(
     """Measured rows on the run's backend: the experiment's own measure, else the harness;
     `timeout_s`: each collective's (`suite.config.collective_timeout`), cfg's own by default."""
     if backend is None or not exp.measurable:
-        print(
-            f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local measurement)",
-            flush=True,
+        log.info(
+            f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local measurement)"
         )
         return []
     why = backend.cannot_run()
     if why:
-        print(
-            f"measure: skipped: backend {backend.name} cannot measure on this machine ({why})",
-            flush=True,
-        )
+        log.info(f"measure: skipped: backend {backend.name} cannot measure on this machine ({why})")
         return []
     settings = MeasureSettings(
         scale=cfg.scale.name,
@@ -330,10 +324,9 @@ def measure(
         calibration_pool=cfg.calibration_pool,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    print(
+    log.info(
         f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
-        f"scale; a collective times out after {settings.collective_timeout_s:.0f} s)",
-        flush=True,
+        f"scale; a collective times out after {settings.collective_timeout_s:.0f} s)"
     )
     return exp.measure(settings) if exp.measure else harness.measure(exp, settings)
 
@@ -356,19 +349,18 @@ def predict(
         gloo_topology=gloo,
         memory_scale=cfg.memory_scale,
     )
-    print(
+    log.info(
         f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
-        f"{' and the paper setting' if exp.paper else ''})",
-        flush=True,
+        f"{' and the paper setting' if exp.paper else ''})"
     )
-    show = lambda line: print(line, flush=True)  # noqa: E731
+    show = log.info
     try:
         rows = _predict(exp, settings, show)
         if not exp.needs_measurement:
             for topo in extra_topologies(cfg):
                 if topo.name in {r["topology"] for r in rows}:
                     continue  # the paper setting already predicts on it
-                print(f"predicting {exp.name} on {topo.name} ({topo.nodes} nodes)", flush=True)
+                log.info(f"predicting {exp.name} on {topo.name} ({topo.nodes} nodes)")
                 rows += _predict(
                     exp,
                     replace(
@@ -381,7 +373,7 @@ def predict(
     out_dir.mkdir(parents=True, exist_ok=True)
     for r in rows:
         append_row(out_dir / "results.csv", r)
-    print(prediction_summary(exp, rows, measured), flush=True)
+    log.info(prediction_summary(exp, rows, measured))
     return rows
 
 
@@ -512,18 +504,10 @@ def summarize(checks: list[Check], rows: list[dict], path: Path) -> int:
     failed = sum(not c.verified for c in checks)
     unverified = [f"{r['schedule']}@{r['size']}" for r in rows if r.get("verified") is False]
     if unverified:
-        print(
-            f"FAILED: measured points not verified: {', '.join(unverified)}; see {path}",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.warning(f"FAILED: measured points not verified: {', '.join(unverified)}; see {path}")
         return 1
     if failed:
-        print(
-            f"FAILED: {failed} of {len(checks)} checks did not verify; see {path}",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.warning(f"FAILED: {failed} of {len(checks)} checks did not verify; see {path}")
         return 1
-    print(f"verified {len(checks)} checks; report: {path}", flush=True)
+    log.info(f"verified {len(checks)} checks; report: {path}")
     return 0

@@ -12,9 +12,12 @@ Units: none.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+log = logging.getLogger(__name__)
 
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 
@@ -25,7 +28,7 @@ def move_aside(path: Path) -> Path:
         k += 1
     aside = path.with_name(f"{path.name}.{k}")
     path.rename(aside)
-    print(f"moved the earlier run in {path} aside to {aside}", flush=True)
+    log.info(f"moved the earlier run in {path} aside to {aside}")
     return aside
 
 

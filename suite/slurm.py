@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import logging
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -51,6 +52,8 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 
 from .errors import SuiteError, fail
 from .slurm_job import JobOutcome, first_line, run_task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -164,10 +167,9 @@ class SlurmSweep(SlurmLauncher):
         task = copy.copy(self)
         task.__class__ = SlurmSweep
         jobs = executor.map_array(task, *zip(*args))
-        print(
+        log.info(
             f"submitted {len(jobs)} SLURM jobs ({', '.join(str(j.job_id) for j in jobs)}); "
-            f"sweep directory {sweep}",
-            flush=True,
+            f"sweep directory {sweep}"
         )
         swept: list[SweptJob] = []
         shape = (int(params["nodes"]), int(params["tasks_per_node"]))
@@ -296,7 +298,7 @@ def write_summary(sweep: Path, jobs: list[SweptJob]) -> Path:
         w.writeheader()
         for j in sorted(jobs, key=lambda j: j.num):
             w.writerow(asdict(j))
-    print(summary_table(jobs), flush=True)
+    log.info(summary_table(jobs))
     return path
 
 

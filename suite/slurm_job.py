@@ -22,6 +22,7 @@ srun then ends the others.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import subprocess
@@ -34,9 +35,12 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
+from codegen.logs import configure
 from codegen.runtime.joined import join
 from codegen.runtime.launch import RankError
 from reports.table import read_table
+
+log = logging.getLogger(__name__)
 
 PORTS = (20000, 60000)  # the rendezvous port's range when none is configured
 
@@ -54,6 +58,7 @@ def run_task(
     launcher, overrides: list, job_dir_key: str, job_num: int, state: dict
 ) -> Optional[JobOutcome]:
     """This SLURM task's part of the job (see the module)."""
+    configure()  # the level the submitting entry point exported
     import submitit  # as hydra-submitit-launcher: a lazy import keeps Hydra's plugin scan fast
 
     env = submitit.JobEnvironment()
@@ -72,9 +77,8 @@ def run_task(
     )
     node = os.environ.get("SLURMD_NODENAME") or env.hostname
     where = f"{node} (node {env.node} of {env.num_nodes})"
-    print(
-        f"rank {env.global_rank} of {env.num_tasks} on {where}: joined rank 0 at {group_address()}",
-        flush=True,
+    log.info(
+        f"rank {env.global_rank} of {env.num_tasks} on {where}: joined rank 0 at {group_address()}"
     )
     if env.global_rank != 0:
         try:

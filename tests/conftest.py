@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import pytest
 
+from codegen.logs import configure
+
+configure()  # the packages' messages on stdout / stderr, as the entry point shows them
+
 MULTIPROCESS = {
     "test_awake",
     "test_bad_input_fuzz",

@@ -80,6 +80,7 @@ import traceback
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import wait as _wait_ready
 
+from ..logs import configure
 from . import shm
 from .failures import RankError, failure, raise_failure, raise_timeout  # noqa: F401 (RankError)
 from .rendezvous import serve_store
@@ -229,6 +230,7 @@ def _rank_main(
     timeout); the rank ends itself when its parent is gone. A terminal's Ctrl-C reaches every
     process of its group: the ranks ignore SIGINT and leave it to the parent, which stops them
     (no traceback from each rank)."""
+    configure()  # the entry point's level, from the environment it exported
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with(parent)
     stacks = open(stacks_path, "w")  # noqa: SIM115 - lives as long as the process

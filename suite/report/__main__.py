@@ -8,11 +8,14 @@ from its own records (`Experiment.recorded`: autotune.csv), with its own section
 experiment=paper run is rebuilt run by run, then its reproduction report (`suite.paper`). Bad
 input (no such run directory, no results) is one line on stderr and exit 2."""
 
+import logging
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from codegen.logs import configure
 
 from ..config import Config, register
 from ..errors import SuiteError, fail
@@ -20,6 +23,8 @@ from ..load import load_experiment, load_programs, recorded_experiment
 from ..paper import rebuild_paper
 from ..resume import recorded_report
 from ..run import final_summary, report
+
+log = logging.getLogger(__name__)
 
 
 def rebuild(run_dir: Path) -> Path:
@@ -57,15 +62,16 @@ def rebuild_one(cfg: Config, run_dir: Path) -> Path:
         "as recorded in the run (report rebuilt by python -m suite.report)",
         rebuilt=kept if kept is not None else {},
     )
-    print(final_summary(exp.name, run_dir), flush=True)
+    log.info(final_summary(exp.name, run_dir))
     return path
 
 
 def main(argv: list[str]) -> None:
+    configure()
     if len(argv) != 1:
         fail(SuiteError("usage: python -m suite.report RUN_DIR"))
     try:
-        print(f"report: {rebuild(Path(argv[0]))}", flush=True)
+        log.info(f"report: {rebuild(Path(argv[0]))}")
     except SuiteError as e:
         fail(e)
 
