@@ -57,7 +57,7 @@ from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import Topology, curve_us, load_topology
 from cost_model.validation import authors_raw, paper_results
 from cost_model.workload import choices
-from dsl import f32
+from dsl import ShapeError, f32
 
 from .api import COMM_PROBE_BYTES, GLOO_BASELINE, Experiment, PredictSettings
 
@@ -442,7 +442,7 @@ def dividing(programs: dict, points: list[dict], world: int, show=None) -> list[
         try:
             for p in programs.values():
                 lower(p, b, world)
-        except Exception:  # noqa: BLE001 - dsl.ShapeError and the lowering's own refusals
+        except ShapeError:  # a size that does not divide; any other error is the run's
             return False
         return True
 

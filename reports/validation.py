@@ -137,13 +137,7 @@ def system_figure(df, system: str, path) -> Path:
         )
     for lab in labels:
         ax.scatter([], [], s=10, color=colour[lab], label=f"model picks {lab}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes, nccl-tests convention)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"{system}: published vs predicted")
-    ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return _save(fig, path)
+    return _busbw_axes(fig, ax, f"{system}: published vs predicted", path)
 
 
 def _points(df):
@@ -330,10 +324,15 @@ def scaling_figure(rows, system: str, path) -> Path:
         )
     for lab, c in colour.items():
         ax.scatter([], [], s=12, color=c, label=f"NCCL picks {lab}")
+    return _busbw_axes(fig, ax, f"{system}: all_reduce across nodes (predicted)", path)
+
+
+def _busbw_axes(fig, ax, title: str, path) -> Path:
+    """Busbw against size on log-2 axes, titled, its legend beside it; saved to `path`."""
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes, nccl-tests convention)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(f"{system}: all_reduce across nodes (predicted)")
+    ax.set_title(title)
     ax.grid(True, alpha=0.3, which="both")
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return _save(fig, path)

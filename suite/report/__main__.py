@@ -24,7 +24,7 @@ from ..paper import rebuild_paper
 from ..resume import recorded_report
 from ..run import final_summary, report
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("suite.report")  # not __name__: run as __main__
 
 
 def rebuild(run_dir: Path) -> Path:
