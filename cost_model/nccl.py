@@ -272,9 +272,11 @@ def bandwidth_gbps(kind: str, algo: str, proto: str, ranks: int, nodes: int, nc:
     # across nodes NCCL's graph runs each channel at the NIC's share (its search gives the
     # channels of a multi-node graph bwIntra = bwInter), so one node's bandwidth is bw_intra's
     bw = nc.bw_intra_gbps if nodes == 1 or collnet else nc.bw_inter_gbps
-    if algo == "tree" and nodes == 2:  # the tree graph's bwIntra, which the tuner takes at <= 2
-        bw = min(nc.bw_intra_gbps, 2 * nc.bw_inter_gbps)  # nodes: search.cc raises it up to 2x
-    channels = nc.channels  # bwInter for trees (2 nodes, CollNet)
+    # a tree over 2 nodes: its graph's bwIntra, which the tuner takes at <= 2 nodes and which
+    # search.cc raises for trees (2 nodes, CollNet) up to 2x bwInter
+    if algo == "tree" and nodes == 2:
+        bw = min(nc.bw_intra_gbps, 2 * nc.bw_inter_gbps)
+    channels = nc.channels
     if algo == "nvls":
         bw, channels = nc.nvls_bw_gbps, nc.nvls_channels
     elif algo == "nvls_tree":
