@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import coconet
@@ -156,6 +155,8 @@ def _ddp(model, optimizer, hp, backend=None):
 
 
 def _zero(model, optimizer, hp, backend=None):
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # 0.6 s to import: when used
+
     cls = torch.optim.Adam if optimizer == "adam" else LAMB
     kw = {"fused": True} if optimizer == "adam" else {"weight_decay": hp["weight_decay"]}
     first, *rest = param_groups(model, hp)
@@ -219,7 +220,7 @@ def state_bytes(opt) -> int:
     """Optimizer-state bytes this rank holds (tensors in its state; for ZeRO its shard's)."""
     if isinstance(opt, coconet.FusedOptimizer):
         return opt.state_bytes()
-    inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+    inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer: its shard's optimizer
     return sum(
         t.numel() * t.element_size()
         for st in inner.state.values()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .figures import _save, colour, plt
+from .figures import _save, colour, pyplot
 
 
 def _rows(results: pd.DataFrame, source: str, shape: str, world: int, topology=None):
@@ -328,7 +328,7 @@ def best_of_figure(results: pd.DataFrame, ranking: pd.DataFrame, path: Path):
     if pred.empty and meas.empty:
         return None
     order = list(dict.fromkeys(ranking["shape"].astype(str)))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     xs = range(len(order))
     for label, part, style in (
         ("best of schedules (predicted)", pred, "-"),

@@ -19,9 +19,18 @@ _CACHE = Path(
 os.environ.setdefault("MPLCONFIGDIR", str(_CACHE / "matplotlib"))
 
 import matplotlib  # noqa: E402
+import matplotlib.colors  # noqa: E402
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+
+def pyplot():
+    """matplotlib.pyplot, imported when a figure is drawn: 0.3 s that a command refused before
+    any work (and every rank) does not pay."""
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
 
 ORDER = [
     "baseline",
@@ -43,7 +52,7 @@ ORDER = [
 def colour(schedule: str) -> str:
     """A fixed colour per schedule: ORDER's, else one picked by a stable hash of the name (the
     same in every run and process: Python's own `hash` of a string is salted per process)."""
-    palette = plt.get_cmap("tab20").colors
+    palette = pyplot().get_cmap("tab20").colors
     k = (
         ORDER.index(schedule)
         if schedule in ORDER
@@ -59,7 +68,7 @@ def _save(fig, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     fig.savefig(path.with_suffix(".svg"))
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -112,7 +121,7 @@ def speedup_figure(df, experiment: str, path) -> Path:
     keys = panels(rows) or [("measured", "local")]
     ncols = min(3, len(keys))
     nrows = -(-len(keys) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    fig, axes = pyplot().subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
     for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
     for ax, (source, topo) in zip(axes.flat, keys):
@@ -137,7 +146,7 @@ def breakdown_figure(df, experiment: str, path, source: str = "measured") -> Pat
     rows = df[(df.experiment == experiment) & (df.source == source)].fillna({"overlapped_ms": 0})
     points = list(dict.fromkeys(zip(rows.world_size, rows["shape"])))
     schedules = sorted(set(rows.schedule), key=_rank)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(points) * len(schedules) / 3), 4.2))
+    fig, ax = pyplot().subplots(figsize=(max(6, 1.6 * len(points) * len(schedules) / 3), 4.2))
     width = 0.8 / len(schedules)
     parts = (
         ("compute", "#4c72b0", None),

@@ -31,7 +31,7 @@ from __future__ import annotations
 from itertools import combinations
 from pathlib import Path
 
-from .figures import _save, breakdown_figure, colour, plt
+from .figures import _save, breakdown_figure, colour, pyplot
 from .published import authors_section
 from .tables import _size
 from .training import training_section
@@ -220,7 +220,7 @@ def speedup_table(df, experiment: str, topology: str) -> str:
 
 
 def accuracy_figure(acc, path, title: str = "") -> Path:
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = pyplot().subplots(figsize=(5.5, 5))
     for schedule, part in acc.groupby("schedule"):
         ax.errorbar(
             part.time_ms,
@@ -251,7 +251,7 @@ def accuracy_figure(acc, path, title: str = "") -> Path:
 
 def busbw_figure(df, path) -> Path:
     rows = df[df.experiment == "collectives"]
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = pyplot().subplots(figsize=(6.5, 4.2))
     comm = rows["comm"].fillna("") if "comm" in rows else ""  # comm=shm: a line per transport
     for (kind, source, topo, via), part in rows.assign(via=comm).groupby(
         ["schedule", "source", "topology", "via"]

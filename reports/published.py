@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
-from .figures import _save
+from .figures import _save, pyplot
 from .tables import _size
 
 EXPLAIN_PCT = 15.0  # a point whose speedup error exceeds this gets its breakdown
@@ -103,7 +101,7 @@ def breakdown(df, experiment: str, pt: dict) -> str:
 
 
 def authors_figure(pts: list[dict], experiment: str, path) -> Path:
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = pyplot().subplots(figsize=(6.5, 4))
     for world in sorted({p["world"] for p in pts}):
         mine = [p for p in pts if p["world"] == world]
         xs = [p["size"] for p in mine]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .figures import _save, colour, plt
+from .figures import _save, colour, pyplot
 
 EXPERIMENT = "training"
 
@@ -24,7 +24,7 @@ def _rows(df, kind: str, source: str = "measured"):
 def loss_figure(df, path: Path) -> Path:
     loss = _rows(df, "loss")
     optimizers = list(dict.fromkeys(loss.optimizer))
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         1, len(optimizers), figsize=(5.5 * len(optimizers), 3.8), squeeze=False
     )
     for ax, opt in zip(axes[0], optimizers):

@@ -15,12 +15,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .figures import _save  # noqa: E402
+from .figures import _save, pyplot
 
 # Why a system's points can fall outside: the model's structure, not the data (printed where
 # that system has points outside the thresholds).
@@ -104,7 +99,7 @@ def _cells(s: dict) -> list[str]:
 
 def system_figure(df, system: str, path) -> Path:
     part = df[(df.experiment == "validate") & (df.topology == system) & (df.row_kind != "nodes")]
-    fig, ax = plt.subplots(figsize=(10.0, 4.6))
+    fig, ax = pyplot().subplots(figsize=(10.0, 4.6))
     labels = sorted(
         set(
             (part.algo.fillna("").astype(str) + "/" + part.proto.fillna("").astype(str))[
@@ -112,7 +107,7 @@ def system_figure(df, system: str, path) -> Path:
             ]
         )
     )
-    cmap = plt.get_cmap("tab10")
+    cmap = pyplot().get_cmap("tab10")
     colour = {lab: cmap(i % 10) for i, lab in enumerate(labels)}
     for k, (series, rows) in enumerate(part.groupby("schedule", sort=False)):
         curve = rows[(rows.source == "predicted") & (rows.row_kind == "curve")].sort_values("size")
@@ -304,9 +299,9 @@ def scaling_section(df, out_dir: Path) -> list[str]:
 def scaling_figure(rows, system: str, path) -> Path:
     """all_reduce busbw against size over 2-16 nodes, markers coloured by NCCL's pick."""
     rows = rows[rows.schedule.str.startswith("all_reduce")]
-    fig, ax = plt.subplots(figsize=(10.0, 4.6))
+    fig, ax = pyplot().subplots(figsize=(10.0, 4.6))
     picks = rows.algo.astype(str) + "/" + rows.proto.astype(str)
-    cmap = plt.get_cmap("tab10")
+    cmap = pyplot().get_cmap("tab10")
     colour = {lab: cmap(i % 10) for i, lab in enumerate(sorted(set(picks)))}
     for k, (series, curve) in enumerate(rows.groupby("schedule", sort=False)):
         curve = curve.sort_values("size")

@@ -3,6 +3,7 @@ reproduction report. The run (about 2 minutes) is made once; the tests read what
 report.html parsed (every figure embedded, at least one table per experiment), the merged CSV and
 the LaTeX tables, the environment, and the summary it prints last."""
 
+import csv
 import json
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+import experiments
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = [
@@ -107,6 +110,30 @@ def test_environment_and_summary(paper_run):
     assert f"predict this machine with {out / 'calibrate' / 'topology.yaml'}" in stdout
     for name in EXPERIMENTS:
         assert (out / name / "report.md").exists()
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS[:4])
+def test_each_program_experiment_verifies_at_smoke_scale(paper_run, name):
+    """Each experiment's own run inside the paper run: every schedule verified and measured on
+    4 ranks, and the baseline's library time beside its matmul (Megatron's tail), which is what
+    the cost model takes."""
+    out, _ = paper_run
+    exp = experiments.get(name)
+    report = (out / name / "report.md").read_text()
+    assert report.startswith(f"# {name}\n") and exp.figure in report
+    for schedule in exp.schedules():
+        assert f"### {schedule}\n" in report and f"| `{schedule}` | 4 |" in report
+    assert " no |" not in report
+    rows = list(csv.DictReader((out / name / "results.csv").open()))
+    base = [r for r in rows if r["source"] == "measured" and r["schedule"] == "baseline"]
+    assert base
+    for r in base:
+        if name == "model_parallel":
+            assert 0 < float(r["library_ms"]) < float(r["compute_ms"]), r
+        elif name == "pipeline_parallel":
+            assert float(r["library_ms"]) == pytest.approx(float(r["compute_ms"]), abs=1e-3)
+        else:
+            assert r["library_ms"] == "", r
 
 
 def _copy(paper_run, tmp_path) -> Path:

@@ -3,12 +3,11 @@
 Bad input: a non-zero exit (2) and exactly one line on stderr, never a traceback. A good run: one
 progress line per schedule x world size, report.md in `hydra.run.dir`, exit 0; a schedule that
 fails verification: still a report, exit 1. The toy experiment (tests/suite_fakes.py) keeps these
-tests independent of experiments/; the last tests run the real ones at smoke scale.
+tests independent of experiments/; the real ones' smoke runs are tests/test_paper.py's.
 """
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import pytest
 from suite_fakes import toy
 
 import dsl
-import experiments
 import suite.run
 from suite import PROJECT_ROOT
 from suite.cli import prevalidate
@@ -158,33 +156,7 @@ def test_unknown_schedule():
         suite.run.load_programs(toy(), cfg)
 
 
-# -- the real experiments ---------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "experiment", ["adam_fusion", "lamb_fusion", "model_parallel", "pipeline_parallel"]
-)
-@pytest.mark.slow
-def test_real_experiment_verifies_at_smoke_scale(experiment, tmp_path):
-    exp = experiments.get(experiment)
-    proc = suite_cmd(f"experiment={experiment}", "scale=smoke", f"hydra.run.dir={tmp_path}")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = (tmp_path / "report.md").read_text()
-    assert report.startswith(f"# {experiment}\n") and exp.figure in report
-    for name in exp.schedules():
-        assert f"### {name}\n" in report and f"| `{name}` | 4 |" in report
-    assert " no |" not in report
-    # the baseline's library time beside its matmul (Megatron's tail), what the model takes
-    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
-    base = [r for r in rows if r["source"] == "measured" and r["schedule"] == "baseline"]
-    assert base
-    for r in base:
-        if experiment == "model_parallel":
-            assert 0 < float(r["library_ms"]) < float(r["compute_ms"]), r
-        elif experiment == "pipeline_parallel":
-            assert float(r["library_ms"]) == pytest.approx(float(r["compute_ms"]), abs=1e-3)
-        else:
-            assert r["library_ms"] == "", r
-
-
+# -- the real experiments (each one's smoke run: tests/test_paper.py, which runs them all) ------
 @pytest.mark.slow
 def test_real_pipeline_rejects_odd_world_size(tmp_path):
     proc = suite_cmd(
