@@ -17,5 +17,5 @@ for case in cases:
     total += t
     fast += t if node in fast_ids else 0.0
 print(
-    f"tests' own time: full suite {total / 60:.1f} min, fast tier (-m 'not slow') {fast / 60:.1f} min"
+    f"tests' own time, summed over the workers: full suite {total / 60:.1f} min, fast tier (-m 'not slow') {fast / 60:.1f} min"
 )

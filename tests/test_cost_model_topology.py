@@ -85,7 +85,11 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("key,value,expected", BAD, ids=[b[0] + "=" + str(b[1]) for b in BAD])
+@pytest.mark.parametrize(
+    "key,value,expected",
+    BAD,
+    ids=[f"{b[0]}={'<deleted>' if b[1] is _DELETE else b[1]}" for b in BAD],
+)
 def test_bad_values_fail_with_their_name(key, value, expected):
     with pytest.raises(TopologyError) as info:
         Topology.from_dict(_set(_base(), key, value))

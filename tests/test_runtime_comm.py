@@ -351,10 +351,10 @@ def test_rank_dying_is_reported_with_exit_code():
 @pytest.mark.slow
 def test_hung_run_ends_at_deadline_naming_unfinished_ranks():
     start = time.monotonic()
-    # 20 s: rank 1 must have started and finished by then even on a loaded 2-core machine
-    with pytest.raises(RankError, match=r"ranks \[0\] did not finish within timeout_s=20") as info:
-        launch(sleep_on_rank0, 2, timeout_s=20.0)
-    assert time.monotonic() - start < 40.0
+    # 10 s: rank 1 must have started and finished by then (it takes 2-4 s on 2 busy cores)
+    with pytest.raises(RankError, match=r"ranks \[0\] did not finish within timeout_s=10") as info:
+        launch(sleep_on_rank0, 2, timeout_s=10.0)
+    assert time.monotonic() - start < 30.0
     assert info.value.ranks == (0,)
     assert "sleep_on_rank0" in info.value.remote_traceback  # where the hung rank was
 
