@@ -28,7 +28,7 @@ from experiments import registry
 from experiments.api import PredictSettings
 from experiments.harness import GLOO_BASELINE
 from experiments.predict import predictions
-from reports.table import read_table
+from reports.results import read_table
 
 
 def rows_of(run: Path) -> list[dict]:

@@ -18,13 +18,13 @@ results.csv rows are the medians, predicted with the links fitted at the medians
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
 matmul sizes) see a shared machine's drifts alike. Sizes are in bytes (f32 buffers), powers of
 two up to the scale's largest (a communication's buffers views of one set of the largest, a
-kernel's buffers its own, as a runner's are; the benchmarks are built in `experiments._benches`):
+kernel's buffers its own, as a runner's are; the benchmarks are built in `experiments.benches`):
 - `exchange`: a ring step: every rank sends b bytes to its right and receives b from its left
   (`comm.P2P`, what the runtime's ring reduce-scatter and all-gather are made of);
   `exchange_chunked`: the same in 16 chunks (the per-message cost, from b = 64 KiB);
   `exchange_first`, `exchange_last`: the same in 4 chunks, every chunk's receive and send posted
   at once as a fused step posts its reduce-scatter's, each rank then waiting for its first
-  chunk (first) and for all (last), at 8-64 MiB (`_benches.waited`: the topology's `wake_us`);
+  chunk (first) and for all (last), at 8-64 MiB (`benches.waited`: the topology's `wake_us`);
 - `send`: rank 0 sends b bytes to rank 1, the others idle (a pipeline's P2P): the link of
   one-way messages (`Topology.p2p_link`);
 - `all_reduce`: gloo's all-reduce of b bytes (`comm.all_reduce`, the AR-C schedules' and the
@@ -56,7 +56,7 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
   states it at one rank a core, given the machine's cores: `Topology.cores`);
 - `alone_all_reduce`, `alone_reduce_scatter`, `alone_all_gather`: the same collectives at every
   other size (`ALONE_SCALES`), timed as `experiment=collectives` times them (zeroed buffers, each
-  call after its own barrier), in rounds of their own after the others (`_benches.alone`): a
+  call after its own barrier), in rounds of their own after the others (`benches.alone`): a
   collective among collectives only ran faster than the same one among kernels, matmuls and
   steps, in the median 0.90x (2 ranks on the Intel VM, fifteen paper runs: the collectives'
   sweep against the same run's calibration), so the sweep, not a step, is predicted with the
@@ -67,7 +67,7 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
 - `overlap_kernel`, `overlap_exchange`: a kernel, an exchange, each alone; `overlap_inside`,
   `overlap_both`: both started at once, the kernel's time while the exchange is in flight
   (compute slowdown) and the time until both are done (communication slowdown); one bench, the
-  three side by side at least 3 times a sample (`_benches.overlap`).
+  three side by side at least 3 times a sample (`benches.overlap`).
 
 The baselines' library computation (torch's fused Adam, ...) is not benchmarked here: every run
 times its own baseline and the cost model takes that time (`experiments.predict`).
@@ -108,9 +108,10 @@ from codegen.runtime.launch import cpu_cores, run_ranks
 from cost_model.calibration import LIBRARY, SHM, Measurement, fit, fit_shm, pool, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
-from reports.table import append_row
+from reports.results import append_row
 
-from ._benches import (
+from .api import Experiment
+from .benches import (
     Bench,
     alone,
     communication,
@@ -121,7 +122,6 @@ from ._benches import (
     sequences,
     shm_collectives,
 )
-from .api import Experiment
 from .calibration_history import keep, pooled
 from .optimizers import adam_program
 from .registry import register
@@ -176,7 +176,7 @@ STREAM_SCALES = {
 }  # elements: a fused step's chunks (kernel_stream)
 # elements: the buffers kernel_stream's chunks are pieces of, as large as the largest optimizer
 # step of the default sweep (adam_fusion's and lamb_fusion's 2^24), the sweep's largest size
-# where that is smaller (`_benches.kernels`)
+# where that is smaller (`benches.kernels`)
 STREAM_BUFFER = 1 << 24
 # elements: library_adam, from 2^22 (a point below the curve gets no memory scale,
 # `experiments.predict.memory_scale`): at 2^20 its calls, back to back on the same 16 MiB, run

@@ -44,7 +44,7 @@ from cost_model.closed_collectives import choose
 from cost_model.collectives import CollSpec, nccl_call, uses_nccl
 from cost_model.topology import load_topology
 from cost_model.workload import simulate_collective
-from reports.table import append_row
+from reports.results import append_row
 
 from .api import Experiment
 from .registry import register

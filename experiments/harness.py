@@ -77,7 +77,7 @@ from dsl.bounds_chunked import chunk_symbol, chunked_errors
 from dsl.equivalence import distribute, global_inputs
 from dsl.types import Sliced
 from reports.progress import Progress
-from reports.table import append_row
+from reports.results import append_row
 
 from . import registry
 from .api import (

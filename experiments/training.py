@@ -3,8 +3,8 @@ set-ups, and the paper's Table 1 predicted at BERT's sizes (paper section 6.1, T
 
     python -m suite experiment=training [scale=smoke|default|paper]
 
-Measured (backend=cpu, `world_size` gloo ranks; `experiments._training_rank`), for Adam and LAMB:
-`baseline` = torch DDP + `torch.optim.Adam(fused=True)` (LAMB: a torch LAMB, `_bert.LAMB`),
+Measured (backend=cpu, `world_size` gloo ranks; `experiments.training_rank`), for Adam and LAMB:
+`baseline` = torch DDP + `torch.optim.Adam(fused=True)` (LAMB: a torch LAMB, `bert.LAMB`),
 `zero_redundancy` = torch's ZeroRedundancyOptimizer under DDP, `fuse(RS-C-AG)+as_slice` = the
 model without DDP and `coconet.FusedAdam` / `coconet.FusedLAMB` (the generated step). Rows
 (`row_kind`):
@@ -22,7 +22,7 @@ model without DDP and `coconet.FusedAdam` / `coconet.FusedLAMB` (the generated s
   (`memory_cap_bytes`), and the largest micro-batch whose total with the activations (the bytes
   autograd saves for backward, measured at that micro-batch) fits (`micro_batch`).
 `size` is the model's parameter count. Predicted (every backend): the paper's Table 1 at BERT
-334M, 1.2B, 3.9B on 16 DGX-2 (`experiments._table1`), and the paper's reported range beside it
+334M, 1.2B, 3.9B on 16 DGX-2 (`experiments.table1`), and the paper's reported range beside it
 (source `paper`, cost_model/data/paper_results.csv).
 """
 
@@ -36,14 +36,14 @@ import numpy as np
 from coconet.programs import SLICED
 from codegen.runtime.launch import run_ranks
 from cost_model.topology import load_topology
-from reports.table import append_row
+from reports.results import append_row
 
-from . import _bert as B
-from ._table1 import predict_table1
-from ._training_rank import Spec, rank_main
+from . import bert as B
 from .api import Experiment
 from .predict import paper_result_rows
 from .registry import register
+from .table1 import predict_table1
+from .training_rank import Spec, rank_main
 
 log = logging.getLogger(__name__)
 

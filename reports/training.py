@@ -147,7 +147,7 @@ def training_section(df, out_dir: Path) -> str:
         text += [
             "## Table 1 predicted: BERT on 16 DGX-2 (256 V100 32 GB)",
             "",
-            "The cost model (`experiments/_table1.py`: the suite's Plans simulated with "
+            "The cost model (`experiments/table1.py`: the suite's Plans simulated with "
             "NCCL's tuner, forward and backward as f16 matmuls, memory as the Plans hold "
             "it in f32), each set-up at its largest micro-batch; beside it the paper's "
             "reported range.",

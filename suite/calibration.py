@@ -36,9 +36,7 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -54,16 +52,17 @@ from experiments import MeasureSettings
 
 from . import CACHE_DIR, PROJECT_ROOT
 from .errors import SuiteError, one_line
+from .machine import compiler, cpu_model, memory_gib
 
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "refresh", "off")
 # the calibration code's version (experiments.rounds: how calibrate samples communications;
-# experiments._benches: what it measures, experiments.optimizers the baseline step it times;
+# experiments.benches: what it measures, experiments.optimizers the baseline step it times;
 # cost_model.curves and .microbench: how the fit reads the sizes and models each benchmark)
 CODE = (
     "experiments/calibrate.py",
-    "experiments/_benches.py",
+    "experiments/benches.py",
     "experiments/rounds.py",
     "experiments/optimizers.py",
     "cost_model/calibration.py",
@@ -96,11 +95,11 @@ def fingerprint(keep_awake: bool = True, files=CODE) -> dict:
     for rel in files:
         code.update((PROJECT_ROOT / rel).read_bytes())
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
-        "memory_gib": _memory_gib(),
+        "memory_gib": round(memory_gib() or 0),
         "torch": torch.__version__,
-        "compiler": _compiler(),
+        "compiler": compiler(),
         "code": code.hexdigest()[:16],
         "keep_awake": bool(keep_awake),
     }
@@ -251,28 +250,3 @@ def _calibrate(
         tmp.replace(where)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _memory_gib() -> int:
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def _compiler() -> str:
-    try:
-        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10)
-        return out.stdout.splitlines()[0] if out.stdout else "none"
-    except (OSError, subprocess.SubprocessError):
-        return "none"

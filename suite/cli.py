@@ -36,7 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 import experiments
 
 from . import CONF_DIR
-from .config import Config, register, validate
+from .config import Config, extra_topologies, register, topology_of, validate
 from .errors import SuiteError, one_line
 from .load import check_experiment, load_experiment
 
@@ -76,6 +76,8 @@ def prevalidate(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> Optional[Conf
             for group in GROUPS:
                 _check_option(group, getattr(cfg, group).name, conf_dir)
             validate(cfg)
+            topology_of(cfg)
+            extra_topologies(cfg)
             check_experiment(cfg)
             first = first or cfg
     check_run_dir(args.overrides, first, args.multirun)

@@ -13,8 +13,9 @@ One config group per axis of variation:
 - `topology`: local | dgx2 | dgx_a100 | dgx_h100 | dgx_b200 | dgx1_v100, the hardware predicted on
   (cost_model.topology's schema; `topology.path=FILE` loads a calibrated one instead).
 
-`validate(cfg)` checks what types cannot express (world sizes >= 1, trials >= 1, ...); checks that
-need the experiment's program (divisibility by its pipeline stages) live in `suite.run`.
+`validate(cfg)` checks what types cannot express (world sizes >= 1, trials >= 1, ...);
+`topology_of(cfg)` and `extra_topologies(cfg)` load (and so check) the topologies; checks that
+need the experiment's program (divisibility by its pipeline stages) live in `suite.load`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import yaml
 from hydra.core.config_store import ConfigStore
@@ -302,8 +303,6 @@ def validate(cfg: Config) -> None:
         raise SuiteError(f"{said} (backend={cfg.backend.name} takes comm={takes})")
     if cfg.scale.warmup < 0:
         raise SuiteError(f"scale.warmup={cfg.scale.warmup} is impossible; it must be >= 0")
-    topology_of(cfg)
-    extra_topologies(cfg)
 
 
 def extra_topologies(cfg: Config) -> list[Topology]:
@@ -317,21 +316,24 @@ def extra_topologies(cfg: Config) -> list[Topology]:
     return out
 
 
-def topology_of(cfg: Config) -> Topology:
-    """The run's topology: the file `topology.path` names, else the composed `topology` group
-    (validated: a bad value is a SuiteError naming it)."""
-    conf = cfg.topology
+def topology_of(cfg: Config, path: Optional[Union[str, Path]] = None) -> Topology:
+    """The run's topology: the file `path` (a calibration's) or `topology.path` names, read once,
+    else the composed `topology` group (validated: a bad value is a SuiteError naming it)."""
+    file = path or cfg.topology.path
     try:
-        if conf.path:
-            top = yaml.safe_load(Path(conf.path).read_text()) if Path(conf.path).is_file() else {}
-            if not isinstance(top, dict):
-                raise SuiteError(
-                    f"bad topology file {conf.path}: its top level is a "
-                    f"{type(top).__name__}, not a mapping of the topology's fields"
-                )
-            return load_topology(path=conf.path)
-        data = {k: v for k, v in dataclasses.asdict(conf).items() if k != "path"}
-        return Topology.from_dict(data)
+        if not file:
+            data = {k: v for k, v in dataclasses.asdict(cfg.topology).items() if k != "path"}
+            return Topology.from_dict(data)
+        if not Path(file).is_file():
+            raise SuiteError(f"bad topology: topology file {file} not found")
+        top = yaml.safe_load(Path(file).read_text()) or {}
+        if not isinstance(top, dict):
+            raise SuiteError(
+                f"bad topology file {file}: its top level is a "
+                f"{type(top).__name__}, not a mapping of the topology's fields"
+            )
+        top.pop("path", None)
+        return Topology.from_dict(top)
     except TopologyError as e:
         raise SuiteError(f"bad topology: {e}") from None
     except (
@@ -343,6 +345,4 @@ def topology_of(cfg: Config) -> Topology:
         AttributeError,
         KeyError,
     ) as e:  # a file that does not parse as a topology
-        raise SuiteError(
-            f"bad topology file {conf.path}: {type(e).__name__}: {one_line(e)}"
-        ) from None
+        raise SuiteError(f"bad topology file {file}: {type(e).__name__}: {one_line(e)}") from None

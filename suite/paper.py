@@ -32,10 +32,8 @@ import json
 import logging
 import os
 import platform
-import subprocess
 import sys
 import time
-from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,12 +46,13 @@ from reports.html import write_html
 from reports.latex import write_tables
 from reports.progress import Progress, clock_text
 from reports.reproduction import reproduction_report, summary_rows
+from reports.results import read_table
 from reports.summary import text_table
-from reports.table import read_table
 
 from .config import Config
 from .errors import SuiteError
 from .interrupt import Interrupted
+from .machine import compiler, cpu_model, git_commit, memory_gib
 
 log = logging.getLogger(__name__)
 
@@ -216,49 +215,3 @@ def environment(cfg: Config, runs: list) -> dict:
             f"{t.name}" + (f" x{t.nodes} nodes" if t.nodes else "") for t in cfg.predict_also
         ],
     }
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git checkout)"
-    return head.strip() + (" (with uncommitted changes)" if dirty.strip() else "")
-
-
-def _proc_field(path: str, key: str) -> str | None:
-    """The value of `key: value` in a /proc file (None where there is none: not Linux)."""
-    with suppress(OSError):
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key):
-                return line.split(":", 1)[1].strip()
-    return None
-
-
-def cpu_model() -> str:
-    return _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
-
-
-def memory_gib() -> float | None:
-    total = _proc_field("/proc/meminfo", "MemTotal:")  # "24626364 kB"
-    return round(int(total.split()[0]) / 2**20, 1) if total else None
-
-
-def compiler() -> str:
-    try:
-        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=10)
-        return out.stdout.splitlines()[0] if out.stdout else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "none found"

@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from reports.table import append_row, read_table
+from reports.results import append_row, read_table
 
 from .errors import SuiteError
 

@@ -2,11 +2,12 @@
 
     run(cfg, out_dir) -> exit status   (experiment.runs set, experiment=paper: suite.paper)
     run_one(cfg, out_dir) -> Outcome   (one experiment)
-      load      the registered experiment (experiments.get; experiment.module loads a user's
-                module first): an experiments.Experiment; one made from another (autotune)
-                is made from `target=NAME` (suite.load.derive_experiment), after calibrate
-                (it ranks schedules with the cost model on the run's topology: calibrated)
-      check     settings no run can use (world sizes vs. the program's pipeline stages, ...)
+      resolve   the config made into one immutable `suite.resolve.Run`, once: the experiment
+                (a user's module loaded first; autotune's made from `target=NAME` after the
+                calibration, since it ranks schedules with the cost model), its programs and the
+                settings no run of them can use, the calibration (suite.calibration: cached per
+                machine fingerprint, calibration=auto|refresh|off), the topologies (each loaded
+                once), the runtime backend, each collective's timeout; every step below reads it
       show      print each schedule's program
       verify    every schedule against the unscheduled program (suite.verification)
       generate  every schedule's kernels, written (and for cuda compiled) by the run's backend
@@ -16,12 +17,11 @@
                 baseline on local ranks), each point appended to results.csv (rows say the
                 backend); where the backend cannot run here (cuda without a GPU), one line says
                 why and nothing is measured
-      calibrate the local topology this machine's (suite.calibration: cached per machine
-                fingerprint; the first run on a machine calibrates, calibration=auto|refresh|off)
-      predict   the cost model (experiments.predict): backend=cpu, the measured points on the
-                local topology (calibrated; `topology.path=FILE` for another) and the
-                paper's setting; backend=sim, the chosen topology alone; rows to results.csv
-      report    out_dir/report.md (suite.report_md) and report.html, figures/<experiment>.png,
+      predict   the cost model (experiments.predict) on run.topology: backend=cpu, the measured
+                points on the local topology (calibrated; `topology.path=FILE` for another) and
+                the paper's setting; backend=sim, the chosen topology alone; then the
+                predict_also topologies; rows to results.csv
+      report    out_dir/report.md (reports.markdown) and report.html, figures/<experiment>.png,
                 figures/predicted_vs_measured.png, tables/*.csv|tex (reports/); then a short
                 summary table (reports.summary) and the report's path are printed
 
@@ -48,26 +48,25 @@ import pandas as pd
 
 import dsl
 from codegen.build import BuildError
-from codegen.runtime import backend as backends
 from codegen.runtime.awake import keep_awake
 from codegen.runtime.launch import RankError
 from experiments import Experiment, MeasureSettings, PredictSettings, harness
 from experiments.predict import predictions
 from reports.html import write_html
 from reports.latex import write_tables
+from reports.markdown import compared, render_report, write_report
 from reports.predicted import accuracy, predicted_section, summary, summary_line
+from reports.results import append_row, read_table
 from reports.sections import measured_section
 from reports.summary import schedule_summary, text_table
-from reports.table import append_row, read_table
 
-from .calibration import describe, history_dir, local_calibration
-from .config import Config, collective_timeout, extra_topologies, topology_of, validate
+from .calibration import describe, history_dir
+from .config import Config
 from .errors import SuiteError, fail, fail_run
 from .generate import generate
 from .interrupt import Interrupted, received
-from .load import check_settings, check_sizes, derive_experiment, load_experiment, load_programs
 from .paper import run_paper
-from .report_md import compared, render_report, write_report
+from .resolve import Run, resolve
 from .resume import (
     complete,
     done_points,
@@ -102,21 +101,10 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     SIGTERM: suite.interrupt), it writes the report from the rows so far and exits 130 / 143;
     a rank that died or a kernel that did not compile ends it with exit 3 (the report written
     too)."""
-    out_dir, stopped, found, rows, checks = Path(out_dir), None, None, [], []
+    out_dir, stopped, rows, checks = Path(out_dir), None, [], []
     try:
-        validate(cfg)
-        exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
-        derived = exp.derive is not None  # it ranks with the cost model: calibrate first
-        found = local_calibration(cfg, exp, cfg.world_size) if derived else None
-        exp = derive_experiment(cfg, exp, topology_of(with_calibration(cfg, found)), out_dir)
-        reference, schedules = load_programs(exp, cfg)
-        backend = runtime_backend(cfg)
-        if reference is not None:
-            check_settings(cfg, reference, schedules)
-            check_sizes(cfg, exp, reference, schedules)
-        elif cfg.backend.name != "cpu" and exp.needs_measurement:
-            raise SuiteError(f"experiment {exp.name} measures this machine: it needs backend=cpu")
-        kept = start_results(cfg, exp, schedules, out_dir)
+        run = resolve(cfg, out_dir)  # the config's one change of form (suite.resolve)
+        kept = start_results(run)
     except (SuiteError, dsl.DSLError, BuildError) as e:
         fail(e)
     except Interrupted as e:  # calibrating or ranking (autotune): nothing measured yet
@@ -124,63 +112,33 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
         sys.exit(e.status)
     except RankError as e:  # a calibrating rank died
         fail_run(e)
+    exp = run.experiment
     try:
-        if reference is not None:
-            show_programs(schedules)
-            checks = verify(cfg, exp, reference, schedules)
-            if backend is not None:
-                generate(cfg, exp, schedules, backend, out_dir)
-        if not derived:
-            found = local_calibration(cfg, exp, cfg.world_size)
-        calibrated = with_calibration(cfg, found)
-        skip = done_points(kept, list(schedules), exp) if kept else frozenset()
-        rows = kept + measure(
-            cfg,
-            exp,
-            schedules,
-            backend,
-            out_dir,
-            skip,
-            collective_timeout(cfg, topology_of(calibrated)),
-        )
-        predict(calibrated, exp, schedules, out_dir, rows, gloo_topology(cfg, found))
+        if run.reference is not None:
+            show_programs(run.schedules)
+            checks = verify(run)
+            if run.backend is not None:
+                generate(cfg, exp, run.schedules, run.backend, out_dir)
+        skip = done_points(kept, list(run.schedules), exp) if kept else frozenset()
+        rows = kept + measure(run, skip)
+        predict(run, rows)
     except Interrupted as e:
         stopped = e
     except (RankError, BuildError) as e:  # the run failed (a rank died, a kernel did not build)
         stopped = Interrupted(received()) if received() else e
     except (SuiteError, dsl.DSLError) as e:
         fail(e)
-    path = report(
-        cfg,
-        exp,
-        schedules,
-        checks,
-        out_dir,
-        describe(found, cfg, out_dir / "topology.yaml" if exp.fits_topology else None),
-    )
+    fitted = out_dir / "topology.yaml" if exp.fits_topology else None
+    path = report(cfg, exp, run.schedules, checks, out_dir, describe(run.calibration, cfg, fitted))
     if stopped is not None:
         end_early(stopped, exp, cfg, out_dir, path)
-    log.info(final_summary(exp.name, out_dir, bool(calibrated.topology.path) or exp.fits_topology))
+    log.info(final_summary(exp.name, out_dir, run.calibrated or exp.fits_topology))
     return Outcome(summarize(checks, rows, path), checks, path)
 
 
-def with_calibration(cfg: Config, found) -> Config:
-    """cfg with its topology read from the calibration found (None: cfg itself)."""
-    return (
-        cfg if found is None else replace(cfg, topology=replace(cfg.topology, path=str(found.path)))
-    )
-
-
-def gloo_topology(cfg: Config, found):
-    """comm=shm: the gloo topology of the calibration found, on which the library baseline on
-    gloo is predicted; None without one (calibration=off, topology.path given, comm=gloo)."""
-    if found is None or found.gloo_path is None:
-        return None
-    return topology_of(replace(cfg, topology=replace(cfg.topology, path=str(found.gloo_path))))
-
-
-def start_results(cfg: Config, exp: Experiment, schedules: dict, out_dir: Path) -> list[dict]:
+def start_results(run: Run) -> list[dict]:
     """Earlier results kept numbered; with resume=true, the measured rows to keep (suite.resume)."""
+    cfg, exp, schedules, out_dir = run.cfg, run.experiment, run.schedules, run.out_dir
     settings = {
         "experiment": exp.name,
         "scale": dataclasses.asdict(cfg.scale),
@@ -238,58 +196,33 @@ def show_programs(schedules: dict[str, dsl.Program]) -> None:
         log.info(f"== {name} ==\n{program}\n")
 
 
-def verify(
-    cfg: Config, exp: Experiment, reference: dsl.Program, schedules: dict[str, dsl.Program]
-) -> list[Check]:
+def verify(run: Run) -> list[Check]:
     """Every schedule against the unscheduled program; the paper setting's schedules in the
     paper's own precision (`PaperSetting.published`) against theirs, where the run predicts
     them (a chosen schedule list names them)."""
+    cfg, exp = run.cfg, run.experiment
     bindings = exp.verify_bindings(cfg.scale.name) or [None]
-    show = log.info
-    checks = verify_schedules(
-        reference,
-        schedules,
-        cfg.verify.world_sizes,
-        bindings,
-        trials=cfg.verify.trials,
-        seed=cfg.seed,
-        show=show,
-    )
+    pairs = [(run.reference, run.schedules)]
     if exp.paper is not None and exp.paper.published:
-        own, published = exp.paper.published()
+        pairs.append(exp.paper.published())
+    checks = []
+    for reference, schedules in pairs:
         checks += verify_schedules(
-            own,
-            published,
+            reference,
+            schedules,
             cfg.verify.world_sizes,
             bindings,
             trials=cfg.verify.trials,
             seed=cfg.seed,
-            show=show,
+            show=log.info,
         )
     return checks
 
 
-def runtime_backend(cfg: Config):
-    """The backend the run's ranks use (codegen.runtime.backend), None for backend=sim."""
-    if cfg.backend.name == "sim":
-        return None
-    try:
-        return backends.get(cfg.backend.name, comm=cfg.backend.comm, archs=list(cfg.backend.archs))
-    except ValueError as e:
-        raise SuiteError(f"backend: {e}") from None
-
-
-def measure(
-    cfg: Config,
-    exp: Experiment,
-    schedules: dict,
-    backend,
-    out_dir: Path,
-    skip: frozenset = frozenset(),
-    timeout_s: Optional[float] = None,
-) -> list[dict]:
+def measure(run: Run, skip: frozenset = frozenset()) -> list[dict]:
     """Measured rows on the run's backend: the experiment's own measure, else the harness;
-    `timeout_s`: each collective's (`suite.config.collective_timeout`), cfg's own by default."""
+    `skip`: the points an earlier run measured (resume)."""
+    cfg, exp, backend, out_dir = run.cfg, run.experiment, run.backend, run.out_dir
     if backend is None or not exp.measurable:
         log.info(
             f"measure: skipped ({exp.name} on backend {cfg.backend.name} has no local measurement)"
@@ -308,10 +241,10 @@ def measure(
         csv_path=out_dir / "results.csv",
         kernels_dir=out_dir / "kernels",
         seed=cfg.seed,
-        collective_timeout_s=timeout_s or collective_timeout(cfg),
+        collective_timeout_s=run.collective_timeout_s,
         backend=backend.name,
         comm=cfg.backend.comm,
-        schedules=schedules or None,
+        schedules=run.schedules or None,
         points=[dict(b) for b in cfg.experiment.sizes or []] or None,
         min_rounds=cfg.scale.min_rounds,
         max_rounds=cfg.scale.max_rounds,
@@ -331,22 +264,21 @@ def measure(
     return exp.measure(settings) if exp.measure else harness.measure(exp, settings)
 
 
-def predict(
-    cfg: Config, exp: Experiment, schedules: dict, out_dir: Path, measured: list[dict], gloo=None
-) -> list[dict]:
-    """Predicted rows (every backend), appended to results.csv; prints predicted speedups.
-    `gloo` (comm=shm): the topology the library baseline on gloo is predicted on."""
+def predict(run: Run, measured: list[dict]) -> list[dict]:
+    """Predicted rows (every backend), appended to results.csv; prints predicted speedups. The
+    library baseline on gloo (comm=shm) is predicted on `run.gloo_topology`."""
+    cfg, exp, out_dir = run.cfg, run.experiment, run.out_dir
     settings = PredictSettings(
         scale=cfg.scale.name,
         backend=cfg.backend.name,
-        topology=topology_of(cfg),
+        topology=run.topology,
         world_size=cfg.world_size,
         max_elements=cfg.scale.max_elements,
         measured=measured,
         out_dir=out_dir,
         sizes=cfg.experiment.sizes,
-        schedules=None if cfg.experiment.schedules is None else schedules,
-        gloo_topology=gloo,
+        schedules=None if cfg.experiment.schedules is None else run.schedules,
+        gloo_topology=run.gloo_topology,
         memory_scale=cfg.memory_scale,
     )
     log.info(
@@ -357,7 +289,7 @@ def predict(
     try:
         rows = _predict(exp, settings, show)
         if not exp.needs_measurement:
-            for topo in extra_topologies(cfg):
+            for topo in run.extra_topologies:
                 if topo.name in {r["topology"] for r in rows}:
                     continue  # the paper setting already predicts on it
                 log.info(f"predicting {exp.name} on {topo.name} ({topo.nodes} nodes)")

@@ -38,7 +38,7 @@ from omegaconf import OmegaConf, open_dict
 from codegen.logs import configure
 from codegen.runtime.joined import join
 from codegen.runtime.launch import RankError
-from reports.table import read_table
+from reports.results import read_table
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 import dsl
+from reports.markdown import format_bindings, format_error
 
 from .errors import SuiteError
 
@@ -33,14 +34,6 @@ class Check:
     @property
     def verified(self) -> bool:
         return not self.message
-
-
-def format_bindings(bindings: Bindings) -> str:
-    return ", ".join(f"{k}={v}" for k, v in bindings.items()) if bindings else "(defaults)"
-
-
-def format_error(error: Optional[float]) -> str:
-    return "-" if error is None else f"{error:.2e}"
 
 
 def check_one(

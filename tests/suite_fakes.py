@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import dsl
+import suite.resolve
 import suite.run
 from experiments import Experiment
 from suite.__main__ import main as suite_main
@@ -45,7 +46,7 @@ def toy(wrong: bool = False, stages: int = 1) -> Experiment:
 def main() -> None:
     wrong = "--wrong" in sys.argv
     sys.argv = [a for a in sys.argv if a != "--wrong"]
-    suite.run.load_experiment = lambda name, module=None: toy(wrong=wrong)
+    suite.resolve.load_experiment = lambda name, module=None: toy(wrong=wrong)
     suite_main()
 
 

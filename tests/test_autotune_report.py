@@ -5,6 +5,7 @@ local topology, then measure."""
 import pandas as pd
 import pytest
 
+import suite.resolve
 import suite.run
 from reports.autotune import autotune_section
 from suite import PROJECT_ROOT
@@ -133,7 +134,7 @@ def test_autotune_ranks_on_the_calibrated_local_topology(tmp_path, monkeypatch):
         calls.append(exp.name)
         return Calibration("testkey", topo, "now", False)
 
-    monkeypatch.setattr(suite.run, "local_calibration", found)
+    monkeypatch.setattr(suite.resolve, "local_calibration", found)
     out = tmp_path / "run"
     cfg = prevalidate(
         [

@@ -363,7 +363,7 @@ def test_a_stall_between_clean_sizes_is_interpolated_not_pooled_into_them():
 
 
 def _calls_per_sample(rank, world):
-    from experiments._benches import Bench
+    from experiments.benches import Bench
     from experiments.calibrate import interleaved
 
     seen = {"x": [], "y": []}
@@ -380,7 +380,7 @@ def _calls_per_sample(rank, world):
 
 
 def _long_bench(rank, world):
-    from experiments._benches import Bench
+    from experiments.benches import Bench
     from experiments.calibrate import interleaved
     from experiments.rounds import LONG_CALL_MS
 
@@ -409,7 +409,7 @@ def test_a_bench_with_min_calls_takes_that_many_calls_per_sample_however_long_th
     """The library steps a run's memory scale divides by (`library_steps`) are sampled as the
     median of LIBRARY_CALLS calls at least, not one call a round."""
     from codegen.runtime.launch import run_ranks
-    from experiments._benches import LIBRARY_CALLS
+    from experiments.benches import LIBRARY_CALLS
 
     for seen in run_ranks(_calls_per_sample, 2, timeout_s=60):
         # warm-up, then 3 rounds: each sample after an untimed call of its own
@@ -420,7 +420,7 @@ def test_a_bench_with_min_calls_takes_that_many_calls_per_sample_however_long_th
 def _waited(rank, world):
     import torch
 
-    from experiments._benches import waited
+    from experiments.benches import waited
 
     bench = waited(1 << 16, torch.randn(1 << 14), torch.empty(1 << 14))
     return bench.kinds, bench.extra, bench.sample(3)
@@ -428,7 +428,7 @@ def _waited(rank, world):
 
 @pytest.mark.slow
 def test_the_first_chunks_wait_is_timed_with_the_whole_exchange_on_real_ranks():
-    """`exchange_first` / `exchange_last` (`_benches.waited`): 4 chunks posted at once over
+    """`exchange_first` / `exchange_last` (`benches.waited`): 4 chunks posted at once over
     gloo; the wait for the first ends no later than the whole exchange."""
     from codegen.runtime.launch import run_ranks
 

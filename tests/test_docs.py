@@ -7,7 +7,7 @@
   two commands: the install and the default run, the install and the tests (what .ci/run does).
 - No README command writes into a committed folder (docs/reference/ holds the committed
   reference run), and the README keeps no measurement history (that is docs/results_history.md).
-- Every column of results.csv (`reports.table.COLUMNS`) is documented in docs/ref/results-csv.md.
+- Every column of results.csv (`reports.results.COLUMNS`) is documented in docs/ref/results-csv.md.
 """
 
 import importlib.util
@@ -132,7 +132,7 @@ def test_readme_keeps_no_measurement_history():
 
 
 def test_every_results_column_is_documented():
-    from reports.table import COLUMNS
+    from reports.results import COLUMNS
 
     page = (ROOT / "docs" / "ref" / "results-csv.md").read_text()
     assert [c for c in COLUMNS if f"`{c}`" not in page] == []

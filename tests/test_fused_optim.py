@@ -24,7 +24,7 @@ from coconet import FusedAdam, compile
 from coconet.buckets import layout
 from coconet.programs import adam_program, sliced_schedule
 from codegen.runtime.launch import launch
-from experiments import _bert as B
+from experiments import bert as B
 
 SIZE = B.ModelSize(layers=2, hidden=32, heads=2, vocab=64, seq=16)
 HP = {

@@ -77,7 +77,7 @@ def test_the_report_defines_the_predicted_baseline(tmp_path):
 
 
 def test_a_report_opens_with_what_its_baseline_is_and_what_its_scale_shows():
-    from suite.report_md import compared, render_report
+    from reports.markdown import compared, render_report
 
     cpu = compared("cpu", "shm", "smoke", True, True)
     assert "torch.distributed's collective on gloo" in cpu and "baseline(gloo)" in cpu

@@ -12,8 +12,8 @@ import pytest
 from reports.figures import breakdown_figure, speedup_figure
 from reports.html import write_html
 from reports.latex import latex_table, write_tables
+from reports.results import COLUMNS, append_row, read_table
 from reports.sections import measured_section
-from reports.table import COLUMNS, append_row, read_table
 from reports.tables import measured_table
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pytest
 from test_suite_cli import PROJECT_ROOT, assert_one_line_error, suite_cmd
 
 import experiments
-from reports.table import COLUMNS, append_row, read_table, write_whole
+from reports.results import COLUMNS, append_row, read_table, write_whole
 from suite.resume import complete, whole_rows
 from suite.rundir import Snapshot
 
@@ -136,7 +136,7 @@ def test_a_write_cut_short_is_taken_back(tmp_path):
     path = tmp_path / "t.csv"
     path.write_bytes(b"a,b\n1,2\n")
     code = (
-        "import resource, signal, sys; from reports.table import write_whole; "
+        "import resource, signal, sys; from reports.results import write_whole; "
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
         "resource.setrlimit(resource.RLIMIT_FSIZE, (12, 12)); "
         f"write_whole(__import__('pathlib').Path({str(path)!r}), b'3,4\\n5,6\\n')"

@@ -15,7 +15,7 @@ from codegen.runtime import backend as backends
 from codegen.runtime import graph
 from codegen.runtime.graph import OTHER_RANK, StepGraph, reason_not_to_capture
 from experiments import MeasureSettings, harness
-from reports.table import COLUMNS
+from reports.results import COLUMNS
 
 
 class _Runner:

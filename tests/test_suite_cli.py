@@ -18,6 +18,8 @@ import pytest
 from suite_fakes import toy
 
 import dsl
+import suite.load
+import suite.resolve
 import suite.run
 from suite import PROJECT_ROOT
 from suite.cli import prevalidate
@@ -125,7 +127,7 @@ def test_failed_verification_exits_1_with_a_report(tmp_path):
 
 
 def test_impossible_world_size_for_the_program(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(suite.run, "load_experiment", lambda name, module=None: toy(stages=2))
+    monkeypatch.setattr(suite.resolve, "load_experiment", lambda name, module=None: toy(stages=2))
     cfg = prevalidate(["verify.world_sizes=[2,3]"])
     with pytest.raises(SystemExit) as info:
         suite.run.run(cfg, tmp_path)
@@ -138,7 +140,7 @@ def test_dsl_error_is_one_line(tmp_path, monkeypatch, capsys):
     def check(*args, **kwargs):
         raise dsl.BindError("N=7 is not divisible by P=2\nsecond line")
 
-    monkeypatch.setattr(suite.run, "load_experiment", lambda name, module=None: toy())
+    monkeypatch.setattr(suite.resolve, "load_experiment", lambda name, module=None: toy())
     monkeypatch.setattr(dsl, "check_equivalent", check)
     with pytest.raises(SystemExit) as info:
         suite.run.run(prevalidate([]), tmp_path)
@@ -153,7 +155,7 @@ def test_unknown_schedule():
     cfg = prevalidate(["experiment.schedules=[AR-C]"])
     cfg = replace(cfg, experiment=replace(cfg.experiment, schedules=["AR-C", "nope"]))
     with pytest.raises(SuiteError, match="unknown schedule 'nope' for toy; known: AR-C"):
-        suite.run.load_programs(toy(), cfg)
+        suite.load.load_programs(toy(), cfg)
 
 
 # -- the real experiments (each one's smoke run: tests/test_paper.py, which runs them all) ------

@@ -16,9 +16,9 @@ import pytest
 from coconet.programs import SLICED
 from cost_model.topology import load_topology
 from experiments import MeasureSettings, training
-from experiments._table1 import BASELINE_BYTES_PER_PARAM, predict_table1
 from experiments.predict import paper_result_rows
-from reports.table import append_row
+from experiments.table1 import BASELINE_BYTES_PER_PARAM, predict_table1
+from reports.results import append_row
 from reports.training import training_section
 
 

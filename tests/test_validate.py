@@ -11,7 +11,7 @@ import pytest
 from cost_model import validation
 from cost_model.topology import load_topology
 from experiments import validate
-from reports.table import read_table
+from reports.results import read_table
 from reports.validation import LARGE_FROM, LIMIT_LARGE, LIMIT_MEDIAN, validation_section
 
 
@@ -117,7 +117,7 @@ def test_a_forced_algorithm_is_what_the_published_run_forced():
 
 @pytest.mark.slow
 def test_the_report_section_tables_figures_and_misses(tmp_path):
-    from reports.table import append_row
+    from reports.results import append_row
     from reports.validation import _size
 
     for r in validate.predict(None):

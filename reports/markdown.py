@@ -5,15 +5,34 @@ measured and the predicted baseline on the run's backend and topology, and what 
 show), the settings, each schedule's printed
 program in a code block, and the verification table (schedule, world size, bindings, max abs error,
 verified), followed by the messages of failed checks, then `results`: the measured and predicted
-sections `suite.run` builds with `reports/` from the results table alone.
+sections `suite.run` builds with `reports/` from the results table alone. A check is any
+object with the fields of `suite.verification.Check` (`CheckLike`); reports imports no suite code.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Protocol, Sequence
 
-from .verification import Check, format_bindings, format_error
+
+class CheckLike(Protocol):
+    """One verification check, as `suite.verification.Check` records it."""
+
+    schedule: str
+    world_size: int
+    bindings: Mapping[str, int]
+    max_abs_error: Optional[float]
+    verified: bool
+    message: str
+
+
+def format_bindings(bindings: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in bindings.items()) if bindings else "(defaults)"
+
+
+def format_error(error: Optional[float]) -> str:
+    return "-" if error is None else f"{error:.2e}"
+
 
 MEASURED_BASELINE = {
     "cpu": (
@@ -82,7 +101,7 @@ def render_report(
     figure: str,
     settings: Mapping[str, object],
     programs: Mapping[str, str],
-    checks: Sequence[Check],
+    checks: Sequence[CheckLike],
     results: str = "",
     comparison: str = "",
 ) -> str:

@@ -1,13 +1,13 @@
 """One rank of experiment=training: loss curves, memory, and interleaved timing of the three
-data-parallel configurations (`experiments._bert.CONFIGS`: ddp, zero, fused) for each optimizer.
+data-parallel configurations (`experiments.bert.CONFIGS`: ddp, zero, fused) for each optimizer.
 
 `rank_main(rank, world, spec) -> dict`, per optimizer:
 - `curves[config]`: the loss of each of `spec.steps` steps (this rank's micro-batch), every
   config from the same initialisation (`Encoder(size, seed)`) and data (`batch(.., step, rank)`),
   with the same param groups and a linear warm-up (LambdaLR over `warmup_steps`);
-- `memory[config]`: this rank's bytes by kind (`_bert.memory_bytes`), the activation bytes per
+- `memory[config]`: this rank's bytes by kind (`bert.memory_bytes`), the activation bytes per
   sample, and `max_micro_batch`: the largest micro-batch whose total (those bytes plus the
-  activations measured at that micro-batch, `_bert.activation_bytes`) stays within
+  activations measured at that micro-batch, `bert.activation_bytes`) stays within
   `spec.cap_bytes` (0: none fits). Activations are linear in the micro-batch: the candidate comes
   from the bytes measured at 1 and 2, and is then confirmed by measuring at it (and lowered while
   it does not fit);
@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from codegen.runtime.backend import CpuBackend
 
-from . import _bert as B
+from . import bert as B
 
 log = logging.getLogger(__name__)
 
