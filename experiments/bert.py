@@ -101,6 +101,32 @@ def loss_of(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> t
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def train_steps(
+    module,
+    opt,
+    size: ModelSize,
+    seed: int,
+    rank: int,
+    start: int,
+    n: int,
+    micro_batch: int,
+    sched=None,
+) -> list[float]:
+    """Steps start .. start+n-1 of this rank's synthetic batches: forward, backward, the
+    optimizer's step (and the scheduler's); the losses, one a step."""
+    losses = []
+    for s in range(start, start + n):
+        x, y = batch(size, seed, s, rank, micro_batch)
+        opt.zero_grad()
+        loss = loss_of(module, x, y)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    return losses
+
+
 class LAMB(torch.optim.Optimizer):
     """LAMB in torch, per parameter tensor (the update `coconet.FusedLAMB` generates)."""
 

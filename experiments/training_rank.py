@@ -52,22 +52,6 @@ class Spec:
     comm: str = "ring"  # the fused optimizers' transport (codegen.runtime.backend.CpuBackend)
 
 
-def _steps(
-    spec: Spec, module, opt, rank: int, start: int, n: int, micro_batch: int, sched=None
-) -> list[float]:
-    losses = []
-    for s in range(start, start + n):
-        x, y = B.batch(spec.size, spec.seed, s, rank, micro_batch)
-        opt.zero_grad()
-        loss = B.loss_of(module, x, y)
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _memory(spec: Spec, setups: dict, rank: int) -> dict:
     plain = B.Encoder(spec.size, spec.seed)  # activations do not depend on the config
     measured: dict[int, int] = {}
@@ -98,7 +82,7 @@ def _timed(spec: Spec, module, opt, rank: int, start: int, micro_batch: int) -> 
     """ms per step over steps_per_round steps, the slowest rank's."""
     dist.barrier()
     t0 = time.perf_counter()
-    _steps(spec, module, opt, rank, start, spec.steps_per_round, micro_batch)
+    B.train_steps(module, opt, spec.size, spec.seed, rank, start, spec.steps_per_round, micro_batch)
     ms = torch.tensor([(time.perf_counter() - t0) * 1e3 / spec.steps_per_round])
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     return float(ms)
@@ -141,7 +125,9 @@ def rank_main(rank: int, world: int, spec: Spec) -> dict:
             sched = torch.optim.lr_scheduler.LambdaLR(
                 opt, lambda s: min(1.0, (s + 1) / spec.warmup_steps)
             )
-            curves[config] = _steps(spec, module, opt, rank, 0, spec.steps, spec.micro_batch, sched)
+            curves[config] = B.train_steps(
+                module, opt, spec.size, spec.seed, rank, 0, spec.steps, spec.micro_batch, sched
+            )
         memory = _memory(spec, setups, rank)
         out[optimizer] = {
             "curves": curves,

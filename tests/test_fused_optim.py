@@ -56,17 +56,7 @@ def test_layout_one_bucket_per_param_and_oversized_params():
 
 # -- on ranks -------------------------------------------------------------------------------------
 def _train(module, opt, rank, steps, start=0, sched=None):
-    losses = []
-    for s in range(start, start + steps):
-        x, y = B.batch(SIZE, 0, s, rank, MICRO_BATCH)
-        opt.zero_grad()
-        loss = B.loss_of(module, x, y)
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
-        losses.append(loss.item())
-    return losses
+    return B.train_steps(module, opt, SIZE, 0, rank, start, steps, MICRO_BATCH, sched)
 
 
 def _run(config, optimizer, rank, steps):
