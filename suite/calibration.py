@@ -13,7 +13,9 @@ matches, the run calibrates first, says so, and shows calibrate's progress bar: 
 "quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
 written to a temporary folder and moved into place whole, so a crash leaves no half calibration
-(and a temporary folder older than `STALE_S`, a run killed outright left, is removed). The cache
+(and a temporary folder older than `STALE_S`, a run killed outright left, is removed). One
+machine calibrates once at a time: runs that start together (two test workers) wait on a lock
+file (`.<key>.lock`, flock), and the one that waited takes what the other cached. The cache
 is checked before it is used (`cached`): fingerprint.json carries its layout's version (`SCHEMA`:
 an older one is calibrated again) and the topology files' checksums; a file that is not as it
 was written, a fingerprint.json that does not parse, a topology that does not load end the run
@@ -32,6 +34,7 @@ latest kept ones of the same scale and ranks (`experiments.calibration_history`)
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -126,30 +129,39 @@ def local_calibration(
     where = cache / key
     shm = cfg.backend.comm == "shm"
     name = TOPOLOGY_SHM if shm else TOPOLOGY
-    meta = cached(where, name) if cfg.calibration == "auto" else None
-    if meta is not None:
-        return Calibration(
-            key,
-            where / name,
-            meta.get("created", "?"),
-            False,
-            gloo_path=where / TOPOLOGY if shm else None,
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{key}.lock", "w") as lock:
+        # one calibration of a machine at a time: a run that waited here takes what the
+        # other one cached (two runs, or two test workers, starting at once)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        meta = cached(where, name) if cfg.calibration == "auto" else None
+        if meta is not None:
+            return Calibration(
+                key,
+                where / name,
+                meta.get("created", "?"),
+                False,
+                gloo_path=where / TOPOLOGY if shm else None,
+            )
+        why = (
+            "calibration=refresh"
+            if cfg.calibration == "refresh"
+            else "none cached for this machine"
         )
-    why = "calibration=refresh" if cfg.calibration == "refresh" else "none cached for this machine"
-    log.info(
-        f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
-        f"cached in {where} for later runs) ..."
-    )
-    started = time.monotonic()
-    _calibrate(
-        where,
-        fp,
-        world_size,
-        "shm" if shm else None,
-        history_dir(cfg.keep_awake, cache),
-        cfg.calibration_pool,
-    )
-    took = time.monotonic() - started
+        log.info(
+            f"calibrating this machine first ({why}; a quick pass of experiment=calibrate, "
+            f"cached in {where} for later runs) ..."
+        )
+        started = time.monotonic()
+        _calibrate(
+            where,
+            fp,
+            world_size,
+            "shm" if shm else None,
+            history_dir(cfg.keep_awake, cache),
+            cfg.calibration_pool,
+        )
+        took = time.monotonic() - started
     log.info(f"calibrated in {took:.0f} s: {where / name}")
     meta = json.loads((where / FINGERPRINT).read_text())
     return Calibration(
