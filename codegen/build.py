@@ -23,6 +23,10 @@ Contract
   whole log in `.log` and in `<cache>/<module>/build.log`.
 - A cached module that is damaged (not an ELF file: a zero-byte `.so` a full disk left) or
   that will not load is said in one line and built again, once.
+- The modules' common headers (`render_cpp.INCLUDES`) are precompiled once per compiler, flags
+  and torch (`<cache>/prelude_<hash>/coconet_prelude.h.gch`, built under its own lock) and each
+  module is compiled with `#include "coconet_prelude.h"` in their place: about 40% less compile
+  time. Without it (the header will not precompile) a module still builds, from the headers.
 - `write_sources(kernels, directory, name)` writes the same module source as
   `<directory>/<name>.cpp` (the run's `kernels/` folder) and returns its path.
 """
@@ -39,6 +43,8 @@ import os
 import re
 import shutil
 import subprocess
+import sysconfig
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator, Optional, Sequence
@@ -46,12 +52,13 @@ from typing import Callable, Iterator, Optional, Sequence
 from . import cache
 from .plan import Kernel
 from .render import RenderError
-from .render_cpp import CppRenderer
+from .render_cpp import INCLUDES, CppRenderer
 
 log = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
+PRELUDE = "coconet_prelude.h"  # INCLUDES, precompiled: each module includes this instead
 
 _LOADED: dict[str, ModuleType] = {}
 
@@ -104,7 +111,7 @@ def module_name(source: str, name: Optional[str] = None) -> str:
     import torch
 
     key = "\n".join(
-        [source, " ".join(cflags() + list(LDFLAGS)), str(native_arch()), torch.__version__]
+        [source, " ".join(cflags() + list(LDFLAGS)), str(native_arch()), torch.__version__, PRELUDE]
     )
     prefix = re.sub(r"\W", "_", name or "coconet")[:40]
     return f"{prefix}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
@@ -147,6 +154,9 @@ def _load(source: str, mname: str) -> ModuleType:
     extra = {}
     if "no_implicit_headers" in inspect.signature(load_inline).parameters:
         extra["no_implicit_headers"] = True  # the source includes lighter headers (~3x faster)
+    prelude = _prelude(precompile=not (directory / f"{mname}.so").exists())
+    if INCLUDES in source:  # the same translation unit, its headers read precompiled
+        source = source.replace(INCLUDES, f'#include "{PRELUDE}"\n', 1)
     with _locked(root / f"{mname}.lock"):
         (directory / "lock").unlink(missing_ok=True)  # torch's baton, stale if we hold the lock
         for attempt in (0, 1):
@@ -156,7 +166,7 @@ def _load(source: str, mname: str) -> ModuleType:
                 mod = load_inline(
                     mname,
                     [source],
-                    extra_cflags=cflags(),
+                    extra_cflags=cflags() + [f"-I{prelude}"],
                     extra_ldflags=list(LDFLAGS),
                     build_directory=str(directory),
                     verbose=False,
@@ -170,6 +180,61 @@ def _load(source: str, mname: str) -> ModuleType:
                 raise _error(mname, directory, str(e)) from None
     _LOADED[mname] = mod
     return mod
+
+
+def _prelude(precompile: bool = True) -> Path:
+    """The folder of `PRELUDE` and, where the compiler takes it (and `precompile`), its `.gch`.
+
+    The header is compiled with the flags torch's `load_inline` gives a module (its defines,
+    include folders, `-fPIC -std=c++20`) and ours; gcc uses the `.gch` only where they match and
+    otherwise reads the header itself, so a mismatch costs time, never correctness.
+    """
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = os.environ.get("CXX", "c++")
+    python = sysconfig.get_path("include", scheme="posix_prefix")
+    flags = ["-DTORCH_API_INCLUDE_EXTENSION_H"]
+    for folder in include_paths("cpu") + ([python] if python else []):
+        flags += ["-isystem", folder]
+    flags += ["-fPIC", "-std=c++20"] + cflags()
+    key = "\n".join([INCLUDES, cxx, " ".join(flags), str(native_arch()), _torch_version()])
+    folder = cache_dir() / f"prelude_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    header, pch = folder / PRELUDE, folder / f"{PRELUDE}.gch"
+    if pch.exists() or (folder / "failed.log").exists():
+        return folder
+    folder.mkdir(exist_ok=True)
+    with _locked(folder.with_suffix(".lock")):
+        if not header.exists():
+            header.write_text(INCLUDES)
+        if pch.exists() or (folder / "failed.log").exists() or not precompile:
+            return folder
+        fd, tmp = tempfile.mkstemp(suffix=".gch", dir=folder)
+        os.close(fd)
+        try:
+            out = subprocess.run(
+                [cxx, *flags, "-x", "c++-header", str(header), "-o", tmp],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            ok = out.returncode == 0
+            log_text = out.stdout + out.stderr
+        except (OSError, subprocess.TimeoutExpired) as e:
+            ok, log_text = False, str(e)
+        if ok:
+            os.replace(tmp, pch)
+        else:
+            os.unlink(tmp)
+            (folder / "failed.log").write_text(log_text)
+            log.warning(f"the kernels' headers did not precompile (see {folder}/failed.log)")
+    return folder
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _whole(so: Path) -> bool:

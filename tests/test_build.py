@@ -11,6 +11,8 @@ order and round once: 1 ulp of the dtype (f64: 1e-12 relative). Chunked runs equ
 """
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -367,4 +369,33 @@ def test_ranks_building_one_module_at_once(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
         assert out.strip() == str([3.0 * i + 1 for i in range(10)])
-    assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 1
+    assert len(list(tmp_path.glob("concurrent_*/"))) == 1
+    assert (
+        len(list(tmp_path.glob(f"prelude_*/{build_mod.PRELUDE}.gch"))) == 1
+    )  # precompiled once, for all
+
+
+@pytest.mark.slow
+def test_a_module_compiles_against_the_precompiled_headers(tmp_path, monkeypatch):
+    """gcc takes the `.gch` only where torch's flags match ours: `-H` marks a used one with `!`."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    b = Builder("probe")
+    b.output("y", b.input("x", f32, [N], Local()) * 2)
+    (kernel,) = lower(b.build(), {"N": 10}, 1).kernels()
+    x, y = torch.arange(10.0), torch.zeros(10)
+    build([kernel], name="probe")[kernel.name](0, 10, 0, [x, y])
+    assert y.tolist() == (2 * x).tolist()
+    (module,) = tmp_path.glob("probe_*/build.ninja")
+    cflags = re.search(r"^cflags = (.*)$", module.read_text(), re.M).group(1)
+    source = next(module.parent.glob("*.cpp"))
+    assert f'#include "{build_mod.PRELUDE}"' in source.read_text()
+    out = subprocess.run(
+        [os.environ.get("CXX", "c++"), *shlex.split(cflags), "-H", "-fsyntax-only", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert re.search(rf"^! .*{re.escape(build_mod.PRELUDE)}\.gch$", out.stderr, re.M), out.stderr[
+        :500
+    ]
