@@ -4,7 +4,7 @@
 pooled); `fit_curve` takes a rate and its efficiency by size from times with a fixed cost;
 `fixed_cost` is the smallest sizes' time; `bulk_rate` the largest sizes' bytes per time;
 `smooth` a running median of three; `solve` inverts an increasing function by bisection. Units:
-bytes, and whatever unit of time the caller's points carry (`cost_model.calibration`: us), rates
+bytes, and whatever unit of time the caller's points carry (`experiments.calibration.fit`: us), rates
 in GB/s where the times are in us.
 """
 

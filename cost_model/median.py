@@ -4,7 +4,7 @@
     calls(plan.steps)                                          # its communication calls
 
 A run reports a step's time as the median over rounds (`experiments.rounds`), while a calibrated
-topology's links are fitted at its communication benchmarks' means (`cost_model.calibration`:
+topology's links are fitted at its communication benchmarks' means (`experiments.calibration.fit`:
 a step of many heavy-tailed calls pays their tails), and `Topology.lone()` has them at their
 medians. Neither is a step's median: a step of one call takes that call's median (a stall hits
 it in a minority of rounds), a step of many calls their means less what the sum's skew leaves

@@ -2,10 +2,10 @@
 `nbytes`, the median `time_ms` over rounds, its min/max and mean (`time_ms_mean`), `world_size`
 P, `flops`, and for some kinds the bytes of their parts or their chunks), the kinds' prefixes
 (`library_<routine>`, `shm_<collective>`), `predict_ms(topo, m)`: the cost model's time for
-each, which the fit (`cost_model.calibration`) inverts and the calibration's own
+each, which the fit (`experiments.calibration.fit`) inverts and the calibration's own
 predicted-vs-measured table shows, and `pool(calibrations)`: several calibrations of one machine
 as one set of measurements, which the fit reads as it reads one.
-What each kind measures: `experiments.calibrate`. Units: `time_ms` in ms, `nbytes` in bytes,
+What each kind measures: `experiments.calibration.measure`. Units: `time_ms` in ms, `nbytes` in bytes,
 topology fields as named (`_us`, `_gbps`).
 """
 
@@ -60,7 +60,7 @@ def pool(calibrations: Sequence[Sequence[dict]]) -> list[dict]:
     of `time_ms_mean`, the least `time_ms_min`, the greatest `time_ms_max`, the `rounds` summed,
     and `calibrations` = how many measured it; in the order of the first calibration that has
     each. On a shared machine one calibration's medians move by about 10% from one calibration
-    to the next; the median of several moves less (experiments.calibration_history)."""
+    to the next; the median of several moves less (experiments.calibration.history)."""
     groups: dict[tuple, list[dict]] = {}
     for cal in calibrations:
         for m in cal:

@@ -101,7 +101,7 @@ message and kernel sizes in bytes.
   (`experiment=collectives`), takes `alone_scale` x the time the links predict, which are fitted
   to calibration's rounds, where every collective is timed among kernels, matmuls and steps (as
   inside a step); measured by calibration's `alone_<kind>` benchmarks
-  (`cost_model.calibration.alone_scale`: 0.89-0.94 in its first five calibrations on the Intel
+  (`experiments.calibration.fit.alone_scale`: 0.89-0.94 in its first five calibrations on the Intel
   VM, where the collectives' sweep ran at 0.81-1.02x, 0.90x in the median run, of the same run's
   calibration in fifteen paper runs before them); 1 where not measured (shipped figures,
   comm=shm).
@@ -377,7 +377,7 @@ class Topology:
     def lone(self) -> "Topology":
         """The topology for a lone call's median time (`experiment=collectives`, a
         calibration's own check) rather than a step's: a calibrated topology's links are
-        fitted at the communication benchmarks' means (`cost_model.calibration`), which a step
+        fitted at the communication benchmarks' means (`experiments.calibration.fit`), which a step
         of many heavy-tailed transfers pays, and `lone_link` / `lone_library` /
         `lone_p2p_link` at their medians; this topology with those in place, where it has them
         (unchanged otherwise)."""

@@ -221,6 +221,13 @@ def _errors(
     return to_global(program, [{k: b.error for k, b in r.items()} for r in bounds], P, same=False)
 
 
+def _nans(values: np.ndarray) -> int:
+    """NaN elements of an output (0 for integers and bools)."""
+    if np.asarray(values).dtype.kind in "biu":
+        return 0
+    return int(np.count_nonzero(np.isnan(np.asarray(values, dtype=np.float64))))
+
+
 def check_equivalent(
     before: Program,
     after: Program,
@@ -238,8 +245,9 @@ def check_equivalent(
     integers and bools exactly. Without `bindings`, every size symbol but P is bound to 2*P*P.
     `trials` >= 1 and sizes bound to positive integers (`ArgumentError`, `BindError`: zero
     trials or an empty tensor would compare nothing). Raises `EquivalenceError` naming the output, the trial, the world size, the max abs error,
-    the largest bound and the number of elements outside it; returns output name -> max abs
-    error over all trials.
+    the largest bound and the number of elements outside it, or a reference output that is NaN
+    on the drawn (finite) inputs: NaN equals NaN, so such an output would verify nothing; returns
+    output name -> max abs error over all trials.
     """
     if not isinstance(trials, (int, np.integer)) or isinstance(trials, bool) or trials < 1:
         raise ArgumentError(f"check_equivalent needs at least one trial, got trials={trials!r}")
@@ -271,11 +279,19 @@ def check_equivalent(
         )
         for name, views in ref.items():
             for st, r in views.items():
+                where = f" on stage {st}" if before.stages > 1 else ""
+                nan = _nans(r)
+                if nan:
+                    raise EquivalenceError(
+                        f"output {name}{where} of {before.name} is NaN at {nan} of {r.size}"
+                        f" element(s) in trial {trial} on finite random inputs, and NaN = NaN"
+                        " checks nothing: draw the inputs from the program's domain"
+                        " (input(..., init='positive') for a sqrt or log of it)"
+                    )
                 allowed = err_b[name][st] + err_a[name][st]
                 err, bad = within(new[name][st], r, allowed)
                 worst[name] = max(worst[name], err)
                 if bad:
-                    where = f" on stage {st}" if before.stages > 1 else ""
                     raise EquivalenceError(
                         f"output {name}{where} differs in trial {trial} at world size {world_size}:"
                         f" max abs error {err:.3g} at {bad} of {r.size} element(s) outside their"

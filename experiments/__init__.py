@@ -1,4 +1,5 @@
-"""Experiments: one interface (`Experiment`), a registry, a measurement harness, predictions.
+"""Experiments: one interface in three kinds (`Experiment`, `MeasurementExperiment`,
+`DerivedExperiment`: `experiments.kinds`), a registry, a measurement harness, predictions.
 
     from experiments import Experiment, register, get, names
     exp = get("adam_fusion")                        # a registered Experiment
@@ -21,21 +22,25 @@ from .api import (
     Baseline,
     BaselineContext,
     DeriveSettings,
-    Experiment,
+    ExperimentKind,
     MeasureSettings,
     PaperSetting,
     PredictSettings,
 )
+from .kinds import DerivedExperiment, Experiment, MeasurementExperiment
 from .registry import RegistryError, get, load_module, names, register
 
 for _name in registry.SHIPPED:
-    importlib.import_module(f"{__name__}.{_name}")
+    importlib.import_module(f"{__name__}.{registry.MODULES.get(_name, _name)}")
 
 __all__ = [
     "Baseline",
     "BaselineContext",
+    "DerivedExperiment",
     "DeriveSettings",
     "Experiment",
+    "ExperimentKind",
+    "MeasurementExperiment",
     "MeasureSettings",
     "PaperSetting",
     "PredictSettings",

@@ -4,7 +4,7 @@ Baseline: `dist.all_reduce` of the gradient, then `torch.optim.Adam(fused=True)`
 (`experiments.optimizers.AdamBaseline`).
 """
 
-from .api import Experiment
+from .kinds import Experiment
 from .optimizers import (
     AdamBaseline,
     adam_program,

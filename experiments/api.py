@@ -1,40 +1,21 @@
-"""The Experiment interface: what every experiment fills in, shipped or a user's own.
+"""The experiment interface's records: what an experiment's functions take and give.
 
-An `Experiment` is a frozen, keyword-only record. A program experiment (a DSL step compared with
-the library code a practitioner writes) fills in:
+- `Baseline` (protocol) and `BaselineContext`: the library baseline a program experiment times
+  against, built on one rank from its inputs;
+- `PaperSetting`: where the paper ran an experiment (predicted beside every run);
+- `MeasureSettings`, `PredictSettings`, `DeriveSettings`: what the orchestration hands an
+  experiment's `measure`, `predict` and `derive` (made once per run: `suite.resolve`);
+- `ExperimentKind`: the protocol every experiment answers, whatever its kind.
 
-- `name`, `figure`: its name on the command line, the paper figure it reproduces (or what it shows);
-- `program(dtype)`: the unscheduled DSL program; `schedules(dtype)`: schedule name -> scheduled
-  program, derived from it by `dsl.transforms` (the unscheduled one included);
-- `verify_bindings(scale)`: size bindings to check every schedule at (`dsl.check_equivalent`);
-- `points(scale, max_elements)`: size bindings to measure at (the sweep);
-- `baseline(ctx)`: the library baseline on one rank (see `Baseline`, `BaselineContext`); without
-  one the experiment is verified and predicted, not measured;
-- `principal`: the size symbols whose product is the `size` column (N; or S, B, H);
-- `paper`: the paper's setting to predict (`PaperSetting`), or None.
-
-and optionally `measure_worlds` (world sizes to measure at; default: the run's), `split_schedule`
-(whose communication an overlapped `ol(...)` schedule is compared with), `check_bindings` (where
-the baseline is checked against `dsl.interpret`; default the first verification binding).
-
-The measurement (`experiments.harness.measure`) and the predictions (`experiments.predict`) work
-from these fields alone. An experiment without a DSL program (calibrate, collectives) leaves
-`program` None and gives its own `measure(settings)` and `predict(settings)`; `summary(measured,
-predicted)` replaces the predicted-speedup table a run prints; `fits_topology` says the run makes
-its own calibration, `needs_measurement` that it can only run with backend=cpu. An experiment
-made from another one (`target=NAME` on the command line) gives `derive(target, settings)`, which
-returns the experiment to run (autotune: the target with the schedules it chose), and
-`recorded(target, run_dir)` the same experiment again from a finished run's directory (the report's
-rebuild); `section(df, out_dir)` adds a report section of its own.
-
-Units: sizes in elements (bytes for collectives), times in milliseconds.
+The experiments themselves, their three kinds and the protocol the orchestration calls, are in
+`experiments.kinds`. Units: sizes in elements (bytes for collectives), times in milliseconds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -147,7 +128,7 @@ class MeasureSettings:
     # points already measured (resume): (world size, sorted (symbol, value) pairs), skipped
     skip: frozenset = frozenset()
     # experiment=calibrate: the folder of this machine's earlier calibrations, which the fit
-    # pools with this one and keeps it in (experiments.calibration_history; None: neither) ...
+    # pools with this one and keeps it in (experiments.calibration.history; None: neither) ...
     calibration_history: Optional[Path] = None
     calibration_pool: int = 1  # ... and how many calibrations the fit pools, this one included
 
@@ -176,7 +157,7 @@ class PredictSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class DeriveSettings:
-    """What an experiment made from another (`Experiment.derive`) is made for: the run's."""
+    """What an experiment made from another (`DerivedExperiment.derive`) is made for: the run's."""
 
     scale: str
     backend: str  # sim: predicted on `topology` alone; cpu/cuda: measured here
@@ -188,69 +169,27 @@ class DeriveSettings:
     verify_world_sizes: tuple = (2, 4)  # verify.world_sizes: the run checks every schedule there
 
 
-def _no_bindings(scale: str) -> list:
-    return []
+@runtime_checkable
+class ExperimentKind(Protocol):
+    """What the orchestration (`suite`) asks of every experiment, whatever its kind: a DSL program
+    experiment (`Experiment`), a measurement experiment (`MeasurementExperiment`) or one made from
+    another (`DerivedExperiment`). It calls these methods and reads these attributes; it never
+    asks which optional fields are set."""
 
-
-def _no_points(scale: str, max_elements: int) -> list:
-    return []
-
-
-@dataclass(frozen=True, kw_only=True)
-class Experiment:
     name: str
     figure: str
-    program: Optional[Callable[..., object]] = None  # (dtype=f32) -> dsl.Program
-    schedules: Optional[Callable[..., dict]] = None  # (dtype=f32) -> {name: dsl.Program}
-    verify_bindings: Callable[[str], list] = _no_bindings
-    points: Callable[[str, int], list] = _no_points
-    baseline: Optional[Callable[[BaselineContext], Baseline]] = None
-    principal: tuple[str, ...] = ("N",)
-    paper: Optional[PaperSetting] = None
-    measure_worlds: Optional[tuple[int, ...]] = None
-    split_schedule: Optional[str] = None
-    check_bindings: Optional[Mapping[str, int]] = None
-    # experiments without a DSL program
-    measure: Optional[Callable[[MeasureSettings], list]] = None
-    predict: Optional[Callable[[PredictSettings], list]] = None
-    summary: Optional[Callable[[list, list], str]] = None
-    fits_topology: bool = False
-    needs_measurement: bool = False
-    # experiments made from another (`target=NAME`, e.g. autotune): (target, DeriveSettings) ->
-    # the experiment the run verifies, measures, predicts and reports
-    derive: Optional[Callable[["Experiment", DeriveSettings], "Experiment"]] = None
-    # (target, run directory) -> what `derive` made in that finished run, from the run directory
-    # alone (nothing searched again): `python -m suite.report DIR` rebuilds its report with it
-    recorded: Optional[Callable[["Experiment", Path], "Experiment"]] = None
-    # schedule name -> the NCCL algorithm forced for it (NCCL_ALGO; autotune's picks on sim):
-    # predicted on the topology with `algo` set (a GPU topology; ignored elsewhere)
-    algos: Mapping[str, str] = field(default_factory=dict, compare=False)
-    # a markdown section of its own for the report, from the results table and the run directory
-    section: Optional[Callable[[object, Path], str]] = None
-    doc: str = field(default="", compare=False)
+    doc: str
+    has_program: bool  # schedules to verify, compile and run (`Experiment`)
+    measurable: bool  # measured on local ranks
+    fits_topology: bool  # the run makes its own calibration (topology.yaml)
+    needs_measurement: bool  # runs with backend=cpu only
 
-    def __post_init__(self) -> None:
-        if (self.program is None) != (self.schedules is None):
-            raise ValueError(f"experiment {self.name}: give program and schedules together")
+    def measure(self, settings: MeasureSettings) -> list: ...
 
-    @property
-    def has_program(self) -> bool:
-        return self.program is not None
+    def predict(self, settings: PredictSettings) -> list: ...
 
-    @property
-    def measurable(self) -> bool:
-        """Measured on local ranks: by its own measure, or by the harness against its baseline."""
-        return self.measure is not None or self.baseline is not None
+    def summary(self, measured: list, predicted: list) -> Optional[str]:
+        """The run's closing table; None: the predicted speedups (`suite.run`)."""
 
-    def size_and_shape(self, bindings: Bindings) -> tuple[int, str]:
-        """The `size` (product of the principal symbols) and `shape` columns of a point."""
-        size = int(np.prod([bindings[k] for k in self.principal], dtype=np.int64))
-        if set(bindings) == set(self.principal) and len(self.principal) == 1:
-            return size, f"[{size}]"
-        return size, ",".join(f"{k}={v}" for k, v in bindings.items())
-
-    def bindings_of(self, size: int, shape: str) -> dict[str, int]:
-        """A point's bindings back from its size and shape columns."""
-        if "=" not in str(shape):
-            return {self.principal[0]: int(size)}
-        return {k: int(v) for k, v in (part.split("=") for part in str(shape).split(","))}
+    def section(self, df, out_dir: Path) -> str:
+        """A markdown section of its own for the report ("" for none)."""

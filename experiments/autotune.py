@@ -65,8 +65,9 @@ from dsl.space import Budget, Schedule, check, ir_key, schedule_space
 from dsl.types import Replicated, Sliced
 from reports.autotune import autotune_section
 
-from .api import DeriveSettings, Experiment
+from .api import DeriveSettings
 from .harness import FUSED_CHUNKS
+from .kinds import DerivedExperiment, Experiment
 from .predict import sim_setting
 from .registry import register
 
@@ -357,7 +358,7 @@ def _made(target: Experiment, named: dict, paths: dict, found: int, algos: dict)
         schedules=_schedules_of(target, named, paths),
         algos=algos,
         figure=f"autotune of {target.name} ({target.figure}): the best of {found} schedules",
-        section=section,
+        report_section=section,
     )
 
 
@@ -454,7 +455,7 @@ def section(df, out_dir) -> str:
 
 
 EXPERIMENT = register(
-    Experiment(
+    DerivedExperiment(
         name="autotune",
         figure="the best schedule of a program per size (Fig. 10, 'CoCoNeT')",
         derive=tune,

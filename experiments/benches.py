@@ -1,4 +1,4 @@
-"""Calibration's microbenchmarks (`experiments.calibrate`), built on a rank: one `Bench` per
+"""Calibration's microbenchmarks (`experiments.calibration.measure`), built on a rank: one `Bench` per
 benchmark and size, its `sample(calls)` the ms per call of each of its kinds on this rank.
 
 `communication` (exchange, exchange_chunked, exchange_first and exchange_last (`waited`), send,
@@ -9,8 +9,8 @@ and their paired difference), `library_steps` (the data-parallel baselines' opti
 and `overlap` build them;
 `plain` samples a local operation's calls back to back after one barrier, `apart` a
 communication's calls each after its own barrier (`experiments.rounds.sample_ms`).
-What each kind measures and what the fit takes from it: `experiments.calibrate` and
-`cost_model.calibration`. Sizes in bytes (f32 buffers), times in ms.
+What each kind measures and what the fit takes from it: `experiments.calibration.measure` and
+`experiments.calibration.fit`. Sizes in bytes (f32 buffers), times in ms.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def alone(world, spec) -> list[Bench]:
     """`alone_all_reduce`, `alone_reduce_scatter`, `alone_all_gather` of b bytes (the whole
     array) at `spec["alone_sizes"]`, as `experiment=collectives` times them: views of one pair of
     zeroed buffers of the largest size, every call after its own barrier; calibration times them
-    in rounds of their own (`experiments.calibrate.rank_main`)."""
+    in rounds of their own (`experiments.calibration.measure.rank_main`)."""
     sizes = [b for b in spec["alone_sizes"] if (b // 4) % world == 0]
     top = max(sizes, default=0) // 4
     full_, part_ = torch.zeros(top), torch.zeros(top // world)
@@ -387,7 +387,7 @@ def overlap(spec, runner, step) -> list[Bench]:
     (at least `OVERLAP_CALLS`) runs the three side by side `calls` times, in an order that turns
     with the call (the same on every rank), and gives each kind's median over them. A sample
     of one call (a round's untimed one) runs them once. Their ratios give the model's overlap
-    slowdowns (`cost_model.calibration`); each one's spread over rounds is as wide as the gain
+    slowdowns (`experiments.calibration.fit`); each one's spread over rounds is as wide as the gain
     of overlapping, so more calls than a single sample of each."""
     E, K = spec["overlap_exchange"], spec["overlap_kernel"]
     x, y = torch.randn(E // 4), torch.randn(E // 4)

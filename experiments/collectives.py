@@ -14,7 +14,7 @@ Measured: the run's backend's communicator (cpu: `comm.all_reduce`, gloo's, and 
 send/recv for reduce_scatter and all_gather; cuda: NCCL's), with the backend's clock, in
 interleaved rounds (`experiments.rounds`). One transport: every (collective, size) one function
 of one set of rounds, each sample the median of its calls, each after a barrier (the
-slowest rank's), as `experiments.calibrate` samples the same calls to fit the model and the
+slowest rank's), as `experiments.calibration.measure` samples the same calls to fit the model and the
 experiments sample their steps, until every
 time's 95% interval is within +-scale.ci_pct% or scale.budget_s runs out, and
 scale.long_budget_s where it has fewer than scale.long_rounds rounds by then (rows: `time_ms` the
@@ -46,7 +46,7 @@ from cost_model.topology import load_topology
 from cost_model.workload import simulate_collective
 from reports.results import append_row
 
-from .api import Experiment
+from .kinds import MeasurementExperiment
 from .registry import register
 from .rounds import Budget, interleave
 
@@ -160,11 +160,22 @@ def rank_main(
     `comms` (None: the backend's default; cpu: the rings over gloo; cuda: NCCL), timed with the
     backend's clock in interleaved rounds (`experiments.rounds.interleave` with `budget`); rows
     name the transport in `comm`. One transport: every (collective, size) one function of the
-    same rounds, as `experiments.calibrate` times the same calls (so the model it fits is
+    same rounds, as `experiments.calibration.measure` times the same calls (so the model it fits is
     compared with these on equal terms). Several (comm=shm: gloo, then shm): each (size,
     collective) its own rounds, the first transport the reference whose paired per-round time
     ratio over each other's is that one's `speedup` (with its 95% interval); the reference's own
     rows have speedup 1."""
+    budget = budget or Budget(warmup=warmup)
+    szs = [b for b in szs if (b // 4) % world == 0]
+    targets = _transports(backend_name, comms)
+    if len(targets) == 1:
+        return _one_transport(targets[0], szs, rank, world, budget, seed)
+    return _transports_paired(targets, szs, rank, world, budget, seed)
+
+
+def _transports(backend_name: str, comms: tuple) -> list[tuple]:
+    """(label, backend, the world's communicator) per transport; gloo's rings and gloo's own
+    calls are both labelled gloo."""
     targets = []
     for comm in comms:
         backend = backends.get(backend_name, **({"comm": comm} if comm else {}))
@@ -172,86 +183,82 @@ def rank_main(
         targets.append(
             (label, backend, backend.communicator(backend.groups().world, backends.NO_STREAMS))
         )
-    backend, clock = targets[0][1], targets[0][1].clock()
-    budget = budget or Budget(warmup=warmup)
-    szs = [b for b in szs if (b // 4) % world == 0]
-    if len(targets) == 1:
-        ((label, _, c),) = targets
-        top = max(szs, default=0) // 4  # every size's buffers: views of one pair of the largest
-        full_ = backend.buffer((top,), torch.float32)
-        part_ = backend.buffer((top // world,), torch.float32)
-        fns, ok = {}, {}
-        for b in szs:
-            full, part = full_[: b // 4], part_[: b // 4 // world]
-            for kind in KINDS:
-                fns[(kind, b)] = _op(kind, c, full, part)
-                ok[(kind, b)] = _check(kind, fns[(kind, b)], full, part, rank, world)
-        rounds = interleave(
-            {f"{k} {b}": f for (k, b), f in fns.items()},
-            budget,
-            key=(seed, NAME),
-            clock=clock,
-            baseline=None,
-        )
-        out = []
-        for kind, b in fns:
-            ts, t = rounds.times_ms[f"{kind} {b}"], rounds.time(f"{kind} {b}")
-            out.append(
-                row(
-                    kind,
-                    b,
-                    t.median,
-                    world,
-                    "measured",
-                    backend.name,
-                    "local",
-                    time_ms_min=round(min(ts), 6),
-                    time_ms_max=round(max(ts), 6),
-                    time_ms_lo=round(t.lo, 6),
-                    time_ms_hi=round(t.hi, 6),
-                    rounds=rounds.rounds,
-                    stopped=rounds.stopped,
-                    verified=ok[(kind, b)],
-                    comm=label,
-                )
-            )
-        return out
-    out = []
+    return targets
+
+
+def _one_transport(target: tuple, szs: list[int], rank, world, budget, seed) -> list[dict]:
+    """Every (collective, size) one function of the same interleaved rounds."""
+    label, backend, c = target
+    top = max(szs, default=0) // 4  # every size's buffers: views of one pair of the largest
+    full_ = backend.buffer((top,), torch.float32)
+    part_ = backend.buffer((top // world,), torch.float32)
+    fns, ok = {}, {}
+    for b in szs:
+        full, part = full_[: b // 4], part_[: b // 4 // world]
+        for kind in KINDS:
+            fns[(kind, b)] = _op(kind, c, full, part)
+            ok[(kind, b)] = _check(kind, fns[(kind, b)], full, part, rank, world)
+    rounds = interleave(
+        {f"{k} {b}": f for (k, b), f in fns.items()},
+        budget,
+        key=(seed, NAME),
+        clock=backend.clock(),
+        baseline=None,
+    )
+    return [
+        _row(kind, b, f"{kind} {b}", rounds, world, backend, ok[(kind, b)], label)
+        for kind, b in fns
+    ]
+
+
+def _transports_paired(targets: list, szs: list[int], rank, world, budget, seed) -> list[dict]:
+    """Each (size, collective) in rounds of its own over every transport, the first the
+    reference the others' speedups are paired with."""
+    backend = targets[0][1]
+    clock, ref, out = backend.clock(), targets[0][0], []
     for b in szs:
         full = backend.buffer((b // 4,), torch.float32)  # shared by the transports, used in turn
         part = backend.buffer((b // 4 // world,), torch.float32)
         for kind in KINDS:
             ops = {label: _op(kind, c, full, part) for label, _, c in targets}
             ok = {label: _check(kind, ops[label], full, part, rank, world) for label in ops}
-            ref = targets[0][0]
             fns = {("baseline" if label == ref else label): op for label, op in ops.items()}
             rounds = interleave(fns, budget, key=(seed, kind, b), clock=clock)
             for label in ops:
                 name = "baseline" if label == ref else label
-                t, x = rounds.time(name), rounds.speedup(name)
-                out.append(
-                    row(
-                        kind,
-                        b,
-                        t.median,
-                        world,
-                        "measured",
-                        backend.name,
-                        "local",
-                        time_ms_min=round(min(rounds.times_ms[name]), 6),
-                        time_ms_max=round(max(rounds.times_ms[name]), 6),
-                        time_ms_lo=round(t.lo, 6),
-                        time_ms_hi=round(t.hi, 6),
-                        speedup=round(x.median, 4),
-                        speedup_lo=round(x.lo, 4),
-                        speedup_hi=round(x.hi, 4),
-                        rounds=rounds.rounds,
-                        stopped=rounds.stopped,
-                        verified=ok[label],
-                        comm=label,
-                    )
-                )
+                out.append(_row(kind, b, name, rounds, world, backend, ok[label], label, True))
     return out
+
+
+def _row(kind, b, name, rounds, world, backend, verified, label, paired=False) -> dict:
+    """One measured row of `name` in `rounds`; `paired`: with its speedup over the reference."""
+    t, ts = rounds.time(name), rounds.times_ms[name]
+    speedup = {}
+    if paired:
+        x = rounds.speedup(name)
+        speedup = {
+            "speedup": round(x.median, 4),
+            "speedup_lo": round(x.lo, 4),
+            "speedup_hi": round(x.hi, 4),
+        }
+    return row(
+        kind,
+        b,
+        t.median,
+        world,
+        "measured",
+        backend.name,
+        "local",
+        time_ms_min=round(min(ts), 6),
+        time_ms_max=round(max(ts), 6),
+        time_ms_lo=round(t.lo, 6),
+        time_ms_hi=round(t.hi, 6),
+        **speedup,
+        rounds=rounds.rounds,
+        stopped=rounds.stopped,
+        verified=verified,
+        comm=label,
+    )
 
 
 def _op(kind: str, c, full, part) -> Callable[[], None]:
@@ -356,7 +363,7 @@ def predict(settings) -> list[dict]:
 
 
 EXPERIMENT = register(
-    Experiment(
+    MeasurementExperiment(
         name=NAME,
         figure="nccl-tests bandwidth (no paper figure)",
         measure=measure,

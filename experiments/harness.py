@@ -58,7 +58,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
@@ -84,11 +84,13 @@ from .api import (
     COMM_PROBE_BYTES,
     GLOO_BASELINE,
     BaselineContext,
-    Experiment,
     MeasureSettings,
     with_defaults,
 )
 from .rounds import Budget, interleave
+
+if TYPE_CHECKING:  # the kinds call this module
+    from .kinds import Experiment
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Baseline: `dist.all_reduce` of the gradient, then a vectorised torch LAMB (torch
 `experiments.optimizers.LambBaseline`).
 """
 
-from .api import Experiment
+from .kinds import Experiment
 from .optimizers import (
     LambBaseline,
     lamb_program,

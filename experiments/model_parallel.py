@@ -18,7 +18,8 @@ from __future__ import annotations
 from dsl import Builder, P, Program, Sliced, f16, f32, sym
 from dsl.transforms import fuse, overlap, reorder, split
 
-from .api import Experiment, PaperSetting
+from .api import PaperSetting
+from .kinds import Experiment
 from .megatron import SCATTER_DIM, B, H, MegatronBaseline, S, bias_dropout_residual, value_of
 from .registry import register
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from codegen.lower import lower
 from codegen.plan import Collective, Compute
@@ -59,7 +59,10 @@ from cost_model.validation import authors_raw, paper_results
 from cost_model.workload import choices
 from dsl import ShapeError, f32
 
-from .api import COMM_PROBE_BYTES, GLOO_BASELINE, Experiment, PredictSettings
+from .api import COMM_PROBE_BYTES, GLOO_BASELINE, PredictSettings
+
+if TYPE_CHECKING:  # the kinds call this module
+    from .kinds import Experiment
 
 MEMORY_SCALE = (0.5, 2.0)  # the range a point's memory scale is clipped to
 COMM_SCALE = (0.5, 2.0)  # and its communication scale
@@ -76,7 +79,7 @@ def memory_scale(
     baseline names no routine the device has a curve of, nothing was measured, or the point's
     gradient (f32) is smaller than the curve's smallest size (calibration times the routine
     from 2^22 elements: below, its calls back to back run from the caches, where a run's step
-    after its all-reduce does not, `experiments.calibrate.LIBRARY_SCALES`)."""
+    after its all-reduce does not, `experiments.calibration.measure.LIBRARY_SCALES`)."""
     routine = getattr(exp.baseline, "routine", "") or getattr(exp.baseline, "probe", "")
     curve = topo.device.library_steps_us.get(routine) if routine else None
     if not curve or not measured_ms or measured_ms <= 0:

@@ -9,7 +9,7 @@
 The shipped experiments register when `experiments` is imported (`SHIPPED`). A user's module
 registers its own by calling `register` at import time (`experiment.module=my_pkg.sgd_momentum`
 or `experiment.module=path/to/sgd_momentum.py`); a module that calls nothing but defines
-`EXPERIMENT` (an `Experiment`) is registered for it. Registering a second, different experiment
+`EXPERIMENT` (an experiment of any kind) is registered for it. Registering a second, different experiment
 under a name already taken is an error; registering the same one again (a module imported twice)
 is not.
 """
@@ -21,7 +21,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .api import Experiment
+from .api import ExperimentKind
 
 SHIPPED = (
     "adam_fusion",
@@ -34,7 +34,8 @@ SHIPPED = (
     "autotune",
     "training",
 )
-_REGISTRY: dict[str, Experiment] = {}
+MODULES = {"calibrate": "calibration"}  # a shipped experiment's module where not its name
+_REGISTRY: dict[str, ExperimentKind] = {}
 _SOURCES: dict[str, str] = {}  # name -> the user's module spec that registered it
 
 
@@ -42,9 +43,12 @@ class RegistryError(ValueError):
     """A name clash, or a module that cannot be loaded or registers nothing."""
 
 
-def register(exp: Experiment) -> Experiment:
-    if not isinstance(exp, Experiment):
-        raise RegistryError(f"register: {exp!r} is not an experiments.Experiment")
+def register(exp: ExperimentKind) -> ExperimentKind:
+    if not isinstance(exp, ExperimentKind):
+        raise RegistryError(
+            f"register: {exp!r} is not an experiment (experiments.Experiment, "
+            "MeasurementExperiment or DerivedExperiment)"
+        )
     old = _REGISTRY.get(exp.name)
     if old is not None and old != exp and _origin(old) != _origin(exp):
         raise RegistryError(f"experiment {exp.name!r} is already registered (by {_origin(old)})")
@@ -61,7 +65,7 @@ def unregister(name: str) -> None:
     _SOURCES.pop(name, None)
 
 
-def get(name: str) -> Experiment:
+def get(name: str) -> ExperimentKind:
     if name not in _REGISTRY:
         raise KeyError(f"unknown experiment {name!r}; known: {', '.join(names())}")
     return _REGISTRY[name]
@@ -76,7 +80,7 @@ def source_of(name: str) -> str | None:
     return _SOURCES.get(name)
 
 
-def resolve(name: str, source: str | None = None) -> Experiment:
+def resolve(name: str, source: str | None = None) -> ExperimentKind:
     """`get(name)`, loading `source` first when the name is not registered yet (a rank
     process resolving a user's experiment the parent loaded)."""
     if name not in _REGISTRY and source:
@@ -84,17 +88,17 @@ def resolve(name: str, source: str | None = None) -> Experiment:
     return get(name)
 
 
-def program_free() -> tuple[Experiment, ...]:
+def program_free() -> tuple[ExperimentKind, ...]:
     """The registered experiments without a DSL program (their own measure and predict)."""
     return tuple(e for e in _REGISTRY.values() if not e.has_program)
 
 
-def program_experiments() -> tuple[Experiment, ...]:
+def program_experiments() -> tuple[ExperimentKind, ...]:
     """The registered experiments with a DSL program (schedules to verify, compile and run)."""
     return tuple(e for e in _REGISTRY.values() if e.has_program)
 
 
-def load_module(spec: str) -> list[Experiment]:
+def load_module(spec: str) -> list[ExperimentKind]:
     """Import `spec` (a dotted module name on the Python path, or a .py file) and return the
     experiments it registered (or its `EXPERIMENT`); RegistryError when it cannot."""
     before = dict(_REGISTRY)
@@ -103,14 +107,14 @@ def load_module(spec: str) -> list[Experiment]:
     except (ImportError, OSError) as e:
         raise RegistryError(f"cannot import experiment module {spec!r}: {e}") from None
     found = getattr(module, "EXPERIMENT", None)
-    if isinstance(found, Experiment):
+    if isinstance(found, ExperimentKind):
         register(found)
     new = [e for n, e in _REGISTRY.items() if before.get(n) is not e] or [
         e for e in _REGISTRY.values() if _origin(e) == module.__name__
     ]  # imported before
     for e in new:  # ranks (other processes) load the same module to find it
         _SOURCES[e.name] = str(Path(spec).resolve()) if spec.endswith(".py") else spec
-    if not new and not isinstance(found, Experiment):
+    if not new and not isinstance(found, ExperimentKind):
         raise RegistryError(
             f"module {spec!r} registers no experiment (call experiments.register"
             " or define EXPERIMENT)"
@@ -133,6 +137,10 @@ def _import_file(path: Path):
     return module
 
 
-def _origin(exp: Experiment) -> str:
-    fn = exp.program or exp.measure
-    return getattr(fn, "__module__", "?")
+def _origin(exp: ExperimentKind) -> str:
+    """The module that made `exp`: where its program (or its own measure, predict, derive) is."""
+    for field in ("program", "measure", "predict", "derive"):
+        fn = vars(exp).get(field)  # a field's callable, not a kind's method
+        if fn is not None:
+            return getattr(fn, "__module__", "?")
+    return "?"

@@ -25,10 +25,10 @@ On every rank of the default process group, collectively:
   take half the time; one rule for all of a point's compared functions, so that paired
   samples are taken alike (a function in `aside`, a probe compared with calibration's
   benchmark, by its own warm-up: `untimed_calls`). Calibration's benchmarks are sampled the
-  same way, each bench by its own calls (`experiments.calibrate.interleaved`);
+  same way, each bench by its own calls (`experiments.calibration.measure.interleaved`);
 - a sample (`sample_ms`): `calls` calls, EACH after `clock.settle()` and a barrier and timed
   alone by the backend's clock; the sample is the median of those calls' times in ms (the
-  experiments' schedules, `experiments.calibrate`'s microbenchmarks and
+  experiments' schedules, `experiments.calibration.measure`'s microbenchmarks and
   `experiments.collectives` alike, so that the model is fitted to and checked on samples like
   the steps it predicts; fitted to the fastest of 3 calls, the time of a call no stall hit, it
   predicted adam / lamb steps 10-40% fast, as the steps carry the stalls). Never back to back:

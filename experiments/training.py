@@ -39,7 +39,7 @@ from cost_model.topology import load_topology
 from reports.results import append_row
 
 from . import bert as B
-from .api import Experiment
+from .kinds import MeasurementExperiment
 from .predict import paper_result_rows
 from .registry import register
 from .table1 import predict_table1
@@ -272,7 +272,7 @@ def summary(measured: list, predicted: list) -> str:
 
 
 EXPERIMENT = register(
-    Experiment(
+    MeasurementExperiment(
         name=NAME,
         figure="Table 1 (section 6.1)",
         measure=measure,

@@ -22,7 +22,7 @@ from cost_model import validation
 from cost_model.topology import load_topology
 from reports.validation import split_summary
 
-from .api import Experiment
+from .kinds import MeasurementExperiment
 from .registry import register
 
 NAME = "validate"
@@ -192,7 +192,7 @@ def table(rows: list[dict]) -> str:
 
 
 EXPERIMENT = register(
-    Experiment(
+    MeasurementExperiment(
         name=NAME,
         figure="published nccl-tests results (no paper figure): the cost model validated",
         predict=predict,

@@ -153,12 +153,12 @@ class Config:
     comm: Optional[str] = None
     # The experiment an experiment made from another works on (experiment=autotune target=NAME).
     target: Optional[str] = None
-    # The local topology (suite.calibration): auto, the calibration cached for this machine
+    # The local topology (experiments.calibration.cache): auto, the calibration cached for this machine
     # (calibrating first when none matches); refresh, calibrate again; off, the shipped figures.
     calibration: str = "auto"
     # How many calibrations of this machine a calibration's fit pools, itself included: the
     # latest kept in .cache/calibration/history/ of the same scale and ranks, per benchmark
-    # the median (experiments.calibration_history); 1: this calibration alone.
+    # the median (experiments.calibration.history); 1: this calibration alone.
     calibration_pool: int = 8
     # Idle-priority spinners keep the CPUs from halting while the run calibrates and measures
     # (codegen.runtime.awake: on a VM a halted vCPU wakes a blocked gloo thread milliseconds

@@ -20,7 +20,7 @@ import dsl
 import experiments
 from codegen.lower import lower
 from dsl.equivalence import symbols
-from experiments import Experiment
+from experiments import DerivedExperiment, Experiment, ExperimentKind
 from experiments.optimizers import DataParallelBaseline
 
 from .config import Config
@@ -30,7 +30,7 @@ from .paper import run_config, runs_of
 MEMORY_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def load_experiment(name: str, module: str | None = None) -> Experiment:
+def load_experiment(name: str, module: str | None = None) -> ExperimentKind:
     """The registered experiment `name`, after importing the user's `module` (a dotted name or a
     .py file) when one is given."""
     try:
@@ -43,10 +43,10 @@ def load_experiment(name: str, module: str | None = None) -> Experiment:
         raise SuiteError(e.args[0]) from None
 
 
-def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> Experiment:
+def derive_experiment(cfg: Config, exp: ExperimentKind, topology, out_dir: Path) -> ExperimentKind:
     """The experiment a run of `exp` runs: `exp` itself, or, for one made from another
-    (`Experiment.derive`, e.g. autotune), what it makes of `target=NAME`."""
-    if exp.derive is None:
+    (`DerivedExperiment.derive`, e.g. autotune), what it makes of `target=NAME`."""
+    if not isinstance(exp, DerivedExperiment):
         if cfg.target:
             raise SuiteError(
                 f"target={cfg.target} is for an experiment made from another "
@@ -57,7 +57,7 @@ def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> 
         known = ", ".join(e.name for e in experiments.registry.program_experiments())
         raise SuiteError(f"experiment {exp.name} needs target=NAME, one of: {known}")
     target = load_experiment(cfg.target, cfg.experiment.module)
-    if not target.has_program or target.derive is not None:
+    if not target.has_program:
         raise SuiteError(f"target {target.name} has no DSL program to work on")
     settings = experiments.DeriveSettings(
         scale=cfg.scale.name,
@@ -75,11 +75,11 @@ def derive_experiment(cfg: Config, exp: Experiment, topology, out_dir: Path) -> 
         raise SuiteError(f"{exp.name}: {one_line(e)}") from None
 
 
-def recorded_experiment(cfg: Config, exp: Experiment, run_dir: Path) -> Experiment:
+def recorded_experiment(cfg: Config, exp: ExperimentKind, run_dir: Path) -> ExperimentKind:
     """What `derive_experiment` made in the finished run in `run_dir`, from its records alone
-    (`Experiment.recorded`; nothing searched again); `exp` itself when it is not made from
+    (`DerivedExperiment.recorded`; nothing searched again); `exp` itself when it is not made from
     another."""
-    if exp.derive is None or exp.recorded is None:
+    if not isinstance(exp, DerivedExperiment):
         return exp
     if not cfg.target:
         raise SuiteError(f"{run_dir}: a run of {exp.name} records no target=NAME")
@@ -90,7 +90,7 @@ def recorded_experiment(cfg: Config, exp: Experiment, run_dir: Path) -> Experime
         raise SuiteError(f"{exp.name}: {one_line(e)}") from None
 
 
-def load_programs(exp: Experiment, cfg: Config) -> tuple[dsl.Program, dict[str, dsl.Program]]:
+def load_programs(exp: ExperimentKind, cfg: Config) -> tuple[dsl.Program, dict[str, dsl.Program]]:
     """The unscheduled program and the schedules cfg.experiment.schedules selects (all: null);
     (None, {}) for an experiment without a program."""
     if not exp.has_program:
@@ -208,7 +208,7 @@ def _bytes(program: dsl.Program, b: dict) -> int:
     return total
 
 
-def check_experiment(cfg: Config) -> Experiment | None:
+def check_experiment(cfg: Config) -> ExperimentKind | None:
     """Everything about the run's experiment checkable before any work: its name (and module),
     schedules, world sizes and sizes (one line each: SuiteError). experiment=paper (a list of
     runs): every run it will run, each as `suite.paper.run_config` makes it, before the first
@@ -219,7 +219,9 @@ def check_experiment(cfg: Config) -> Experiment | None:
             check_experiment(run_config(cfg, exp.name))
         return None
     exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
-    if exp.derive is not None:  # made from a target at run time (autotune): the target's
+    if isinstance(
+        exp, DerivedExperiment
+    ):  # made from a target at run time (autotune): the target's
         if not cfg.target:  # program with its own schedules now, the made ones then
             return exp
         target = load_experiment(cfg.target, cfg.experiment.module)

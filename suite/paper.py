@@ -42,6 +42,7 @@ import pandas as pd
 import torch
 
 import experiments
+from experiments.calibration.machine import compiler, cpu_model, git_commit, memory_gib
 from reports.html import write_html
 from reports.latex import write_tables
 from reports.progress import Progress, clock_text
@@ -52,7 +53,6 @@ from reports.summary import text_table
 from .config import Config
 from .errors import SuiteError
 from .interrupt import Interrupted
-from .machine import compiler, cpu_model, git_commit, memory_gib
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def environment(cfg: Config, runs: list) -> dict:
     worlds = [
         f"{e.name} measures at {' and '.join(map(str, e.measure_worlds))} ranks"
         for e in runs
-        if e.measure_worlds
+        if e.has_program and e.measure_worlds
     ]
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

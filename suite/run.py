@@ -5,7 +5,7 @@
       resolve   the config made into one immutable `suite.resolve.Run`, once: the experiment
                 (a user's module loaded first; autotune's made from `target=NAME` after the
                 calibration, since it ranks schedules with the cost model), its programs and the
-                settings no run of them can use, the calibration (suite.calibration: cached per
+                settings no run of them can use, the calibration (experiments.calibration.cache: cached per
                 machine fingerprint, calibration=auto|refresh|off), the topologies (each loaded
                 once), the runtime backend, each collective's timeout; every step below reads it
       show      print each schedule's program
@@ -28,8 +28,10 @@
 The whole run (calibrating and measuring) runs with the CPUs kept awake by idle-priority spinners
 (`keep_awake=true`, codegen.runtime.awake; not with backend=sim, which measures nothing).
 
-Experiments without a DSL program (`Experiment.program` None) skip show and verify and give their
-own measure and predict. Exit status: 0 when every check verified, 1 when a schedule failed
+Each step calls the experiment's methods (`experiments.ExperimentKind`): a DSL-program experiment
+is measured by the harness and predicted by `experiments.predict`; a measurement experiment
+(no program: show and verify skipped) gives its own; a derived one (autotune) is first made into
+the program experiment it runs. Exit status: 0 when every check verified, 1 when a schedule failed
 verification (the report is still written), 2 for bad input before any work (`fail`: one line on
 stderr, `error: ...`), 3 when the run failed once started (a rank died, a kernel did not compile:
 `fail_run`, one line, the report written from the rows so far), 130 / 143 interrupted.
@@ -50,8 +52,8 @@ import dsl
 from codegen.build import BuildError
 from codegen.runtime.awake import keep_awake
 from codegen.runtime.launch import RankError
-from experiments import Experiment, MeasureSettings, PredictSettings, harness
-from experiments.predict import predictions
+from experiments import ExperimentKind
+from experiments.calibration.cache import CalibrationError, describe
 from reports.html import write_html
 from reports.latex import write_tables
 from reports.markdown import compared, render_report, write_report
@@ -60,7 +62,6 @@ from reports.results import append_row, read_table
 from reports.sections import measured_section
 from reports.summary import schedule_summary, text_table
 
-from .calibration import describe, history_dir
 from .config import Config
 from .errors import SuiteError, fail, fail_run
 from .generate import generate
@@ -105,7 +106,7 @@ def run_one(cfg: Config, out_dir: Union[str, Path]) -> Outcome:
     try:
         run = resolve(cfg, out_dir)  # the config's one change of form (suite.resolve)
         kept = start_results(run)
-    except (SuiteError, dsl.DSLError, BuildError) as e:
+    except (SuiteError, CalibrationError, dsl.DSLError, BuildError) as e:
         fail(e)
     except Interrupted as e:  # calibrating or ranking (autotune): nothing measured yet
         log.warning(f"{e} before any point was measured")
@@ -160,7 +161,7 @@ def start_results(run: Run) -> list[dict]:
 
 
 def end_early(
-    stopped: BaseException, exp: Experiment, cfg: Config, out_dir: Path, path: Path
+    stopped: BaseException, exp: ExperimentKind, cfg: Config, out_dir: Path, path: Path
 ) -> NoReturn:
     """The line that says how far the run got, then its exit status (130/143, or 3)."""
     if isinstance(stopped, Interrupted):
@@ -174,7 +175,7 @@ def end_early(
     fail_run(stopped)
 
 
-def points_measured(exp: Experiment, out_dir: Path) -> int:
+def points_measured(exp: ExperimentKind, out_dir: Path) -> int:
     csv = out_dir / "results.csv"
     if not csv.exists():
         return 0
@@ -183,7 +184,7 @@ def points_measured(exp: Experiment, out_dir: Path) -> int:
     return len(df.drop_duplicates(["world_size", "size", "shape"]))
 
 
-def points_planned(cfg: Config, exp: Experiment) -> int:
+def points_planned(cfg: Config, exp: ExperimentKind) -> int:
     """Points the measurement would make (0 when the experiment measures on its own)."""
     if not exp.has_program:
         return 0
@@ -232,73 +233,35 @@ def measure(run: Run, skip: frozenset = frozenset()) -> list[dict]:
     if why:
         log.info(f"measure: skipped: backend {backend.name} cannot measure on this machine ({why})")
         return []
-    settings = MeasureSettings(
-        scale=cfg.scale.name,
-        max_elements=cfg.scale.max_elements,
-        world_size=cfg.world_size,
-        warmup=cfg.scale.warmup,
-        repeats=cfg.scale.repeats,
-        csv_path=out_dir / "results.csv",
-        kernels_dir=out_dir / "kernels",
-        seed=cfg.seed,
-        collective_timeout_s=run.collective_timeout_s,
-        backend=backend.name,
-        comm=cfg.backend.comm,
-        schedules=run.schedules or None,
-        points=[dict(b) for b in cfg.experiment.sizes or []] or None,
-        min_rounds=cfg.scale.min_rounds,
-        max_rounds=cfg.scale.max_rounds,
-        point_budget_s=cfg.scale.budget_s,
-        ci_pct=cfg.scale.ci_pct,
-        long_rounds=cfg.scale.long_rounds,
-        long_budget_s=cfg.scale.long_budget_s,
-        skip=skip,
-        calibration_history=(history_dir(cfg.keep_awake) if exp.fits_topology else None),
-        calibration_pool=cfg.calibration_pool,
-    )
+    settings = replace(run.measure_settings, skip=skip)
     out_dir.mkdir(parents=True, exist_ok=True)
     log.info(
         f"measuring {exp.name} on {cfg.world_size} {backend.name} ranks ({cfg.scale.name} "
         f"scale; a collective times out after {settings.collective_timeout_s:.0f} s)"
     )
-    return exp.measure(settings) if exp.measure else harness.measure(exp, settings)
+    return exp.measure(settings)
 
 
 def predict(run: Run, measured: list[dict]) -> list[dict]:
     """Predicted rows (every backend), appended to results.csv; prints predicted speedups. The
     library baseline on gloo (comm=shm) is predicted on `run.gloo_topology`."""
-    cfg, exp, out_dir = run.cfg, run.experiment, run.out_dir
-    settings = PredictSettings(
-        scale=cfg.scale.name,
-        backend=cfg.backend.name,
-        topology=run.topology,
-        world_size=cfg.world_size,
-        max_elements=cfg.scale.max_elements,
-        measured=measured,
-        out_dir=out_dir,
-        sizes=cfg.experiment.sizes,
-        schedules=None if cfg.experiment.schedules is None else run.schedules,
-        gloo_topology=run.gloo_topology,
-        memory_scale=cfg.memory_scale,
-    )
+    exp, out_dir = run.experiment, run.out_dir
+    settings = replace(run.predict_settings, measured=measured)
     log.info(
         f"predicting {exp.name} with the cost model ({settings.topology.name} topology"
         f"{' and the paper setting' if exp.paper else ''})"
     )
-    show = log.info
     try:
-        rows = _predict(exp, settings, show)
+        rows = exp.predict(settings)
         if not exp.needs_measurement:
             for topo in run.extra_topologies:
                 if topo.name in {r["topology"] for r in rows}:
                     continue  # the paper setting already predicts on it
                 log.info(f"predicting {exp.name} on {topo.name} ({topo.nodes} nodes)")
-                rows += _predict(
-                    exp,
+                rows += exp.predict(
                     replace(
                         settings, backend="sim", topology=topo, measured=[], sizes=None, paper=False
-                    ),
-                    show,
+                    )
                 )
     except ValueError as e:
         raise SuiteError(f"predict: {e}") from None
@@ -309,17 +272,14 @@ def predict(run: Run, measured: list[dict]) -> list[dict]:
     return rows
 
 
-def _predict(exp: Experiment, settings, show) -> list[dict]:
-    return exp.predict(settings) if exp.predict else predictions(exp, settings, show=show)
-
-
-def prediction_summary(exp: Experiment, rows: list[dict], measured: list[dict] = ()) -> str:
+def prediction_summary(exp: ExperimentKind, rows: list[dict], measured: list[dict] = ()) -> str:
     """Predicted speedups over baseline per topology and point (or the experiment's own summary:
-    `Experiment.summary`, e.g. bandwidth per size, measured beside predicted)."""
+    `summary`, e.g. bandwidth per size, measured beside predicted)."""
     if not rows:
         return "predict: no rows"
-    if exp.summary:
-        return exp.summary(list(measured), rows)
+    own = exp.summary(list(measured), rows)
+    if own is not None:
+        return own
     df = pd.DataFrame(rows)
     df = df[df.source == "predicted"]  # not the paper's published rows
     if "speedup" not in df or df.speedup.isna().all():
@@ -334,14 +294,14 @@ def prediction_summary(exp: Experiment, rows: list[dict], measured: list[dict] =
     return "\n".join(out)
 
 
-def results_section(exp: Experiment, out_dir: Path) -> str:
+def results_section(exp: ExperimentKind, out_dir: Path) -> str:
     """Markdown for the measured and predicted results, from results.csv alone (reports/)."""
     csv = out_dir / "results.csv"
     if not csv.exists():
         return ""
     df = read_table(csv)
     measured = measured_section(df, exp.name, out_dir) if exp.has_program else ""
-    own = exp.section(df, out_dir) if exp.section else ""
+    own = exp.section(df, out_dir)
     return measured + "\n" + own + "\n" + predicted_section(df, exp.name, out_dir)
 
 
@@ -353,7 +313,7 @@ SMOKE_NOTE = (
 
 def report(
     cfg: Config,
-    exp: Experiment,
+    exp: ExperimentKind,
     schedules: dict[str, dsl.Program],
     checks: list[Check],
     out_dir: Path,

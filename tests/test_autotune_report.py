@@ -7,9 +7,9 @@ import pytest
 
 import suite.resolve
 import suite.run
+from experiments.calibration.cache import Calibration
 from reports.autotune import autotune_section
 from suite import PROJECT_ROOT
-from suite.calibration import Calibration
 from suite.cli import prevalidate
 from suite.errors import SuiteError
 

@@ -51,16 +51,16 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from suite.calibration import (  # noqa: E402
+from experiments.calibration.cache import (  # noqa: E402
     FINGERPRINT,
     SCHEMA,
     TOPOLOGY,
+    CalibrationError,  # noqa: E402
     cached,
     fingerprint,
     key_of,
     local_calibration,
 )
-from suite.errors import SuiteError  # noqa: E402
 
 LOCAL = (PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_text()
 
@@ -90,7 +90,7 @@ def test_a_damaged_cache_is_one_line_naming_the_fix(tmp_path, damage):
         "garbage fingerprint": lambda: _cache(tmp_path / "c", fp="{not json"),
         "fingerprint a list": lambda: _cache(tmp_path / "c", fp="[1, 2]"),
     }[damage]()
-    with pytest.raises(SuiteError) as got:
+    with pytest.raises(CalibrationError) as got:
         cached(where, TOPOLOGY)
     assert "is damaged" in str(got.value) and "calibration=refresh" in str(got.value)
     assert "\n" not in str(got.value)
@@ -106,5 +106,5 @@ def test_a_run_refuses_a_damaged_cache_before_it_calibrates_or_measures(tmp_path
     )
     where = tmp_path / key_of(fingerprint(True))
     _cache(where, topology=LOCAL[:100])
-    with pytest.raises(SuiteError, match="is damaged"):
+    with pytest.raises(CalibrationError, match="is damaged"):
         local_calibration(cfg, SimpleNamespace(fits_topology=False), 2, cache=tmp_path)

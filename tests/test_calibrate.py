@@ -9,9 +9,9 @@ import json
 import pytest
 
 import experiments
-from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.topology import LinkClass, load_topology
 from experiments import MeasureSettings, PredictSettings
+from experiments.calibration.fit import Measurement, fit, predict_ms
 
 
 def truth():
@@ -81,7 +81,7 @@ def test_the_fit_reads_the_in_place_write_weight_from_adds_and_copies():
     """copy / add = 3 / (2 + w) at the sizes whose traffic streams from memory; cache-resident
     sizes (here with w = 1: their writes cost nothing extra) do not count; 1 without such sizes,
     or on a device that does not allocate on write; within [0, 1]."""
-    from cost_model.calibration import STREAM_FROM, inplace_write_weight
+    from experiments.calibration.fit import STREAM_FROM, inplace_write_weight
 
     big = [1 << k for k in range(25, 28)]
     assert all(3 * b >= STREAM_FROM for b in big)
@@ -103,7 +103,7 @@ def test_the_fit_reads_how_much_faster_collectives_run_among_collectives_only():
     an alone_<kind> without its pair does not count; 1 without any; within ALONE_RANGE; the
     full fit carries it, and the model's time for an alone_<kind> is its kind's times the
     scale (comm=shm's topology keeps 1: tests/test_shm_calibration.py)."""
-    from cost_model.calibration import ALONE_RANGE, alone_scale
+    from experiments.calibration.fit import ALONE_RANGE, alone_scale
 
     among = [
         Measurement(k, b, t, 2)
@@ -236,7 +236,7 @@ def test_chunks_of_one_transfer_go_at_the_transfers_rate():
 def test_a_short_noisy_kernel_sweep_still_fits_a_bandwidth():
     """smoke's four kernel sizes, the largest barely above the fixed cost: the fixed cost comes
     from the smaller half and the bandwidth from what is left (it failed once in CI)."""
-    from cost_model.calibration import fit_device
+    from experiments.calibration.fit import fit_device
 
     base = load_topology("local").device
     times = {1 << 12: 0.012, 1 << 15: 0.011, 1 << 18: 0.014, 1 << 21: 0.016}  # ms
@@ -364,7 +364,7 @@ def test_a_stall_between_clean_sizes_is_interpolated_not_pooled_into_them():
 
 def _calls_per_sample(rank, world):
     from experiments.benches import Bench
-    from experiments.calibrate import interleaved
+    from experiments.calibration.measure import interleaved
 
     seen = {"x": [], "y": []}
 
@@ -381,7 +381,7 @@ def _calls_per_sample(rank, world):
 
 def _long_bench(rank, world):
     from experiments.benches import Bench
-    from experiments.calibrate import interleaved
+    from experiments.calibration.measure import interleaved
     from experiments.rounds import LONG_CALL_MS
 
     seen = []

@@ -1,4 +1,4 @@
-"""Calibrated by default (suite.calibration): the fingerprint keys the cache, auto reuses a cached
+"""Calibrated by default (experiments.calibration.cache): the fingerprint keys the cache, auto reuses a cached
 calibration without measuring, off and a given topology.path use none, refresh calibrates again
 (a real quick calibration on 2 ranks, once), and the report names the calibration used."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace as N
 import pytest
 
 import experiments
-from suite import calibration
-from suite.calibration import describe, fingerprint, key_of, local_calibration
+from experiments.calibration import cache as calibration
+from experiments.calibration.cache import describe, fingerprint, key_of, local_calibration
 
 ADAM = experiments.get("adam_fusion")
 
@@ -36,7 +36,7 @@ def test_fingerprint_names_the_machine_and_the_code():
 def test_auto_reuses_a_cached_calibration(tmp_path, monkeypatch):
     where = tmp_path / key_of(fingerprint())
     where.mkdir()
-    text = (calibration.PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
+    text = (calibration.PACKAGES_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
     (where / "topology.yaml").write_bytes(text)
     (where / "fingerprint.json").write_text(
         json.dumps(

@@ -1,4 +1,4 @@
-"""Calibrations fitted together (experiments.calibration_history, cost_model.calibration.pool):
+"""Calibrations fitted together (experiments.calibration.history, experiments.calibration.fit.pool):
 pooling takes each benchmark's median over calibrations, identical calibrations pool to the
 same fit, the history keeps every calibration and hands back the latest of the same scale and
 ranks, and calibrate's fit reads them pooled and names how many (no ranks here)."""
@@ -12,11 +12,11 @@ from types import SimpleNamespace as N
 import pytest
 from test_calibrate import synthetic, truth
 
-from cost_model.calibration import fit, pool
 from cost_model.topology import load_topology
-from experiments.calibrate import POOLED, with_history
-from experiments.calibration_history import keep, kept, pooled
-from suite.calibration import CODE, MEASURING, fingerprint, history_dir, key_of
+from experiments.calibration.cache import CODE, MEASURING, fingerprint, history_dir, key_of
+from experiments.calibration.fit import fit, pool
+from experiments.calibration.history import keep, kept, pooled
+from experiments.calibration.measure import POOLED, with_history
 
 
 def _m(kind, nbytes, t, **kw):

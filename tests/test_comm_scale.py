@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 import experiments
-from cost_model.calibration import all_reduce_us
 from cost_model.microbench import Measurement, predict_ms
 from cost_model.topology import load_topology
 from experiments.api import COMM_PROBE_BYTES, PredictSettings
+from experiments.calibration.fit import all_reduce_us
 from experiments.predict import COMM_SCALE, comm_scale, measured_comm_reference, predictions
 from reports.predicted import scales_note
 

@@ -11,11 +11,11 @@ import pytest
 import experiments
 from codegen.lower import lower
 from codegen.plan import Compute
-from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.closed_form import step_us
 from cost_model.topology import Topology, TopologyError, load_topology
 from cost_model.workload import largest_transfer, simulate
 from experiments import predict
+from experiments.calibration.fit import Measurement, fit, predict_ms
 from tests.test_calibrate import synthetic, truth
 from tests.test_cost_model import tiny
 

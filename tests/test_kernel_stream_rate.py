@@ -25,10 +25,10 @@ from test_calibrate import synthetic, truth
 import experiments
 from codegen.lower import lower
 from codegen.plan import Compute
-from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.closed_form import kernel_bytes
 from cost_model.topology import load_topology
 from cost_model.workload import simulate
+from experiments.calibration.fit import Measurement, fit, predict_ms
 from experiments.predict import local_points, measured_baseline_compute, predict
 
 FIXTURE = Path(__file__).parent / "fixtures" / "fidelity"
@@ -68,7 +68,7 @@ def test_the_streaming_rate_is_read_where_the_calls_stream_from_memory():
     """Small `kernel_stream` calls partly served from the caches (here 16 GB/s, against 8 from
     memory) do not pull the rate up: it comes from the calls from STREAM_FROM bytes and the
     sweep's from SWEEP_STREAM_FROM, 8 GB/s, even when those are the fewer."""
-    from cost_model.calibration import STREAM_FROM, SWEEP_STREAM_FROM
+    from experiments.calibration.fit import STREAM_FROM, SWEEP_STREAM_FROM
 
     t = truth()
     launch = fit(synthetic(t), load_topology("local"), 2).device.launch_us

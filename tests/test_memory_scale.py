@@ -208,7 +208,7 @@ def test_calibration_times_the_library_step_where_it_streams_from_memory():
     """Calibration's `library_adam` starts at 2^22 elements: at 2^20 its calls, back to back on
     the same data, run from the caches where a run's step does not, so the optimizer
     experiments' 2^20 points get no memory scale and the larger ones do."""
-    from experiments.calibrate import LIBRARY_SCALES, sizes
+    from experiments.calibration.measure import LIBRARY_SCALES, sizes
 
     for scale in ("quick", "default", "paper"):
         assert min(sizes(scale, LIBRARY_SCALES)) == 1 << 22

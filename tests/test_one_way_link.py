@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 
 from codegen.lower import lower
-from cost_model.calibration import Measurement, fit, predict_ms
 from cost_model.closed_form import plan_us
 from cost_model.network import hop, hop_us
 from cost_model.topology import LinkClass, load_topology
 from cost_model.workload import simulate
 from experiments import pipeline_parallel
+from experiments.calibration.fit import Measurement, fit, predict_ms
 from tests.test_calibrate import synthetic, truth
 
 ONE_WAY = LinkClass(

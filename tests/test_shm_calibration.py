@@ -11,12 +11,12 @@ import pytest
 
 import experiments
 from codegen.lower import lower
-from cost_model.calibration import Measurement, fit, fit_shm, predict_ms
 from cost_model.topology import LinkClass, load_topology
 from cost_model.workload import simulate
 from experiments import MeasureSettings, PredictSettings, adam_fusion
-from suite import calibration
-from suite.calibration import fingerprint, key_of, local_calibration
+from experiments.calibration import cache as calibration
+from experiments.calibration.cache import fingerprint, key_of, local_calibration
+from experiments.calibration.fit import Measurement, fit, fit_shm, predict_ms
 from tests.test_calibrate import synthetic, truth
 
 
@@ -116,9 +116,9 @@ def _cfg(comm):
 
 
 def _write_cache(folder, created: str, *files: str) -> None:
-    """A cached calibration as `suite.calibration` writes it: the topology files (the shipped
+    """A cached calibration as `experiments.calibration.cache` writes it: the topology files (the shipped
     local topology's text) and a fingerprint.json naming their checksums."""
-    text = (calibration.PROJECT_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
+    text = (calibration.PACKAGES_ROOT / "suite" / "conf" / "topology" / "local.yaml").read_bytes()
     for name in files:
         (folder / name).write_bytes(text)
     sums = {

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from cost_model.calibration import STEP_RINGS, Measurement, fit, predict_ms
 from cost_model.topology import load_topology
+from experiments.calibration.fit import STEP_RINGS, Measurement, fit, predict_ms
 from tests.test_calibrate import synthetic, truth
 
 

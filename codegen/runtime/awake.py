@@ -19,7 +19,7 @@ no time from the ranks' work) that calls sched_yield in a loop; it stops and rea
 block ends, however it ends. Each child also dies with this process (PR_SET_PDEATHSIG: SIGKILL),
 so a launcher killed outright leaves none behind. Where SCHED_IDLE or prctl is missing (not
 Linux) or `enabled` is false, it does nothing. The calibration a run uses is keyed by whether
-it was on (`suite.calibration`), since it changes every communication's time.
+it was on (`experiments.calibration.cache`), since it changes every communication's time.
 """
 
 from __future__ import annotations

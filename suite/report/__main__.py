@@ -4,7 +4,7 @@ record of the verification checks and the calibration used: `suite.resume.record
 re-running nothing but the schedules' printing: report.md comes out as the run wrote it (a run
 from before the record: without its checks, and it says so). A run of an
 experiment made from another (experiment=autotune target=NAME) is rebuilt as that run made it,
-from its own records (`Experiment.recorded`: autotune.csv), with its own section. An
+from its own records (`DerivedExperiment.recorded`: autotune.csv), with its own section. An
 experiment=paper run is rebuilt run by run, then its reproduction report (`suite.paper`). Bad
 input (no such run directory, no results) is one line on stderr and exit 2."""
 

@@ -9,7 +9,7 @@ fingerprint.json), where `key` hashes the machine's `fingerprint()`: CPU model, 
 torch and C++ compiler versions, the calibration code's version (a hash of the
 files in `CODE`: calibrate's measurement, its rounds, its benchmarks and the fit) and the run's
 `keep_awake`. When none
-matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibrate's
+matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibration.measure's
 "quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
 written to a temporary folder and moved into place whole, so a crash leaves no half calibration
@@ -29,7 +29,7 @@ predicted with the same calibration's topology.yaml (`Calibration.gloo_path`).
 calibration it used (`describe`). Every calibration, the quick pass and experiment=calibrate's
 alike, is also kept in `.cache/calibration/history/<key>/` (`history_dir`: keyed by the machine
 and the measurement code alone), and the fit reads it pooled with the `calibration_pool - 1`
-latest kept ones of the same scale and ranks (`experiments.calibration_history`).
+latest kept ones of the same scale and ranks (`experiments.calibration.history`).
 """
 
 from __future__ import annotations
@@ -49,12 +49,11 @@ from typing import Optional
 import torch
 import yaml
 
-import experiments
+from codegen.cache import PACKAGES_ROOT, cache_dir
 from cost_model.topology import TopologyError, load_topology
-from experiments import MeasureSettings
 
-from . import CACHE_DIR, PROJECT_ROOT
-from .errors import SuiteError, one_line
+from ..api import MeasureSettings
+from ..registry import get
 from .machine import compiler, cpu_model, memory_gib
 
 log = logging.getLogger(__name__)
@@ -62,22 +61,26 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "refresh", "off")
 # the calibration code's version (experiments.rounds: how calibrate samples communications;
 # experiments.benches: what it measures, experiments.optimizers the baseline step it times;
-# cost_model.curves and .microbench: how the fit reads the sizes and models each benchmark)
+# .fit and cost_model.curves and .microbench: how the fit reads the sizes and models each benchmark)
 CODE = (
-    "experiments/calibrate.py",
+    "experiments/calibration/measure.py",
     "experiments/benches.py",
     "experiments/rounds.py",
     "experiments/optimizers.py",
-    "cost_model/calibration.py",
+    "experiments/calibration/fit.py",
     "cost_model/curves.py",
     "cost_model/microbench.py",
-    "cost_model/calibration_device.py",
+    "experiments/calibration/fit_device.py",
 )
 MEASURING = CODE[:4]  # what the measurements alone depend on: the history's key (`history_dir`)
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
-TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (experiments.calibrate measures it with comm=shm)
+TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (.measure measures it with comm=shm)
 SCHEMA = 2  # fingerprint.json's layout: 2 = with the topology files' checksums
 STALE_S = 6 * 3600.0  # a temporary calibration folder older than this was left by a dead run
+
+
+class CalibrationError(Exception):
+    """A cached calibration that is damaged; the message is one line naming the fix."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ def fingerprint(keep_awake: bool = True, files=CODE) -> dict:
     every communication's time)."""
     code = hashlib.sha256()
     for rel in files:
-        code.update((PROJECT_ROOT / rel).read_bytes())
+        code.update((PACKAGES_ROOT / rel).read_bytes())
     return {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
@@ -113,9 +116,12 @@ def key_of(fp: dict) -> str:
 
 
 def local_calibration(
-    cfg, exp, world_size: int, cache: Path = CACHE_DIR / "calibration"
+    cfg, exp, world_size: int, cache: Optional[Path] = None
 ) -> Optional[Calibration]:
-    """The calibration the run predicts this machine with (see the module); None: none applies."""
+    """The calibration the run predicts this machine with (see the module); None: none applies.
+    `cfg`: the run's settings (`suite.config.Config`; read, attribute by attribute), `exp` its
+    experiment; `cache`: the cache's folder (default `<suite cache>/calibration`)."""
+    cache = cache or default_cache()
     if (
         cfg.calibration == "off"
         or cfg.topology.path
@@ -173,7 +179,7 @@ def cached(where: Path, name: str) -> Optional[dict]:
     """The cached calibration's fingerprint.json where `where` holds a whole one for `name`
     (every file its checksums name as written, the topology loading); None where there is
     none or it was written by an older version of this cache (`SCHEMA`: calibrate again);
-    SuiteError (one line, naming the fix) where it is damaged."""
+    CalibrationError (one line, naming the fix) where it is damaged."""
     if not (where / name).exists() and not (where / FINGERPRINT).exists():
         return None
     try:
@@ -190,8 +196,9 @@ def cached(where: Path, name: str) -> Optional[dict]:
                 raise ValueError(f"{file} is not as it was written (checksum)")
         load_topology(path=where / name)
     except (OSError, ValueError, TopologyError, yaml.YAMLError) as e:
-        raise SuiteError(
-            f"the cached calibration in {where} is damaged ({one_line(e)[:200]}); "
+        why = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        raise CalibrationError(
+            f"the cached calibration in {where} is damaged ({why[:200]}); "
             "calibrate again with calibration=refresh"
         ) from None
     return meta
@@ -201,11 +208,16 @@ def _sha256(path: Path) -> Optional[str]:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
 
-def history_dir(keep_awake: bool = True, cache: Path = CACHE_DIR / "calibration") -> Path:
+def default_cache() -> Path:
+    """The calibrations' folder in the suite's cache (`codegen.cache.cache_dir`)."""
+    return cache_dir() / "calibration"
+
+
+def history_dir(keep_awake: bool = True, cache: Optional[Path] = None) -> Path:
     """Where this machine's calibrations are kept, to be fitted together
-    (`experiments.calibration_history`): keyed as the cache is, but by the measurement code
+    (`experiments.calibration.history`): keyed as the cache is, but by the measurement code
     alone (`MEASURING`), so a change to the fit keeps the measurements it can read."""
-    return cache / "history" / key_of(fingerprint(keep_awake, MEASURING))
+    return (cache or default_cache()) / "history" / key_of(fingerprint(keep_awake, MEASURING))
 
 
 def describe(found: Optional[Calibration], cfg, fitted: Optional[Path] = None) -> str:
@@ -250,7 +262,7 @@ def _calibrate(
             calibration_history=history,
             calibration_pool=pool,
         )
-        experiments.get("calibrate").measure(settings)
+        get("calibrate").measure(settings)
         created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         sums = {f.name: _sha256(f) for f in sorted(tmp.glob("topology*.yaml"))}
         (tmp / FINGERPRINT).write_text(

@@ -5,10 +5,10 @@
 
 `history` is a folder of one machine's calibrations (the suite keeps it in
 `.cache/calibration/history/<key>/`, keyed by the machine and the measurement code:
-`suite.calibration.history_dir`), one calibration.json each, named
+`experiments.calibration.cache.history_dir`), one calibration.json each, named
 `<UTC time, to the microsecond>-<scale>-p<ranks>.json`, so names sort by time. `pooled` gives
 this calibration and the `n - 1` latest kept ones of the same scale and number of ranks;
-`cost_model.calibration.pool` makes them one set of measurements (per benchmark the median over
+`experiments.calibration.fit.pool` makes them one set of measurements (per benchmark the median over
 the calibrations), which the fit reads as one (why, with the figures: README, "Running",
 "Calibrations are fitted together").
 A kept file is written whole (a temporary file renamed), so a crash leaves none half written;

@@ -12,7 +12,7 @@ local operation's back to back, a communication's each after its own barrier, th
 median, `experiments.rounds.sample_ms`, as every experiment's rounds and `collectives` time
 them), and each
 benchmark's time is the median over rounds (and its mean over rounds, `time_ms_mean`, at which
-the fit takes the communication kinds for steps: `cost_model.calibration.AT_MEAN`; the
+the fit takes the communication kinds for steps: `experiments.calibration.fit.AT_MEAN`; the
 results.csv rows are the medians, predicted with the links fitted at the medians,
 `Topology.lone`); so benchmarks that the fit compares with each other
 (a step and its parts, a kernel alone and beside an exchange, chunked and whole exchanges, the
@@ -36,7 +36,7 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
   piece of buffers of STREAM_BUFFER elements (beyond the caches), on every rank at once: the memory
   rate ranks that share the memory bus get streaming a step's data (the device's
   `stream_memory_gbps`, comm=shm's peer reads too, read from its calls of 2^21 elements and up
-  and the sweep's of 2^23 and up, `cost_model.calibration.stream_memory_gbps`: the sweep
+  and the sweep's of 2^23 and up, `experiments.calibration.fit.stream_memory_gbps`: the sweep
   reuses its buffers, which smaller sizes find in the caches);
   `library_adam`: adam_fusion's baseline's optimizer step (its `local_step`: torch's fused
   Adam) on 2^22 and 2^23 elements (b = 4 bytes each), each round's time put in the memory
@@ -60,10 +60,10 @@ kernel's buffers its own, as a runner's are; the benchmarks are built in `experi
   collective among collectives only ran faster than the same one among kernels, matmuls and
   steps, in the median 0.90x (2 ranks on the Intel VM, fifteen paper runs: the collectives'
   sweep against the same run's calibration), so the sweep, not a step, is predicted with the
-  fit's `alone_scale` (`cost_model.calibration.alone_scale`);
+  fit's `alone_scale` (`experiments.calibration.fit.alone_scale`);
 - `shm_all_reduce`, `shm_reduce_scatter`, `shm_all_gather` (with comm=shm): the same collectives
   over shared memory (`codegen.runtime.shm_comm`), fitted into a second topology,
-  `topology_shm.yaml` (`cost_model.calibration.fit_shm`), the one comm=shm's runs predict with;
+  `topology_shm.yaml` (`experiments.calibration.fit.fit_shm`), the one comm=shm's runs predict with;
 - `overlap_kernel`, `overlap_exchange`: a kernel, an exchange, each alone; `overlap_inside`,
   `overlap_both`: both started at once, the kernel's time while the exchange is in flight
   (compute slowdown) and the time until both are done (communication slowdown); one bench, the
@@ -73,7 +73,7 @@ The baselines' library computation (torch's fused Adam, ...) is not benchmarked 
 times its own baseline and the cost model takes that time (`experiments.predict`).
 
 Rounds: `ROUNDS[scale]` x max(3, repeats) (20 at default scale; 6 in the quick pass a run makes
-when none is cached). The fit (`cost_model.calibration.fit`, which only sees the measurements as
+when none is cached). The fit (`experiments.calibration.fit.fit`, which only sees the measurements as
 data) is written to
 `topology.yaml` in the run directory (use it with `topology=local topology.path=FILE`), the raw
 measurements to `calibration.json`, and measured and predicted rows of every benchmark to
@@ -105,13 +105,12 @@ from codegen.runtime import comm
 from codegen.runtime.backend import NO_STREAMS, CpuBackend, CpuKernel
 from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import cpu_cores, run_ranks
-from cost_model.calibration import LIBRARY, SHM, Measurement, fit, fit_shm, pool, predict_ms
+from cost_model.microbench import LIBRARY, SHM, Measurement, pool, predict_ms
 from cost_model.topology import dump_topology, load_topology
 from reports.progress import Progress
 from reports.results import append_row
 
-from .api import Experiment
-from .benches import (
+from ..benches import (
     Bench,
     alone,
     communication,
@@ -122,10 +121,12 @@ from .benches import (
     sequences,
     shm_collectives,
 )
-from .calibration_history import keep, pooled
-from .optimizers import adam_program
-from .registry import register
-from .rounds import calls_for, needs_untimed
+from ..kinds import MeasurementExperiment
+from ..optimizers import adam_program
+from ..registry import register
+from ..rounds import calls_for, needs_untimed
+from .fit import fit, fit_shm
+from .history import keep, pooled
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ TOPOLOGY, CALIBRATION = "topology.yaml", "calibration.json"
 POOLED = "calibration_pooled.json"  # what the fit read, where it pooled several calibrations
 TOPOLOGY_SHM = "topology_shm.yaml"  # with comm=shm: the shared-memory transport's topology
 # scale "quick": the default sizes' range, every other size, one pass: what a run calibrates
-# with when none is cached for this machine (suite.calibration), in about 20 s
+# with when none is cached for this machine (experiments.calibration.cache), in about 20 s
 SCALES = {"smoke": (12, 20, 2), "quick": (12, 26, 2), "default": (12, 27, 1), "paper": (12, 27, 1)}
 KERNEL_SCALES = {
     "smoke": (7, 16, 3),
@@ -219,7 +220,7 @@ def rank_main(rank: int, world: int, spec: dict) -> list[dict]:
     """Every benchmark in interleaved rounds (`interleaved`); per benchmark the median over
     rounds of the slowest rank's time per call, its min and max, and its mean over rounds
     (`time_ms_mean`, which the fit takes for the communication kinds,
-    `cost_model.calibration.AT_MEAN`)."""
+    `experiments.calibration.fit.AT_MEAN`)."""
     plan, step = spec["plan"], spec["step"]
     fn = build([step.kernel])[step.kernel.name]
     runner = PlanRunner(
@@ -400,8 +401,8 @@ def with_history(raw: list[dict], settings, out_dir: Path) -> tuple[list[dict], 
     """The measurements the fit reads, and how the topology's source names them: this
     calibration's own (`raw`), or, with `settings.calibration_history`, pooled with the
     `calibration_pool - 1` latest calibrations kept there of the same scale and ranks
-    (`experiments.calibration_history`; per benchmark the median over them,
-    `cost_model.calibration.pool`, written to calibration_pooled.json). This calibration is
+    (`experiments.calibration.history`; per benchmark the median over them,
+    `experiments.calibration.fit.pool`, written to calibration_pooled.json). This calibration is
     kept there too, for the next (where it cannot be written, the run says so and goes on)."""
     history = settings.calibration_history
     if history is None:
@@ -537,7 +538,7 @@ def _by_size(topo) -> str:
 
 
 EXPERIMENT = register(
-    Experiment(
+    MeasurementExperiment(
         name=NAME,
         figure="none (fits the cost model's local topology)",
         measure=measure,

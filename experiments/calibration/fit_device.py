@@ -1,6 +1,6 @@
 """Fit the device of the `local` topology (one rank's compute) to calibration's measurements.
 
-Data in, `Device` out (`cost_model.calibration.fit` calls `fit_device`; no ranks here):
+Data in, `Device` out (`experiments.calibration.fit.fit` calls `fit_device`; no ranks here):
 - `kernel` (the generated Adam kernel over b bytes of traffic): launch overhead (the smallest
   sizes' time), memory bandwidth and its efficiency curve by kernel bytes;
 - `kernel_stream` and the sweep's largest `kernel` calls: `stream_memory_gbps`, the rate of a
@@ -18,9 +18,9 @@ import dataclasses
 import statistics
 from typing import Iterable
 
-from .curves import fit_curve, fixed_cost, smooth
-from .microbench import LIBRARY, Measurement
-from .topology import Device
+from cost_model.curves import fit_curve, fixed_cost, smooth
+from cost_model.microbench import LIBRARY, Measurement
+from cost_model.topology import Device
 
 # the streaming rate's calls (`stream_memory_gbps`), in bytes of traffic per call: the Adam
 # kernel over 2^21 elements on fresh data, over 2^23 on the sweep's reused buffers

@@ -80,7 +80,7 @@ is a stall and takes its neighbours' interpolation; smaller inversions are poole
 median, an isotonic fit), so a stalled small size reads neither as fixed cost nor as a slow
 wire, nor raises its neighbours.
 The device's figures (kernel, kernel_stream, matmul, add, copy, library_<routine>) are fitted in
-`cost_model.calibration_device`.
+`experiments.calibration.fit_device`.
 `predict_ms(topo, m)` (`cost_model.microbench`) is the model's time for a measurement, for the
 calibration's own predicted-vs-measured table. Units: `time_ms` in ms, `nbytes` in bytes,
 topology fields as named (`_us`, `_gbps`).
@@ -93,20 +93,29 @@ import math
 import statistics
 from typing import Iterable, Optional
 
-from .calibration_device import (  # noqa: F401
+from cost_model.closed_collectives import collective_us
+from cost_model.collectives import CollSpec
+from cost_model.curves import bulk_rate, fixed_cost, monotone, smooth, solve
+from cost_model.microbench import (  # noqa: F401
+    ALONE,
+    LIBRARY,
+    SHM,
+    Measurement,
+    pool,
+    predict_ms,
+    waited_us,
+)
+from cost_model.network import hop_us
+from cost_model.topology import LinkClass, Topology
+
+from .fit_device import (  # noqa: F401
     STREAM_FROM,
     SWEEP_STREAM_FROM,
     fit_device,
     inplace_write_weight,
     stream_memory_gbps,
 )
-from .calibration_device import series as _series
-from .closed_collectives import collective_us
-from .collectives import CollSpec
-from .curves import bulk_rate, fixed_cost, monotone, smooth, solve
-from .microbench import ALONE, LIBRARY, SHM, Measurement, pool, predict_ms, waited_us  # noqa: F401
-from .network import hop_us
-from .topology import LinkClass, Topology
+from .fit_device import series as _series
 
 FITTED = (
     "exchange",
