@@ -1,5 +1,6 @@
-"""`FusedAdam` and `FusedLAMB`: torch optimizers for data-parallel training that run the suite's
-generated `fuse(RS-C-AG)+as_slice` step instead of DDP's all-reduce plus an optimizer.
+"""`FusedOptimizer`: a torch optimizer for data-parallel training that runs an optimizer program's
+generated `fuse(RS-C-AG)+as_slice` step instead of DDP's all-reduce plus an optimizer (the base of
+`coconet.FusedAdam`, `FusedAdamW` and `FusedLAMB`, and the wrapper of a user's own program).
 
     model = Net()                                    # the same initial weights on every rank
     opt = coconet.FusedAdam(model.parameters(), lr=1e-3)       # no DDP wrapper
@@ -21,18 +22,21 @@ Contract
   all-gather of the weights. The reduce-scatter works in the gradient bucket, so after `step()`
   the gradients are consumed: call `zero_grad()` before the next backward (every training loop
   does). The hyper-parameters are read from the bucket's param group at every step, so
-  learning-rate schedulers work. m and v exist only as this rank's slices: 1/P of the state of
-  `torch.optim.Adam` (`state_bytes()`).
-- `state_dict()` is collective and returns the gathered state in `torch.optim.Adam`'s format
-  (per parameter id: `step`, `exp_avg`, `exp_avg_sq` of the parameter's shape; `param_groups` with
-  parameter ids), on every rank; `sharded_state_dict()` is local: this rank's slices per bucket and
-  the layout they belong to. `load_state_dict` takes either (a sharded one only with the same
-  layout, world size and rank) and resumes exactly where the saved optimizer was.
+  learning-rate schedulers work. The state (Adam's m and v) exists only as this rank's slices:
+  1/P of the state of `torch.optim.Adam` (`state_bytes()`).
+- `clip_grad_norm(max_norm)` clips by the norm of the averaged gradient, as DDP's training does
+  (`torch.nn.utils.clip_grad_norm_` would clip each rank's local gradient: see the method).
+- `state_dict()` is collective and returns the gathered state in torch's format (per parameter
+  id: `step` and each state tensor of the parameter's shape, under `state_names`: Adam's
+  `exp_avg`, `exp_avg_sq`; `param_groups` with parameter ids), on every rank;
+  `sharded_state_dict()` is local: this rank's slices per bucket and the layout they belong to.
+  `load_state_dict` takes either (a sharded one only with the same layout, world size and rank)
+  and resumes exactly where the saved optimizer was.
 - Buckets: `bucket_cap_numel` elements at most (default 2^22; None: one bucket per parameter).
   `FusedLAMB` defaults to one bucket per parameter, so its trust ratio is per parameter tensor
   (You et al.; Apex's FusedLAMB); with larger buckets it is per bucket.
-- Not supported (ValueError): Adam's `weight_decay` (the program has none), `amsgrad`, params of
-  another dtype, param groups added after construction.
+- Not supported (ValueError): params of another dtype than float32 (no mixed precision yet),
+  param groups added after construction, a weight decay asked of a step compiled without one.
 """
 
 from __future__ import annotations
@@ -48,18 +52,21 @@ from . import programs
 from .buckets import BucketLayout, layout
 from .step import Step, compile_many
 
-STATE = ("exp_avg", "exp_avg_sq")  # torch.optim.Adam's names for m and v
+# torch.optim.Adam's (and AdamW's) names for the Adam programs' state
+ADAM_STATE = {"m": "exp_avg", "v": "exp_avg_sq", "vmax": "max_exp_avg_sq"}
 
 
 class _Bucket:
-    """A layout with its flat buffers: w and g (N elements), m and v (this rank's N/P)."""
+    """A layout with its flat buffers: w and g (N elements), and each state input of the
+    program (`programs.state_of`: m and v for Adam) as this rank's slice (N/P)."""
 
-    def __init__(self, spec: BucketLayout, params: list, P: int, device):
+    def __init__(self, spec: BucketLayout, params: list, P: int, device, state: tuple):
         self.spec, self.t = spec, 0
         self.w = torch.zeros(spec.numel, dtype=torch.float32, device=device)
         self.g = torch.zeros_like(self.w)
-        self.m = torch.zeros(spec.numel // P, dtype=torch.float32, device=device)
-        self.v = torch.zeros_like(self.m)
+        self.state = {
+            name: torch.zeros(spec.numel // P, dtype=torch.float32, device=device) for name in state
+        }
         self.params = [params[s.param] for s in spec.slots]
         self.step: Optional[Step] = None
 
@@ -80,7 +87,14 @@ class _Bucket:
 
 
 class FusedOptimizer(torch.optim.Optimizer):
-    """The base of FusedAdam and FusedLAMB (see the module doc); `program` the optimizer's."""
+    """The fused step of an optimizer program over the parameters (see the module doc); the base
+    of FusedAdam, FusedAdamW and FusedLAMB, and the wrapper of a user's own program.
+
+    `program`: a data-parallel optimizer program over `N` elements with the gradient `g`
+    (`Local`), the weights `w` and its state (`Replicated` inputs it updates, `programs.state_of`;
+    kept as slices) and 0-d hyper-parameters, which `step()` reads from each param group by name
+    (`betas` as beta1, beta2; `step` is the optimizer's own count). `state_names`: the name of
+    each state input in `state_dict()` (default: its own)."""
 
     def __init__(
         self,
@@ -88,6 +102,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         defaults: dict,
         program,
         *,
+        state_names: Optional[dict] = None,
         group=None,
         bucket_cap_numel: Optional[int] = 1 << 22,
         chunks: int = 4,
@@ -95,6 +110,17 @@ class FusedOptimizer(torch.optim.Optimizer):
     ):
         self._buckets: list[_Bucket] = []
         super().__init__(params, defaults)
+        names = {i.value.name for i in program.inputs}
+        if not {"g", "w"} <= names:
+            raise ValueError(
+                f"{type(self).__name__}: the program {program.name} needs the inputs g (the "
+                f"gradient) and w (the weights); it has {sorted(names)}"
+            )
+        state = programs.state_of(program)
+        self._state_names = {n: (state_names or {}).get(n, n) for n in state}
+        zero_d = [i.value.name for i in program.inputs if not i.value.type.shape]
+        self._hyper = tuple(n for n in zero_d if n != "step")
+        self._counts = "step" in zero_d  # the program takes the step count (Adam's bias correction)
         self._group = Group.world() if group is None else Group.of(group)
         P = self._group.size
         flat = [p for g in self.param_groups for p in g["params"]]
@@ -106,7 +132,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         sizes = [[p.numel() for p in g["params"]] for g in self.param_groups]
         specs = layout(sizes, bucket_cap_numel, P * chunks)
         device = flat[0].device if flat else torch.device("cpu")
-        self._buckets = [_Bucket(s, flat, P, device) for s in specs]
+        self._buckets = [_Bucket(s, flat, P, device, state) for s in specs]
         with torch.no_grad():
             for b in self._buckets:
                 for k, p in enumerate(b.params):
@@ -120,7 +146,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 program,
                 programs.sliced_schedule,
                 {"N": b.spec.numel},
-                {"w": b.w, "g": b.g, "m": b.m, "v": b.v},
+                {"w": b.w, "g": b.g, **b.state},
             )
             for b in self._buckets
         ]
@@ -146,9 +172,46 @@ class FusedOptimizer(torch.optim.Optimizer):
                 p.grad = b.view(b.g, k)
 
     def hyper(self, group: dict) -> dict:
-        """The step's 0-d inputs from a param group (lr, betas, eps, ...)."""
-        beta1, beta2 = group["betas"]
-        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2, "eps": group["eps"]}
+        """The step's 0-d inputs from a param group, by name (`betas`: beta1 and beta2)."""
+        if group.get("weight_decay") and "weight_decay" not in self._hyper:
+            raise ValueError(
+                f"{type(self).__name__}: weight_decay={group['weight_decay']} in a param group, "
+                "but the step was compiled without weight decay (set it at construction)"
+            )
+        given = dict(group)
+        if "betas" in given:
+            given["beta1"], given["beta2"] = given["betas"]
+        return {name: given[name] for name in self._hyper if name in given}
+
+    @torch.no_grad()
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradients so that the 2-norm of the gradient the step uses (the average
+        over the ranks) is at most `max_norm`, as `torch.nn.utils.clip_grad_norm_` does after
+        DDP's all-reduce; returns that norm (before clipping). Collective; call it between
+        backward and `step()`.
+
+        Why not `torch.nn.utils.clip_grad_norm_(model.parameters(), ...)`: without DDP the
+        `.grad`s are this rank's own gradients, not their average (the fused step averages them
+        itself), so the usual call clips each rank by the norm of its local gradient and the
+        ranks drift from DDP's training. Here each bucket is reduce-scattered into a scratch
+        slice (half an all-reduce's traffic, on top of the step's), its squares summed, and one
+        scalar all-reduced; every rank then scales its local gradients by the same coefficient
+        min(1, max_norm / (norm + 1e-6)), which scales their average by it."""
+        total = torch.zeros((), dtype=torch.float64)
+        P = self._group.size
+        for b in self._buckets:
+            b.gather_grads()
+            part = torch.empty(b.spec.numel // P, dtype=b.g.dtype, device=b.g.device)
+            b.step.runner.comm.reduce_scatter(b.g, part, "sum")
+            total += part.double().div_(P).square().sum().cpu()
+        if P > 1:
+            dist.all_reduce(total, group=self._group.pg)
+        norm = total.sqrt().float()
+        coef = float(max_norm) / (float(norm) + 1e-6)
+        if coef < 1.0:
+            for b in self._buckets:
+                b.g.mul_(coef)
+        return norm
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -159,19 +222,20 @@ class FusedOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             b.gather_grads()
             b.t += 1
-            b.step(step=float(b.t), **self.hyper(self.param_groups[b.spec.group]))
+            count = {"step": float(b.t)} if self._counts else {}
+            b.step(**count, **self.hyper(self.param_groups[b.spec.group]))
         return loss
 
     # -- state ----------------------------------------------------------------------------------
     def state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds (m and v slices; the step counters aside)."""
-        return sum(b.m.numel() * b.m.element_size() * 2 for b in self._buckets)
+        """Bytes of optimizer state this rank holds (its state slices; the step counters aside)."""
+        return sum(t.numel() * t.element_size() for b in self._buckets for t in b.state.values())
 
     def buffer_bytes(self) -> int:
         """Bytes of the step's buffers on this rank besides the parameters, their gradients (the
         gradient buckets) and the state: the Plan's own (the reduced gradient slice, the
         updated slice, ...)."""
-        own = {id(t) for b in self._buckets for t in (b.w, b.g, b.m, b.v)}
+        own = {id(t) for b in self._buckets for t in (b.w, b.g, *b.state.values())}
         return sum(
             t.numel() * t.element_size()
             for b in self._buckets
@@ -193,24 +257,28 @@ class FusedOptimizer(torch.optim.Optimizer):
         return out
 
     def state_dict(self) -> dict:
-        """The gathered state, in torch.optim.Adam's format, on every rank (collective)."""
+        """The gathered state, in torch's format (Adam's names for FusedAdam), on every rank
+        (collective)."""
         state = {}
         for b in self._buckets:
             full = {}
-            for name, part in zip(STATE, (b.m, b.v)):
+            for name, part in b.state.items():
                 full[name] = torch.empty_like(b.w)
                 b.step.runner.comm.all_gather(part, full[name])
             for k, s in enumerate(b.spec.slots):
                 state[s.param] = {
                     "step": torch.tensor(float(b.t)),
-                    **{n: b.view(full[n], k).clone() for n in STATE},
+                    **{self._state_names[n]: b.view(full[n], k).clone() for n in b.state},
                 }
         return {"state": state, "param_groups": self._groups_dict()}
 
     def sharded_state_dict(self) -> dict:
         """This rank's slices of the state, per bucket, and the layout they belong to (local)."""
         state = {
-            i: {"step": torch.tensor(float(b.t)), "exp_avg": b.m.clone(), "exp_avg_sq": b.v.clone()}
+            i: {
+                "step": torch.tensor(float(b.t)),
+                **{self._state_names[n]: t.clone() for n, t in b.state.items()},
+            }
             for i, b in enumerate(self._buckets)
         }
         return {
@@ -253,8 +321,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         for i, b in enumerate(self._buckets):
             st = sd["state"][i]
             b.t = int(st["step"])
-            b.m.copy_(st["exp_avg"])
-            b.v.copy_(st["exp_avg_sq"])
+            for name, part in b.state.items():
+                part.copy_(st[self._state_names[name]])
 
     def _load_gathered(self, state: dict) -> None:
         n, me = self._group.size, self._group.me
@@ -267,78 +335,9 @@ class FusedOptimizer(torch.optim.Optimizer):
                 )
             b.t = steps.pop() if steps else 0
             k = b.spec.numel // n
-            for name, part in zip(STATE, (b.m, b.v)):
+            for name, part in b.state.items():
                 full = torch.zeros_like(b.w)
                 for j, s in enumerate(b.spec.slots):
                     if s.param in state:
-                        b.view(full, j).copy_(state[s.param][name])
+                        b.view(full, j).copy_(state[s.param][self._state_names[name]])
                 part.copy_(full[me * k : (me + 1) * k])
-
-
-class FusedAdam(FusedOptimizer):
-    """torch.optim.Adam's update (bias-corrected, no weight decay) as the generated fused step."""
-
-    def __init__(
-        self,
-        params,
-        lr: float = 1e-3,
-        betas=(0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        *,
-        group=None,
-        bucket_cap_numel: Optional[int] = 1 << 22,
-        chunks: int = 4,
-        backend="cpu",
-    ):
-        if weight_decay:
-            raise ValueError(
-                "FusedAdam: weight_decay is not supported (the Adam program has no "
-                "L2 term); use FusedLAMB's decoupled weight decay"
-            )
-        super().__init__(
-            params,
-            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0},
-            programs.adam_program(),
-            group=group,
-            bucket_cap_numel=bucket_cap_numel,
-            chunks=chunks,
-            backend=backend,
-        )
-
-    def add_param_group(self, param_group: dict) -> None:
-        if param_group.get("weight_decay", 0.0):
-            raise ValueError("FusedAdam: weight_decay is not supported")
-        super().add_param_group(param_group)
-
-
-class FusedLAMB(FusedOptimizer):
-    """LAMB (You et al. 2020; Apex FusedLAMB without gradient clipping) as the generated fused
-    step: Adam's bias-corrected direction plus decoupled weight decay, scaled by the trust ratio
-    ||w|| / ||u|| of each bucket (by default one bucket per parameter tensor)."""
-
-    def __init__(
-        self,
-        params,
-        lr: float = 1e-3,
-        betas=(0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.01,
-        *,
-        group=None,
-        bucket_cap_numel: Optional[int] = None,
-        chunks: int = 4,
-        backend="cpu",
-    ):
-        super().__init__(
-            params,
-            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay},
-            programs.lamb_program(),
-            group=group,
-            bucket_cap_numel=bucket_cap_numel,
-            chunks=chunks,
-            backend=backend,
-        )
-
-    def hyper(self, group: dict) -> dict:
-        return {**super().hyper(group), "weight_decay": group["weight_decay"]}

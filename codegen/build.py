@@ -24,9 +24,10 @@ Contract
 - A cached module that is damaged (not an ELF file: a zero-byte `.so` a full disk left) or
   that will not load is said in one line and built again, once.
 - The modules' common headers (`render_cpp.INCLUDES`) are precompiled once per compiler, flags
-  and torch (`<cache>/prelude_<hash>/coconet_prelude.h.gch`, built under its own lock) and each
-  module is compiled with `#include "coconet_prelude.h"` in their place: about 40% less compile
-  time. Without it (the header will not precompile) a module still builds, from the headers.
+  and torch into the suite's cache (`codegen.cache.cache_dir()/prelude/<hash>/
+  coconet_prelude.h.gch`, built under its own lock, shared by every build cache) and each module
+  is compiled with `#include "coconet_prelude.h"` in their place: about 40% less compile time.
+  Without it (the header will not precompile) a module still builds, from the headers.
 - `write_sources(kernels, directory, name)` writes the same module source as
   `<directory>/<name>.cpp` (the run's `kernels/` folder) and returns its path.
 """
@@ -154,9 +155,11 @@ def _load(source: str, mname: str) -> ModuleType:
     extra = {}
     if "no_implicit_headers" in inspect.signature(load_inline).parameters:
         extra["no_implicit_headers"] = True  # the source includes lighter headers (~3x faster)
-    prelude = _prelude(precompile=not (directory / f"{mname}.so").exists())
+    flags = cflags()
     if INCLUDES in source:  # the same translation unit, its headers read precompiled
+        prelude = _prelude(precompile=not (directory / f"{mname}.so").exists())
         source = source.replace(INCLUDES, f'#include "{PRELUDE}"\n', 1)
+        flags.append(f"-I{prelude}")
     with _locked(root / f"{mname}.lock"):
         (directory / "lock").unlink(missing_ok=True)  # torch's baton, stale if we hold the lock
         for attempt in (0, 1):
@@ -166,7 +169,7 @@ def _load(source: str, mname: str) -> ModuleType:
                 mod = load_inline(
                     mname,
                     [source],
-                    extra_cflags=cflags() + [f"-I{prelude}"],
+                    extra_cflags=flags,
                     extra_ldflags=list(LDFLAGS),
                     build_directory=str(directory),
                     verbose=False,
@@ -198,11 +201,11 @@ def _prelude(precompile: bool = True) -> Path:
         flags += ["-isystem", folder]
     flags += ["-fPIC", "-std=c++20"] + cflags()
     key = "\n".join([INCLUDES, cxx, " ".join(flags), str(native_arch()), _torch_version()])
-    folder = cache_dir() / f"prelude_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    folder = cache.cache_dir() / "prelude" / hashlib.sha256(key.encode()).hexdigest()[:16]
     header, pch = folder / PRELUDE, folder / f"{PRELUDE}.gch"
     if pch.exists() or (folder / "failed.log").exists():
         return folder
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder.with_suffix(".lock")):
         if not header.exists():
             header.write_text(INCLUDES)

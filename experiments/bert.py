@@ -19,6 +19,8 @@ Configurations (`CONFIGS`), each `make(model, optimizer, hp, backend=None) -> (m
 - `zero`: torch's `ZeroRedundancyOptimizer` over the same optimizer class, under DDP (the
   gradients all-reduced, the update of this rank's parameters, a broadcast of them);
 - `fused`: the model unwrapped, `coconet.FusedAdam` / `coconet.FusedLAMB`.
+Optimizers: `adam`, `lamb`, and `adamw` (torch.optim.AdamW and `coconet.FusedAdamW`, with the
+hp's weight decay and `amsgrad`; ddp and fused only).
 `LAMB`: a torch optimizer (torch has none) with the update of `coconet.FusedLAMB`: per parameter
 tensor, Adam's bias-corrected direction plus decoupled weight decay, times ||w|| / ||u||.
 """
@@ -111,8 +113,11 @@ def train_steps(
     n: int,
     micro_batch: int,
     sched=None,
+    clip: float | None = None,
 ) -> list[float]:
     """Steps start .. start+n-1 of this rank's synthetic batches: forward, backward, the
+    gradients clipped to norm `clip` where given (the averaged gradient's norm, as DDP's training
+    clips it: `FusedOptimizer.clip_grad_norm`, else torch's on DDP's averaged gradients), the
     optimizer's step (and the scheduler's); the losses, one a step."""
     losses = []
     for s in range(start, start + n):
@@ -120,6 +125,10 @@ def train_steps(
         opt.zero_grad()
         loss = loss_of(module, x, y)
         loss.backward()
+        if clip is not None and isinstance(opt, coconet.FusedOptimizer):
+            opt.clip_grad_norm(clip)
+        elif clip is not None:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
         opt.step()
         if sched is not None:
             sched.step()
@@ -166,6 +175,8 @@ def torch_optimizer(optimizer: str, params, hp: dict, **extra):
         return torch.optim.Adam(
             params, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"], fused=True, **extra
         )
+    if optimizer == "adamw":
+        return torch.optim.AdamW(params, fused=True, **_adamw(hp), **extra)
     return LAMB(
         params,
         lr=hp["lr"],
@@ -194,7 +205,15 @@ def _zero(model, optimizer, hp, backend=None):
     return DDP(model), opt
 
 
+def _adamw(hp: dict) -> dict:
+    keys = ("lr", "betas", "eps", "weight_decay")
+    return {**{k: hp[k] for k in keys}, "amsgrad": hp.get("amsgrad", False)}
+
+
 def _fused(model, optimizer, hp, backend="cpu"):
+    if optimizer == "adamw":
+        opt = coconet.FusedAdamW(param_groups(model, hp), backend=backend or "cpu", **_adamw(hp))
+        return model, opt
     cls = coconet.FusedAdam if optimizer == "adam" else coconet.FusedLAMB
     kw = {"backend": backend or "cpu"}
     if optimizer == "lamb":
@@ -206,11 +225,20 @@ CONFIGS = {"ddp": _ddp, "zero": _zero, "fused": _fused}
 
 
 def param_groups(model: nn.Module, hp: dict) -> list[dict]:
-    """Two groups, as BERT recipes make them: embeddings at `embedding_lr_scale` x lr, the rest."""
+    """Groups as BERT recipes make them: embeddings at `embedding_lr_scale` x lr, the rest; with
+    `hp["no_decay"]`, the rest's biases and norms (1-d tensors) in a third group without weight
+    decay."""
     emb = [model.tokens.weight, model.positions]
     ids = {id(p) for p in emb}
     rest = [p for p in model.parameters() if id(p) not in ids]
-    return [{"params": emb, "lr": hp["lr"] * hp.get("embedding_lr_scale", 1.0)}, {"params": rest}]
+    groups = [{"params": emb, "lr": hp["lr"] * hp.get("embedding_lr_scale", 1.0)}]
+    if not hp.get("no_decay"):
+        return groups + [{"params": rest}]
+    flat = [p for p in rest if p.dim() == 1]
+    return groups + [
+        {"params": [p for p in rest if p.dim() != 1]},
+        {"params": flat, "weight_decay": 0.0},
+    ]
 
 
 def activation_bytes(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> int:

@@ -147,8 +147,8 @@ class Experiment(_Kind):
 @dataclass(frozen=True, kw_only=True)
 class MeasurementExperiment(_Kind):
     """An experiment without a DSL program (calibrate, collectives, training, validate): its own
-    `measure(settings) -> rows` (none given: nothing measured here, e.g. validate's published points)
-    and `predict(settings) -> rows`; `summary(measured, predicted)` its closing table."""
+    `measure(settings) -> rows` (none given: nothing measured here, e.g. validate's published
+    points) and `predict(settings) -> rows`; `summary(measured, predicted)` its closing table."""
 
     measure: Callable[[MeasureSettings], list] = _measures_nothing
     predict: Callable[[PredictSettings], list]

@@ -3,9 +3,14 @@
 One launch of 2 ranks runs every distributed check (`_rank`) and returns what the tests assert:
 - compile: the generated fuse(RS-C-AG)+as_slice Adam step on the caller's tensors equals
   `dsl.interpret` of the program, writes the caller's w in place, and names a bad input;
-- FusedAdam / FusedLAMB against DDP + torch.optim.Adam(fused=True) / DDP + a torch LAMB, from the
-  same initialisation and data, with two param groups and a LambdaLR warm-up: losses after 50
-  (Adam) and 20 (LAMB) steps within 1e-5 relative; optimizer state per rank 1/P of torch's;
+- FusedAdam / FusedLAMB / FusedAdamW against DDP + torch.optim.Adam(fused=True) / a torch LAMB /
+  torch.optim.AdamW(fused=True), from the same initialisation and data, with param groups and a
+  LambdaLR warm-up: losses after 50 (Adam), 20 (LAMB) and 30 (AdamW: weight decay 0.01 but on
+  biases and norms, amsgrad, gradients clipped to norm 0.5) steps within 1e-5 relative;
+  optimizer state per rank 1/P of torch's;
+- clip_grad_norm: the norm of the averaged gradient, as torch's after DDP (1e-5), not the local;
+- a FusedAdamW checkpoint loads into torch.optim.AdamW, which goes on as the fused one (1e-5);
+- a user's own program (Nesterov SGD) in FusedOptimizer against DDP + torch.optim.SGD (1e-5);
 - state_dict round trips, gathered and sharded, resume bit-identically; the gathered one loads
   into torch.optim.Adam and continues as the fused one does;
 - gradients: views of the buckets that zero_grad zeroes and backward fills; a replaced .grad is
@@ -20,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import dsl
-from coconet import FusedAdam, compile
+from coconet import FusedAdam, FusedOptimizer, compile
 from coconet.buckets import layout
 from coconet.programs import adam_program, sliced_schedule
 from codegen.runtime.launch import launch
@@ -35,6 +40,10 @@ HP = {
     "embedding_lr_scale": 2.0,
 }
 MICRO_BATCH = 4
+# AdamW as a BERT recipe runs it: weight decay 0.01 but not on biases and norms, amsgrad, and the
+# gradient clipped to a norm it exceeds (about 1 to 3 on this model) at every step
+HP_W = {**HP, "no_decay": True, "amsgrad": True}
+CLIP = 0.5
 
 
 # -- pure ------------------------------------------------------------------------------------------
@@ -55,14 +64,78 @@ def test_layout_one_bucket_per_param_and_oversized_params():
 
 
 # -- on ranks -------------------------------------------------------------------------------------
-def _train(module, opt, rank, steps, start=0, sched=None):
-    return B.train_steps(module, opt, SIZE, 0, rank, start, steps, MICRO_BATCH, sched)
+def _train(module, opt, rank, steps, start=0, sched=None, clip=None):
+    return B.train_steps(module, opt, SIZE, 0, rank, start, steps, MICRO_BATCH, sched, clip)
 
 
 def _run(config, optimizer, rank, steps):
-    module, opt = B.CONFIGS[config](B.Encoder(SIZE, seed=1), optimizer, HP)
+    hp, clip = (HP_W, CLIP) if optimizer == "adamw" else (HP, None)
+    module, opt = B.CONFIGS[config](B.Encoder(SIZE, seed=1), optimizer, hp)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
-    return _train(module, opt, rank, steps, sched=sched), B.state_bytes(opt)
+    return _train(module, opt, rank, steps, sched=sched, clip=clip), B.state_bytes(opt)
+
+
+def _clip_norms(rank):
+    """The norm each way of clipping sees on one step's gradients: DDP's averaged gradient
+    (torch's clip_grad_norm_ after DDP), FusedAdamW.clip_grad_norm, and torch's on the fused
+    optimizer's local gradients (the mistake its docstring warns of)."""
+    x, y = B.batch(SIZE, 0, 3, rank, MICRO_BATCH)
+    ddp, _ = B.CONFIGS["ddp"](B.Encoder(SIZE, seed=1), "adamw", HP_W)
+    B.loss_of(ddp, x, y).backward()
+    model, opt = B.CONFIGS["fused"](B.Encoder(SIZE, seed=1), "adamw", HP_W)
+    B.loss_of(model, x, y).backward()
+    local = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+    return {
+        "ddp": float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), CLIP)),
+        "fused": float(opt.clip_grad_norm(CLIP)),
+        "local": float(local),
+    }
+
+
+def nesterov_program(dtype=dsl.f32):
+    """A user's own optimizer: SGD with Nesterov momentum (torch.optim.SGD(nesterov=True))."""
+    b = dsl.Builder("nesterov")
+    n = dsl.sym("N")
+    g = b.input("g", dsl.f32, [n], dsl.Local())
+    w, buf = (b.input(x, dsl.f32, [n], dsl.Replicated()) for x in ("w", "buf"))
+    lr, mu = b.param("lr", 0.01), b.param("momentum", 0.9)
+    g_avg = b.all_reduce(g) * (1 / dsl.P)
+    buf_new = mu * buf + g_avg
+    b.update(buf, buf_new)
+    b.update(w, w - lr * (g_avg + mu * buf_new))
+    return b.build(schedule="AR-C")
+
+
+def _nesterov(rank, steps=20):
+    """The user's program in FusedOptimizer against DDP + torch.optim.SGD(nesterov=True)."""
+    hp = {"lr": 0.05, "momentum": 0.9}
+    losses = {}
+    for config in ("ddp", "fused"):
+        model = B.Encoder(SIZE, seed=1)
+        groups = B.param_groups(model, {**HP, "lr": hp["lr"]})
+        if config == "ddp":
+            module = torch.nn.parallel.DistributedDataParallel(model)
+            opt = torch.optim.SGD(groups, nesterov=True, **hp)
+        else:
+            module = model
+            opt = FusedOptimizer(
+                groups, hp, nesterov_program(), state_names={"buf": "momentum_buffer"}
+            )
+        losses[config] = _train(module, opt, rank, steps)
+    return losses
+
+
+def _adamw_checkpoint(rank):
+    """FusedAdamW's gathered state_dict loads into torch.optim.AdamW, which goes on as it does."""
+    model, opt = B.CONFIGS["fused"](B.Encoder(SIZE, seed=1), "adamw", HP_W)
+    _train(model, opt, rank, 5, clip=CLIP)
+    saved, weights = opt.state_dict(), {k: v.clone() for k, v in model.state_dict().items()}
+    ref = _train(model, opt, rank, 5, start=5, clip=CLIP)
+    torch_model = B.Encoder(SIZE, seed=2)
+    torch_model.load_state_dict(weights)
+    module, adamw = B.CONFIGS["ddp"](torch_model, "adamw", {**HP_W, "lr": 0.5})
+    adamw.load_state_dict(saved)
+    return ref, _train(module, adamw, rank, 5, start=5, clip=CLIP)
 
 
 def _compile_check(rank, world):
@@ -154,9 +227,12 @@ def _zero_grad_check(rank):
 
 def _rank(rank, world):
     out = {"compile": _compile_check(rank, world)}
-    for optimizer, steps in (("adam", 50), ("lamb", 20)):
+    for optimizer, steps in (("adam", 50), ("lamb", 20), ("adamw", 30)):
         out[optimizer] = {c: _run(c, optimizer, rank, steps) for c in ("ddp", "fused")}
     out["round_trip"] = _round_trip(rank)
+    out["clip"] = _clip_norms(rank)
+    out["adamw_checkpoint"] = _adamw_checkpoint(rank)
+    out["nesterov"] = _nesterov(rank)
     out["zero_grad"] = _zero_grad_check(rank)
     dist.barrier()
     return out
@@ -177,8 +253,9 @@ def test_compile_runs_the_generated_step_on_the_callers_tensors(ranks):
         )
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "lamb"])
+@pytest.mark.parametrize("optimizer", ["adam", "lamb", "adamw"])
 def test_fused_losses_agree_with_ddp(ranks, optimizer):
+    """adamw: weight decay but on biases and norms, amsgrad, gradients clipped at every step."""
     for r in ranks:
         (ddp, _), (fused, _) = r[optimizer]["ddp"], r[optimizer]["fused"]
         assert len(fused) >= 20 and np.mean(fused[-5:]) < np.mean(fused[:5]) - 0.1  # it trains
@@ -207,3 +284,25 @@ def test_grads_are_bucket_views_and_zero_grad_zeroes_them(ranks):
     in (the same step); a parameter without .grad counts as a zero gradient."""
     for r in ranks:
         assert r["zero_grad"] == (True, True, True)
+
+
+def test_clip_grad_norm_sees_the_averaged_gradient_as_ddp_does(ranks):
+    for r in ranks:
+        norms = r["clip"]
+        assert norms["fused"] == pytest.approx(norms["ddp"], rel=1e-5)
+        assert norms["ddp"] > CLIP  # it clipped
+        assert abs(norms["local"] - norms["ddp"]) > 0.01 * norms["ddp"]  # the local one is not it
+
+
+def test_a_fused_adamw_checkpoint_resumes_in_torch_adamw(ranks):
+    for r in ranks:
+        ref, resumed = r["adamw_checkpoint"]
+        assert np.allclose(resumed, ref, rtol=1e-5, atol=0), (resumed, ref)
+
+
+def test_a_users_own_optimizer_program_plugs_into_the_wrapper(ranks):
+    """Nesterov SGD, written as a program in a dozen lines, trains as torch's SGD under DDP."""
+    for r in ranks:
+        ddp, fused = (np.array(r["nesterov"][c]) for c in ("ddp", "fused"))
+        assert fused[-3:].mean() < fused[:3].mean()  # it trains
+        assert np.abs(fused - ddp).max() <= 1e-5 * np.abs(ddp).max()

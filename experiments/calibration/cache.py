@@ -9,7 +9,8 @@ fingerprint.json), where `key` hashes the machine's `fingerprint()`: CPU model, 
 torch and C++ compiler versions, the calibration code's version (a hash of the
 files in `CODE`: calibrate's measurement, its rounds, its benchmarks and the fit) and the run's
 `keep_awake`. When none
-matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass (experiments.calibration.measure's
+matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass
+(experiments.calibration.measure's
 "quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
 other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
 written to a temporary folder and moved into place whole, so a crash leaves no half calibration

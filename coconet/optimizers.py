@@ -1,0 +1,131 @@
+"""`FusedAdam`, `FusedAdamW` and `FusedLAMB`: torch's Adam and AdamW (and LAMB) as fused steps
+(`coconet.optim.FusedOptimizer`: reduce-scatter, the update of this rank's slice, all-gather).
+
+    opt = coconet.FusedAdamW(groups, lr=1e-4, weight_decay=0.01)   # groups as for torch's AdamW
+    loss.backward(); opt.clip_grad_norm(1.0); opt.step(); opt.zero_grad()
+
+Each takes torch's arguments and gives torch's `state_dict` (per parameter `step`, `exp_avg`,
+`exp_avg_sq`, and `max_exp_avg_sq` with amsgrad): a checkpoint loads into `torch.optim.Adam` /
+`torch.optim.AdamW` and resumes there. Per-group options work as in torch (a group without
+weight decay for biases and norms, another learning rate for embeddings): every hyper-parameter
+is read from the bucket's group at every step. `amsgrad` is fixed at construction, as is whether
+the step has a weight-decay term at all (FusedAdam: when some group asks for one).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from . import programs
+from .optim import ADAM_STATE, FusedOptimizer
+
+
+def _groups(params) -> list:
+    """`params` as a list (a generator is read once), for a look at the groups' options."""
+    return list(params)
+
+
+class FusedAdam(FusedOptimizer):
+    """torch.optim.Adam (bias-corrected; `weight_decay` as its L2 term added to the averaged
+    gradient; `amsgrad`) as the generated fused step."""
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        group=None,
+        bucket_cap_numel: Optional[int] = 1 << 22,
+        chunks: int = 4,
+        backend="cpu",
+    ):
+        params = _groups(params)
+        decay = bool(weight_decay) or any(
+            isinstance(g, dict) and g.get("weight_decay") for g in params
+        )
+        super().__init__(
+            params,
+            {
+                "lr": lr,
+                "betas": tuple(betas),
+                "eps": eps,
+                "weight_decay": weight_decay,
+                "amsgrad": amsgrad,
+            },
+            programs.adam_program(weight_decay="l2" if decay else "", amsgrad=amsgrad),
+            state_names=ADAM_STATE,
+            group=group,
+            bucket_cap_numel=bucket_cap_numel,
+            chunks=chunks,
+            backend=backend,
+        )
+
+
+class FusedAdamW(FusedOptimizer):
+    """torch.optim.AdamW (decoupled weight decay: w scaled by 1 - lr * weight_decay, then Adam's
+    step; `amsgrad`) as the generated fused step; torch's defaults (weight_decay 0.01)."""
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        amsgrad: bool = False,
+        *,
+        group=None,
+        bucket_cap_numel: Optional[int] = 1 << 22,
+        chunks: int = 4,
+        backend="cpu",
+    ):
+        super().__init__(
+            _groups(params),
+            {
+                "lr": lr,
+                "betas": tuple(betas),
+                "eps": eps,
+                "weight_decay": weight_decay,
+                "amsgrad": amsgrad,
+            },
+            programs.adam_program(weight_decay="decoupled", amsgrad=amsgrad),
+            state_names=ADAM_STATE,
+            group=group,
+            bucket_cap_numel=bucket_cap_numel,
+            chunks=chunks,
+            backend=backend,
+        )
+
+
+class FusedLAMB(FusedOptimizer):
+    """LAMB (You et al. 2020; Apex FusedLAMB without gradient clipping) as the generated fused
+    step: Adam's bias-corrected direction plus decoupled weight decay, scaled by the trust ratio
+    ||w|| / ||u|| of each bucket (by default one bucket per parameter tensor)."""
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        *,
+        group=None,
+        bucket_cap_numel: Optional[int] = None,
+        chunks: int = 4,
+        backend="cpu",
+    ):
+        super().__init__(
+            params,
+            {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay},
+            programs.lamb_program(),
+            state_names=ADAM_STATE,
+            group=group,
+            bucket_cap_numel=bucket_cap_numel,
+            chunks=chunks,
+            backend=backend,
+        )
