@@ -20,11 +20,6 @@ from . import programs
 from .optim import ADAM_STATE, FusedOptimizer
 
 
-def _groups(params) -> list:
-    """`params` as a list (a generator is read once), for a look at the groups' options."""
-    return list(params)
-
-
 class FusedAdam(FusedOptimizer):
     """torch.optim.Adam (bias-corrected; `weight_decay` as its L2 term added to the averaged
     gradient; `amsgrad`) as the generated fused step."""
@@ -42,11 +37,14 @@ class FusedAdam(FusedOptimizer):
         bucket_cap_numel: Optional[int] = 1 << 22,
         chunks: int = 4,
         backend="cpu",
+        _decay: Optional[str] = None,  # FusedAdamW's "decoupled"
     ):
-        params = _groups(params)
-        decay = bool(weight_decay) or any(
-            isinstance(g, dict) and g.get("weight_decay") for g in params
-        )
+        params = list(params)  # a generator is read once; the groups' options are looked at
+        if _decay is None:
+            asked = bool(weight_decay) or any(
+                isinstance(g, dict) and g.get("weight_decay") for g in params
+            )
+            _decay = "l2" if asked else ""
         super().__init__(
             params,
             {
@@ -56,7 +54,7 @@ class FusedAdam(FusedOptimizer):
                 "weight_decay": weight_decay,
                 "amsgrad": amsgrad,
             },
-            programs.adam_program(weight_decay="l2" if decay else "", amsgrad=amsgrad),
+            programs.adam_program(weight_decay=_decay, amsgrad=amsgrad),
             state_names=ADAM_STATE,
             group=group,
             bucket_cap_numel=bucket_cap_numel,
@@ -65,7 +63,7 @@ class FusedAdam(FusedOptimizer):
         )
 
 
-class FusedAdamW(FusedOptimizer):
+class FusedAdamW(FusedAdam):
     """torch.optim.AdamW (decoupled weight decay: w scaled by 1 - lr * weight_decay, then Adam's
     step; `amsgrad`) as the generated fused step; torch's defaults (weight_decay 0.01)."""
 
@@ -77,27 +75,10 @@ class FusedAdamW(FusedOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.01,
         amsgrad: bool = False,
-        *,
-        group=None,
-        bucket_cap_numel: Optional[int] = 1 << 22,
-        chunks: int = 4,
-        backend="cpu",
+        **options,  # FusedAdam's: group, bucket_cap_numel, chunks, backend
     ):
         super().__init__(
-            _groups(params),
-            {
-                "lr": lr,
-                "betas": tuple(betas),
-                "eps": eps,
-                "weight_decay": weight_decay,
-                "amsgrad": amsgrad,
-            },
-            programs.adam_program(weight_decay="decoupled", amsgrad=amsgrad),
-            state_names=ADAM_STATE,
-            group=group,
-            bucket_cap_numel=bucket_cap_numel,
-            chunks=chunks,
-            backend=backend,
+            params, lr, betas, eps, weight_decay, amsgrad, _decay="decoupled", **options
         )
 
 
