@@ -18,9 +18,10 @@ Configurations (`CONFIGS`), each `make(model, optimizer, hp, backend=None) -> (m
   all-reduce, the full optimizer state on every rank;
 - `zero`: torch's `ZeroRedundancyOptimizer` over the same optimizer class, under DDP (the
   gradients all-reduced, the update of this rank's parameters, a broadcast of them);
-- `fused`: the model unwrapped, `coconet.FusedAdam` / `coconet.FusedLAMB`.
+- `fused`: the model unwrapped, `coconet.FusedAdam` / `coconet.FusedLAMB`;
+- `fused_shm`: the same over shared memory (`comm=shm`), beside `fused` over gloo.
 Optimizers: `adam`, `lamb`, and `adamw` (torch.optim.AdamW and `coconet.FusedAdamW`, with the
-hp's weight decay and `amsgrad`; ddp and fused only).
+hp's weight decay and `amsgrad`).
 `LAMB`: a torch optimizer (torch has none) with the update of `coconet.FusedLAMB`: per parameter
 tensor, Adam's bias-corrected direction plus decoupled weight decay, times ||w|| / ||u||.
 """
@@ -35,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import coconet
+from codegen.runtime.backend import CpuBackend
 
 MASK = 0
 
@@ -194,8 +196,15 @@ def _ddp(model, optimizer, hp, backend=None):
 def _zero(model, optimizer, hp, backend=None):
     from torch.distributed.optim import ZeroRedundancyOptimizer  # 0.6 s to import: when used
 
-    cls = torch.optim.Adam if optimizer == "adam" else LAMB
-    kw = {"fused": True} if optimizer == "adam" else {"weight_decay": hp["weight_decay"]}
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(optimizer, LAMB)
+    kw = {
+        "adam": {"fused": True},
+        "adamw": {
+            "fused": True,
+            "weight_decay": hp["weight_decay"],
+            "amsgrad": bool(hp.get("amsgrad")),
+        },
+    }.get(optimizer, {"weight_decay": hp["weight_decay"]})
     first, *rest = param_groups(model, hp)
     opt = ZeroRedundancyOptimizer(
         first["params"], optimizer_class=cls, lr=first["lr"], betas=hp["betas"], eps=hp["eps"], **kw
@@ -221,7 +230,12 @@ def _fused(model, optimizer, hp, backend="cpu"):
     return model, cls(param_groups(model, hp), lr=hp["lr"], betas=hp["betas"], eps=hp["eps"], **kw)
 
 
-CONFIGS = {"ddp": _ddp, "zero": _zero, "fused": _fused}
+def _fused_shm(model, optimizer, hp, backend=None):
+    """`fused` over shared memory (ranks on one host), whatever transport the others use."""
+    return _fused(model, optimizer, hp, backend=CpuBackend(comm="shm"))
+
+
+CONFIGS = {"ddp": _ddp, "zero": _zero, "fused": _fused, "fused_shm": _fused_shm}
 
 
 def param_groups(model: nn.Module, hp: dict) -> list[dict]:

@@ -3,11 +3,14 @@ set-ups, and the paper's Table 1 predicted at BERT's sizes (paper section 6.1, T
 
     python -m suite experiment=training [scale=smoke|default|paper]
 
-Measured (backend=cpu, `world_size` gloo ranks; `experiments.training_rank`), for Adam and LAMB:
-`baseline` = torch DDP + `torch.optim.Adam(fused=True)` (LAMB: a torch LAMB, `bert.LAMB`),
-`zero_redundancy` = torch's ZeroRedundancyOptimizer under DDP, `fuse(RS-C-AG)+as_slice` = the
-model without DDP and `coconet.FusedAdam` / `coconet.FusedLAMB` (the generated step). Rows
-(`row_kind`):
+Measured (backend=cpu, `world_size` gloo ranks; `experiments.training_rank`), for Adam, AdamW
+(weight decay 0.01 but on biases and norms, as BERT recipes) and LAMB: `baseline` = torch DDP +
+`torch.optim.Adam(fused=True)` (AdamW: `torch.optim.AdamW(fused=True)`; LAMB: a torch LAMB,
+`bert.LAMB`), `zero_redundancy` = torch's ZeroRedundancyOptimizer under DDP,
+`fuse(RS-C-AG)+as_slice` = the model without DDP and `coconet.FusedAdam` / `FusedAdamW` /
+`FusedLAMB` (the generated step) over gloo; with `backend.comm=shm`, also
+`fuse(RS-C-AG)+as_slice(shm)`, the same over shared memory, timed in the same interleaved rounds
+(its rows' `comm` is shm). Rows (`row_kind`):
 - `loss`: the loss of every step (`step`, `loss`; rank 0's micro-batch), `SETTING.steps` steps
   from the same initialisation and data for all three; a config's step rows say `verified` when
   its losses agree with the baseline's within 1e-5 relative on every rank at every step;
@@ -48,7 +51,13 @@ from .training_rank import Spec, rank_main
 log = logging.getLogger(__name__)
 
 NAME = "training"
-LABEL = {"ddp": "baseline", "zero": "zero_redundancy", "fused": SLICED}
+LABEL = {
+    "ddp": "baseline",
+    "zero": "zero_redundancy",
+    "fused": SLICED,
+    "fused_shm": f"{SLICED}(shm)",
+}
+COMM = {"fused_shm": "shm"}  # a set-up's transport where not the run's (its rows' `comm`)
 AGREE_RTOL = 1e-5
 HP = {
     "adam": {
@@ -57,6 +66,14 @@ HP = {
         "eps": 1e-8,
         "weight_decay": 0.0,
         "embedding_lr_scale": 2.0,
+    },
+    "adamw": {  # as BERT recipes run it: no decay on biases and norms
+        "lr": 1e-3,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 0.01,
+        "embedding_lr_scale": 2.0,
+        "no_decay": True,
     },
     "lamb": {
         "lr": 2e-3,
@@ -117,7 +134,14 @@ def _base(setting: Setting, world: int, optimizer: str, comm: str) -> dict:
 
 def loss_rows(base: dict, curves) -> list[dict]:
     return [
-        {**base, "schedule": LABEL[c], "row_kind": "loss", "step": i + 1, "loss": round(v, 7)}
+        {
+            **base,
+            "comm": COMM.get(c, base["comm"]),
+            "schedule": LABEL[c],
+            "row_kind": "loss",
+            "step": i + 1,
+            "loss": round(v, 7),
+        }
         for c, losses in curves.items()
         for i, v in enumerate(losses)
     ]
@@ -161,6 +185,7 @@ def timing_rows(setting: Setting, base: dict, result, worst) -> list[dict]:
             rows.append(
                 {
                     **base,
+                    "comm": COMM.get(c, base["comm"]),
                     "schedule": LABEL[c],
                     "row_kind": kind,
                     "micro_batch": key[1],
@@ -188,6 +213,7 @@ def memory_rows(setting: Setting, base: dict, memory) -> list[dict]:
     return [
         {
             **base,
+            "comm": COMM.get(c, base["comm"]),
             "schedule": LABEL[c],
             "row_kind": "memory",
             "micro_batch": m["max_micro_batch"],
@@ -220,7 +246,10 @@ def measure(settings) -> list[dict]:
         warmup_rounds=1,
         steps_per_round=setting.steps_per_round,
         seed=settings.seed,
-        comm=settings.comm or "ring",
+        optimizers=("adam", "adamw", "lamb"),
+        # comm=shm: the fused step over shm beside the same over gloo, in the same rounds
+        configs=("ddp", "zero", "fused") + (("fused_shm",) if settings.comm == "shm" else ()),
+        comm="ring" if settings.comm == "shm" else settings.comm or "ring",
     )
     log.info(
         f"training: {setting.size} ({setting.size.parameters()} parameters), "

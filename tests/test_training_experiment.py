@@ -79,13 +79,13 @@ def test_measured_rows_losses_memory_and_timing(measured):
     df = df[df.source == "measured"]
     assert len(df) == len(rows)
     loss = df[df.row_kind == "loss"]
-    assert len(loss) == 2 * 3 * 4  # optimizers x set-ups x steps
+    assert len(loss) == 3 * 3 * 4  # optimizers (adam, adamw, lamb) x set-ups x steps
     steps = df[df.row_kind == "step"]
     assert set(steps.schedule) == {"baseline", "zero_redundancy", SLICED}
     assert steps.verified.all()  # losses agree within 1e-5 relative on every rank
     assert (steps.time_ms_lo <= steps.time_ms).all() and (steps.time_ms <= steps.time_ms_hi).all()
     mem = df[df.row_kind == "memory"].set_index(["optimizer", "schedule"])
-    for opt in ("adam", "lamb"):
+    for opt in ("adam", "adamw", "lamb"):
         base, fused = mem.loc[(opt, "baseline")], mem.loc[(opt, SLICED)]
         assert base.state_bytes / 2 <= fused.state_bytes < base.state_bytes / 2 + 64 * 30
         assert fused.micro_batch > 0 and base.micro_batch > 0
