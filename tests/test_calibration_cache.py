@@ -71,7 +71,10 @@ def test_no_calibration_where_none_applies(tmp_path, cfg, exp):
 
 
 @pytest.mark.slow
-def test_refresh_calibrates_for_real_and_replaces_the_cache(tmp_path, capfd):
+def test_refresh_calibrates_for_real_and_replaces_the_cache(tmp_path, capfd, monkeypatch):
+    """A real calibration, at smoke's sizes rather than the quick pass's (a third of the time:
+    what is tested is the cache, not the fit)."""
+    monkeypatch.setattr(calibration, "QUICK", "smoke")
     where = tmp_path / key_of(fingerprint())
     where.mkdir()
     (where / "stale").write_text("old")
@@ -81,7 +84,7 @@ def test_refresh_calibrates_for_real_and_replaces_the_cache(tmp_path, capfd):
     assert found.fresh and found.took_s > 0 and found.path == where / "topology.yaml"
     assert not (where / "stale").exists() and (where / "calibration.json").exists()
     # and kept in the history, where the next calibration's fit finds it
-    assert len(list(calibration.history_dir(True, tmp_path).glob("*-quick-p2.json"))) == 1
+    assert len(list(calibration.history_dir(True, tmp_path).glob("*-smoke-p2.json"))) == 1
     assert json.loads((where / "fingerprint.json").read_text())["cores"] == fingerprint()["cores"]
     # no temporary folder left
     left = sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".lock")

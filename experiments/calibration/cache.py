@@ -77,6 +77,7 @@ MEASURING = CODE[:4]  # what the measurements alone depend on: the history's key
 TOPOLOGY, CALIBRATION, FINGERPRINT = "topology.yaml", "calibration.json", "fingerprint.json"
 TOPOLOGY_SHM = "topology_shm.yaml"  # comm=shm's (.measure measures it with comm=shm)
 SCHEMA = 2  # fingerprint.json's layout: 2 = with the topology files' checksums
+QUICK = "quick"  # the scale of the pass a run calibrates first with (.measure's SCALES)
 STALE_S = 6 * 3600.0  # a temporary calibration folder older than this was left by a dead run
 
 
@@ -252,7 +253,7 @@ def _calibrate(
     tmp = Path(tempfile.mkdtemp(prefix=".calibrating-", dir=where.parent))
     try:
         settings = MeasureSettings(
-            scale="quick",
+            scale=QUICK,
             max_elements=1 << 25,
             world_size=max(2, world_size),
             warmup=1,
