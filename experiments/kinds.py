@@ -175,6 +175,3 @@ class DerivedExperiment(_Kind):
 
     def predict(self, settings: PredictSettings) -> list:
         raise TypeError(f"{self.name} is predicted as the experiment it derives (`derive`)")
-
-
-KINDS = (Experiment, MeasurementExperiment, DerivedExperiment)  # what `register` takes
