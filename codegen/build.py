@@ -109,10 +109,8 @@ def module_source(kernels: Sequence[Kernel]) -> str:
 
 
 def module_name(source: str, name: Optional[str] = None) -> str:
-    import torch
-
     key = "\n".join(
-        [source, " ".join(cflags() + list(LDFLAGS)), str(native_arch()), torch.__version__, PRELUDE]
+        [source, " ".join(cflags() + list(LDFLAGS)), str(native_arch()), _torch_version(), PRELUDE]
     )
     prefix = re.sub(r"\W", "_", name or "coconet")[:40]
     return f"{prefix}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"

@@ -6,13 +6,11 @@
 `topology.path`, a measuring backend, an experiment that does not fit its own topology) uses the
 calibration cached in `.cache/calibration/<key>/` (topology.yaml, calibration.json,
 fingerprint.json), where `key` hashes the machine's `fingerprint()`: CPU model, cores, memory,
-torch and C++ compiler versions, the calibration code's version (a hash of the
-files in `CODE`: calibrate's measurement, its rounds, its benchmarks and the fit) and the run's
-`keep_awake`. When none
-matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass
-(experiments.calibration.measure's
-"quick" scale: smoke's single pass and repeats over the default scale's range of sizes, every
-other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
+torch and C++ compiler versions, the calibration code's version (a hash of the files in `CODE`:
+calibrate's measurement, its rounds, its benchmarks and the fit) and the run's `keep_awake`. When
+none matches, the run calibrates first, says so, and shows calibrate's progress bar: a quick pass
+(`QUICK`, experiments.calibration.measure's "quick" scale: smoke's single pass and repeats over
+the default scale's range of sizes, every other one; at smoke's sizes, which fit in the CPU's caches, the fit overrates memory bandwidth),
 written to a temporary folder and moved into place whole, so a crash leaves no half calibration
 (and a temporary folder older than `STALE_S`, a run killed outright left, is removed). One
 machine calibrates once at a time: runs that start together (two test workers) wait on a lock
