@@ -41,6 +41,7 @@ Contract
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import torch
@@ -117,6 +118,12 @@ class FusedOptimizer(torch.optim.Optimizer):
                 f"gradient) and w (the weights); it has {sorted(names)}"
             )
         state = programs.state_of(program)
+        unknown = sorted(set(state_names or {}) - set(state))
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}: state_names names {unknown}, not state of "
+                f"{program.name} (its state: {list(state)})"
+            )
         self._state_names = {n: (state_names or {}).get(n, n) for n in state}
         zero_d = [i.value.name for i in program.inputs if not i.value.type.shape]
         self._hyper = tuple(n for n in zero_d if n != "step")
@@ -197,16 +204,23 @@ class FusedOptimizer(torch.optim.Optimizer):
         slice (half an all-reduce's traffic, on top of the step's), its squares summed, and one
         scalar all-reduced; every rank then scales its local gradients by the same coefficient
         min(1, max_norm / (norm + 1e-6)), which scales their average by it."""
-        total = torch.zeros((), dtype=torch.float64)
+        real = isinstance(max_norm, numbers.Real) and not isinstance(max_norm, bool)
+        if not (real and 0 < max_norm < float("inf")):
+            raise ValueError(
+                f"{type(self).__name__}.clip_grad_norm: max_norm must be a positive finite "
+                f"number, got {max_norm!r}"
+            )
         P = self._group.size
+        device = self._buckets[0].g.device if self._buckets else torch.device("cpu")
+        total = torch.zeros((), dtype=torch.float64, device=device)  # NCCL reduces on the GPU
         for b in self._buckets:
             b.gather_grads()
             part = torch.empty(b.spec.numel // P, dtype=b.g.dtype, device=b.g.device)
             b.step.runner.comm.reduce_scatter(b.g, part, "sum")
-            total += part.double().div_(P).square().sum().cpu()
+            total += part.double().div_(P).square().sum()
         if P > 1:
             dist.all_reduce(total, group=self._group.pg)
-        norm = total.sqrt().float()
+        norm = total.sqrt().float().cpu()
         coef = float(max_norm) / (float(norm) + 1e-6)
         if coef < 1.0:
             for b in self._buckets:

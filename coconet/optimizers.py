@@ -20,6 +20,11 @@ from . import programs
 from .optim import ADAM_STATE, FusedOptimizer
 
 
+def _names(program) -> dict:
+    """torch's names of the program's state (`FusedOptimizer`'s `state_names`)."""
+    return {n: ADAM_STATE[n] for n in programs.state_of(program)}
+
+
 class FusedAdam(FusedOptimizer):
     """torch.optim.Adam (bias-corrected; `weight_decay` as its L2 term added to the averaged
     gradient; `amsgrad`) as the generated fused step."""
@@ -45,6 +50,7 @@ class FusedAdam(FusedOptimizer):
                 isinstance(g, dict) and g.get("weight_decay") for g in params
             )
             _decay = "l2" if asked else ""
+        program = programs.adam_program(weight_decay=_decay, amsgrad=amsgrad)
         super().__init__(
             params,
             {
@@ -54,8 +60,8 @@ class FusedAdam(FusedOptimizer):
                 "weight_decay": weight_decay,
                 "amsgrad": amsgrad,
             },
-            programs.adam_program(weight_decay=_decay, amsgrad=amsgrad),
-            state_names=ADAM_STATE,
+            program,
+            state_names=_names(program),
             group=group,
             bucket_cap_numel=bucket_cap_numel,
             chunks=chunks,
@@ -100,11 +106,12 @@ class FusedLAMB(FusedOptimizer):
         chunks: int = 4,
         backend="cpu",
     ):
+        lamb = programs.lamb_program()
         super().__init__(
             params,
             {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay},
-            programs.lamb_program(),
-            state_names=ADAM_STATE,
+            lamb,
+            state_names=_names(lamb),
             group=group,
             bucket_cap_numel=bucket_cap_numel,
             chunks=chunks,

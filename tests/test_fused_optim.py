@@ -125,6 +125,23 @@ def _nesterov(rank, steps=20):
     return losses
 
 
+def _bad_inputs(rank):
+    """What the optimizers refuse, before any collective: one line each."""
+    model = B.Encoder(SIZE, seed=1)
+    said = {}
+    try:
+        FusedOptimizer(model.parameters(), {"lr": 0.1}, nesterov_program(), state_names={"m": "x"})
+    except ValueError as e:
+        said["state_names"] = str(e)
+    _, opt = B.CONFIGS["fused"](model, "adamw", HP_W)
+    for bad in (-1.0, 0, float("nan"), float("inf"), True, "1"):
+        try:
+            opt.clip_grad_norm(bad)
+        except ValueError as e:
+            said[repr(bad)] = str(e)
+    return said
+
+
 def _adamw_checkpoint(rank):
     """FusedAdamW's gathered state_dict loads into torch.optim.AdamW, which goes on as it does."""
     model, opt = B.CONFIGS["fused"](B.Encoder(SIZE, seed=1), "adamw", HP_W)
@@ -233,6 +250,7 @@ def _rank(rank, world):
     out["clip"] = _clip_norms(rank)
     out["adamw_checkpoint"] = _adamw_checkpoint(rank)
     out["nesterov"] = _nesterov(rank)
+    out["bad"] = _bad_inputs(rank)
     out["zero_grad"] = _zero_grad_check(rank)
     dist.barrier()
     return out
@@ -306,3 +324,15 @@ def test_a_users_own_optimizer_program_plugs_into_the_wrapper(ranks):
         ddp, fused = (np.array(r["nesterov"][c]) for c in ("ddp", "fused"))
         assert fused[-3:].mean() < fused[:3].mean()  # it trains
         assert np.abs(fused - ddp).max() <= 1e-5 * np.abs(ddp).max()
+
+
+def test_bad_optimizer_inputs_are_one_line_value_errors(ranks):
+    for r in ranks:
+        said = r["bad"]
+        assert (
+            "state_names names ['m'], not state of nesterov (its state: ['buf'])"
+            in said["state_names"]
+        )
+        for bad in ("-1.0", "0", "nan", "inf", "True", "'1'"):
+            assert "max_norm must be a positive finite number" in said[bad], bad
+        assert all("\n" not in m for m in said.values())
