@@ -39,7 +39,9 @@ message and kernel sizes in bytes.
   mesh (point-to-point links, `mesh` = [[a, b, links], ...] between local devices, each link a
   `link`; pairs without one go over `fallback`: PCIe / host) or bus (one medium every message of
   the node takes in turn: loopback TCP between the processes of one CPU, whose copies share its
-  cores and memory).
+  cores and memory). `copy_engine_gbps` (switch nodes): the rate, per direction, at which a
+  device's copy engines move a collective's data over its port (NCCL's zero-CTA copy-engine
+  collectives: no SMs taken, `cost_model.contention`); None: no copy-engine collectives modelled.
 - `InterNode`: `nics` NICs per node (rails: device d uses NIC d * nics // devices_per_node), each a
   `nic` link class; the spine is non-blocking unless `spine_oversubscription` > 1. `tiers`: the
   fabric as a rail-optimized fat tree, leaves first, each tier's nodes per switch and its
@@ -251,6 +253,7 @@ class IntraNode:
     link: LinkClass
     mesh: List[List[int]] = field(default_factory=list)
     fallback: Optional[LinkClass] = None
+    copy_engine_gbps: Optional[float] = field(default=None, metadata=_positive())
 
 
 @dataclass(frozen=True, kw_only=True)
