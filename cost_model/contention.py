@@ -41,7 +41,7 @@ own, the mean of 200 iterations timed with CUDA events (global max over ranks);
 cuBLAS version and no channel count (copy-engine collectives need NCCL 2.28 or later). Measured
 2.96 / 2.02 / 1.77 ms; predicted on dgx_h100 2.95 / 1.84 / 1.59 ms (-0.4%, -9.0%, -10.0%), from:
 `matmul_efficiency` 0.7 (the topology's, assumed; a published fp16 8192^3 figure on H100 80GB HBM3,
-736 TFLOP/s (zzc0721/torch-performance-test-data issue 79), is 0.744 and would give -3.6%, -13.6%,
+736 TFLOP/s (zzc0721/torch-performance-test-data issue 79), is 0.744 and would give -3.6%, -13.7%,
 -15.3%), 132 SMs, NCCL's tuner with the topology's fitted `fill_us` / `slice_us` (fitted to
 nccl-tests curves, not to these points), and `copy_engine_gbps` 380 (NVIDIA/nccl issue 1264).
 Nothing is fitted to the three points.
