@@ -1,7 +1,7 @@
 """Which composite steps of a Plan run chunk by chunk: one rule for the runtime and the cost model.
 
     fusable(plan, f)       # a FusedCollective the runtime pipelines (`runtime.pipelined`)
-    overlappable(plan, o)  # an Overlap it pipelines
+    overlappable(plan, o)  # an Overlap it pipelines (gathered_matmul, scattered_matmul: which)
 
 Others run their parts one after the other (same result, no overlap), and the cost model times
 them that way. Pure predicates on the Plan's plain data (no torch), so the cost model imports
@@ -50,9 +50,36 @@ def _fused_send(plan: Plan, f) -> bool:
     )
 
 
+def gathered_matmul(o: Overlap) -> bool:
+    """`ol(AG,MM)`: a dim-0 all-gather whose output is the matmul's left operand."""
+    ag, mm = o.producer, o.consumer
+    return (
+        isinstance(ag, Collective)
+        and ag.kind == "all_gather"
+        and ag.dim == 0
+        and isinstance(mm, MatMul)
+        and mm.a == ag.dst
+    )
+
+
+def scattered_matmul(o: Overlap) -> bool:
+    """`ol(MM,RS)`: a matmul whose output a dim-0 reduce-scatter reads, alone (not fused)."""
+    mm, rs = o.producer, o.consumer
+    return (
+        isinstance(mm, MatMul)
+        and isinstance(rs, Collective)
+        and rs.kind == "reduce_scatter"
+        and rs.dim == 0
+        and rs.src == mm.out
+    )
+
+
 def overlappable(plan: Plan, o: Overlap) -> bool:
     """A MatMul feeding a fusable fused collective without a barrier, or a dim-0 reduce-scatter
-    feeding a fused send (`ol(RS, fuse(P2P-C-AG))`)."""
+    alone (`ol(MM,RS)`); a dim-0 all-gather feeding a matmul (`ol(AG,MM)`); or a dim-0
+    reduce-scatter feeding a fused send (`ol(RS, fuse(P2P-C-AG))`)."""
+    if gathered_matmul(o) or scattered_matmul(o):
+        return True
     if isinstance(o.producer, MatMul):
         return (
             isinstance(o.consumer, FusedCollective)
@@ -67,4 +94,4 @@ def overlappable(plan: Plan, o: Overlap) -> bool:
     )
 
 
-__all__ = ["fusable", "is_scalar_sync", "overlappable"]
+__all__ = ["fusable", "gathered_matmul", "is_scalar_sync", "overlappable", "scattered_matmul"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from codegen.chunked import fusable, overlappable
+from codegen.chunked import fusable, gathered_matmul, overlappable
 from codegen.plan import ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap, Plan
 
 from . import kernel_fused, nccl
@@ -78,6 +78,17 @@ def _matmul(plan, s, topo, chunks):
     return calls * topo.device.matmul_us(
         s.nbytes / chunks / calls, s.flops / chunks / calls, _dtype(plan, s)
     )
+
+
+def gathered_pieces(plan, mm: MatMul, topo, C: int) -> tuple[float, float]:
+    """`ol(AG,MM)`'s matmul as the runtime computes it: (its own block's rows, one call of 1/P
+    of the work; chunk c of the other blocks, 1 call for P = 2, else 2: the blocks before and
+    after the rank's own, (P-1)/(P C) of the work), in microseconds."""
+    P, dt = plan.P, _dtype(plan, mm)
+    calls = 1 if P == 2 else 2
+    share = (P - 1) / (P * C) / calls
+    own = topo.device.matmul_us(mm.nbytes / P, mm.flops / P, dt)
+    return own, calls * topo.device.matmul_us(mm.nbytes * share, mm.flops * share, dt)
 
 
 def _copy(plan, s, topo, chunks):
@@ -154,11 +165,22 @@ def _pipelined(plan, f: FusedCollective, topo):
     return total + first + (C - 1) * max(comm, comp)
 
 
+def _slowed(p: float, q: float, u: float) -> float:
+    """Time of compute work `p` started with communication `q` in flight, the compute running
+    1/u as fast while it is: all of it slowed (p*u) if it ends first, else q then the rest."""
+    return p * u if p * u <= q else q + p - q / u
+
+
 def _overlap(plan, o: Overlap, topo, chunks):
     if not overlappable(plan, o):  # the runtime runs the producer, then the consumer
         return step_us(plan, o.producer, topo) + step_us(plan, o.consumer, topo)
     C = o.chunks
     u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
+    if gathered_matmul(o):  # own block's rows at once, then each chunk's as it arrives
+        gather = step_us(plan, o.producer, topo, C)
+        own, piece = gathered_pieces(plan, o.consumer, topo, C)
+        first = max(gather, _slowed(own, gather, u))
+        return first + (C - 1) * max(gather, _slowed(piece, gather, u)) + piece
     produce = step_us(plan, o.producer, topo, C)
     consume = (
         _fused(plan, o.consumer, topo, C) / C
@@ -166,7 +188,7 @@ def _overlap(plan, o: Overlap, topo, chunks):
         else step_us(plan, o.consumer, topo, C)
     )
     compute_bound = isinstance(o.producer, (MatMul, Compute))
-    bottleneck = max(produce * (u if compute_bound else 1.0), consume)
+    bottleneck = max(_slowed(produce, consume, u) if compute_bound else produce, consume)
     return produce + consume + (C - 1) * bottleneck
 
 

@@ -48,12 +48,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from codegen.chunked import fusable, overlappable
+from codegen.chunked import fusable, gathered_matmul, overlappable
 from codegen.plan import P2P, Collective, FusedCollective, Overlap, Plan, label, walk
 
 from . import collectives, nccl
 from .closed_collectives import choose, collective_us, shm_all_reduce_us
-from .closed_form import chunk_work, spec_of, staging_us, step_us
+from .closed_form import chunk_work, gathered_pieces, spec_of, staging_us, step_us
 from .collectives import CollSpec
 from .kernel_fused import kernel_call, kernel_fusable, kernel_fused
 from .network import Sim, join
@@ -324,10 +324,26 @@ def _overlap(run: Run, o, ready, C_outer):
     C = o.chunks
     start = {r: [join(run.sim.env, evs)] * C for r, evs in ready.items()}
     produced = run.rule(o.producer, start, C)
+    if gathered_matmul(o):
+        return _gathered_matmul(run, o, start, produced, C_outer)
     if isinstance(o.consumer, FusedCollective):  # the runtime's chunked path, also on shm
         return _fused(run, o.consumer, produced, C_outer, peers=False)
     done = run.rule(o.consumer, produced, C)
     return {r: [join(run.sim.env, evs)] * C_outer for r, evs in done.items()}
+
+
+def _gathered_matmul(run: Run, o, start, gathered, C_outer):
+    """`ol(AG,MM)` as `codegen.runtime.pipelined.gathered_matmul` runs it: the rows of the rank's
+    own block at once, then chunk c of the other blocks once chunk c has arrived."""
+    mm, C = o.consumer, o.chunks
+    own_us, piece_us = gathered_pieces(run.plan, mm, run.topo, C)
+    done = {}
+    for r in run.members(mm.stage):
+        evs = [run.sim.compute(r, own_us, label(mm), "own rows", [start[r][0]])]
+        for c in range(C):
+            evs.append(run.sim.compute(r, piece_us, label(mm), f"c{c}", [gathered[r][c]]))
+        done[r] = [join(run.sim.env, evs)] * C_outer
+    return _pass(run, gathered, None, done)
 
 
 cost_rules = {

@@ -14,7 +14,8 @@ Chunk by chunk, with per-chunk completion (chunk c of an n-element slice: elemen
   `wait_chunk(c)` returns chunk c's range in out once it is reduced, for the compute that follows;
   `wait()` finishes all.
 - `all_gather_chunks(src, out, C)`: `start_chunk(c)` once chunk c of src has been computed;
-  `wait()` starts the rest and finishes all.
+  `wait_chunk(c)` once chunk c of every block has arrived in out (for the compute that reads it:
+  `ol(AG,MM)`); `wait()` starts the rest and finishes all.
 - `p2p(x, out, src, dst, C)` (this rank is src or dst): `start()` or `start_chunk(c)`,
   `wait_chunk(c)`, `wait()`.
 "Once" means: for the work the caller issues next on the compute stream. On the CPU, where there
@@ -168,6 +169,7 @@ class ChunkedAllGather:
         self.c, self.src, self.out, self.chunks = c, src, out, chunks
         self.k = comm.chunk_size(src.numel(), chunks)
         self.started = [False] * chunks
+        self.done: list = [None] * chunks
 
     def start_chunk(self, c: int) -> None:
         self.started[c] = True
@@ -178,7 +180,14 @@ class ChunkedAllGather:
             _all_gather(got, self.src[c * k : (c + 1) * k], group=self.c.pg)
             self.out.view(P, self.chunks, k)[:, c].copy_(got.view(P, k))
 
-        self.c.issue(gather)
+        self.done[c] = self.c.issue(gather)
+
+    def wait_chunk(self, c: int) -> tuple[int, int]:
+        """Later compute-stream work waits for chunk c of every block."""
+        if not self.started[c]:
+            self.start_chunk(c)
+        self.c.streams.wait(self.c.streams.compute, self.done[c])
+        return c * self.k, (c + 1) * self.k
 
     def wait(self) -> None:
         for c in range(self.chunks):

@@ -42,7 +42,7 @@ import torch
 
 from dsl.types import Sliced
 
-from ..chunked import fusable, overlappable
+from ..chunked import fusable, gathered_matmul, overlappable, scattered_matmul
 from ..plan import (
     P2P,
     Collective,
@@ -273,9 +273,15 @@ def _overlap(r: PlanRunner, s: Overlap) -> None:
     if not (r.fused and overlappable(r.plan, s)):
         r.step(s.producer)
         r.step(s.consumer)
+    elif gathered_matmul(s):
+        if r.mine(s.producer.stage):
+            pipelined.gathered_matmul(r, s)
     elif isinstance(s.producer, MatMul):
         if r.mine(s.producer.stage):
-            pipelined.fused_all_reduce(r, s.consumer, producer=s.producer)
+            consumer = s.consumer  # a lone reduce-scatter pipelines as a fused one of no kernels
+            if scattered_matmul(s):
+                consumer = FusedCollective(consumer.id, (consumer,), s.chunks)
+            pipelined.fused_all_reduce(r, consumer, producer=s.producer)
     else:
         pipelined.overlapped_send(r, s)
         r.mark(s)

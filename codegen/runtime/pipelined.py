@@ -14,6 +14,10 @@ it is done), so the CPU and the GPU run the same composites in the same order of
   before it finish on every chunk first. With an overlapped `producer` (a MatMul whose output the
   reduce-scatter reads), chunk c's rows are computed (for every rank's block) just before chunk c
   is sent, while earlier chunks are in flight and being computed on.
+- `gathered_matmul(r, o)`: `ol(AG,MM)`: the all-gather's chunks all sent at once; the matmul's
+  rows of this rank's own block computed from its slice first, then those of chunk c of the
+  other blocks as soon as chunk c has arrived (`wait_chunk`), while later chunks are in flight.
+  (`ol(MM,RS)` alone runs as `fused_all_reduce` with a producer and no kernels.)
 - `overlapped_send(r, o)`: `ol(RS, fuse(P2P-C-AG))`: stage `src` reduce-scatters in chunks and sends
   each reduced chunk to its peer on the next stage at once; the next stage runs the kernels on each
   chunk as it arrives and starts its all-gather.
@@ -30,6 +34,7 @@ of the step as one segment; `peer_fused` the whole step as one.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 import torch
@@ -195,6 +200,45 @@ def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -
     for ag, g in gathers:
         g.wait()
         r.mark(ag, "wait")
+
+
+def gathered_matmul(r, o: Overlap) -> None:
+    """`ol(AG,MM)`: every chunk of this rank's slice is sent at once; the matmul computes the
+    rows of this rank's own block from its slice (nothing to wait for), then, chunk by chunk,
+    the rows of chunk c of every other rank's block as soon as chunk c has arrived, while the
+    later chunks are in flight. The gathered tensor is written whole, as the all-gather alone
+    writes it."""
+    ag, mm, C, P, me = o.producer, o.consumer, o.chunks, r.plan.P, r.tp
+    src, out = r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1)
+    streams = r.streams
+    streams.after_other(streams.compute)  # the slice is ready
+    g = r.comm.all_gather_chunks(src, out, C)
+    for c in range(C):
+        g.start_chunk(c)
+        r.mark(ag, "send", c)
+    rows, w = mm.m // P, r.bufs[mm.b]
+    k = rows // C
+    blocks = out.view(P, rows, mm.k)  # the gathered rows, by rank
+    prod = r.bufs[mm.out].view(P, rows, mm.n)
+    with streams.use(streams.compute):
+        r.timed(lambda: torch.matmul(src.view(rows, mm.k), w, out=prod[me]))
+    r.mark(mm, "own rows")
+    for c in range(C):
+        g.wait_chunk(c)
+        r.mark(ag, "wait", c)
+        with streams.use(streams.compute):  # chunk c of the blocks before and after this rank's
+            for lo, hi in ((0, me), (me + 1, P)):
+                if lo < hi:
+                    r.timed(partial(_rows_of, blocks, prod, w, lo, hi, c * k, (c + 1) * k))
+        r.mark(mm, "rows", c)
+    g.wait()
+    r.mark(ag, "wait")
+
+
+def _rows_of(blocks, prod, w, lo: int, hi: int, a: int, b: int) -> None:
+    """prod[j, a:b] = blocks[j, a:b] @ w for the ranks' blocks j in [lo, hi), one batched matmul
+    (strided rows: computed apart, then copied into place)."""
+    prod[lo:hi, a:b].copy_(torch.matmul(blocks[lo:hi, a:b], w))
 
 
 def overlapped_send(r, o: Overlap) -> None:

@@ -165,6 +165,21 @@ class RingAllGather:
 
     send_chunk = start_chunk
 
+    def wait_chunk(self, c: int) -> tuple[int, int]:
+        """Chunk c of every member's block in out (forwarding it on as it passes); the chunk's
+        element range of a block. Every member waits its chunks in the same order (chunk-major
+        here, step-major in `wait`), so the forwarding never waits on itself."""
+        if not self._started[c]:
+            self.start_chunk(c)
+        for s in range(self.P - 1):
+            work = self._recvs.pop((c, s), None)
+            if work is None:
+                continue
+            wait_work(work, self.g)
+            if s < self.P - 2:
+                self._send(self._oblock(self.me - s - 1, c), s + 1, c)
+        return self.chunk_range(c)
+
     def wait(self) -> torch.Tensor:
         for c in range(self.chunks):
             if not self._started[c]:

@@ -12,8 +12,8 @@ slot, posts, and reads what it needs from its peers' slots:
   x, the peers' from their slots).
 - all_gather, broadcast, reduce, all_to_all: write, post, read what the kind says.
 - chunked: `reduce_scatter_chunks` posts chunk c of every block with `send_chunk(c)` and reduces
-  it in `wait_chunk(c)`; `all_gather_chunks` posts chunk c in `start_chunk(c)` and reads every
-  chunk in `wait()`; `p2p` copies chunk c into the sender's pair segment and counts it sent, the
+  it in `wait_chunk(c)`; `all_gather_chunks` posts chunk c in `start_chunk(c)`, reads chunk c of
+  every block in `wait_chunk(c)` and every chunk in `wait()`; `p2p` copies chunk c into the sender's pair segment and counts it sent, the
   receiver reads it and counts it acknowledged (the sender's next transfer waits for that).
 Slots grow (collectively, to the next power of two) when an operation needs more; the segment is
 unlinked as soon as every peer has mapped it. Every wait times out (the group's timeout, or
@@ -314,6 +314,18 @@ class ShmAllGather:
             self.slot[c * k : (c + 1) * k].copy_(self.src[c * k : (c + 1) * k])
         self.started += 1
         self.ln.post(f"all_gather chunk {c}", wait=False)
+
+    def wait_chunk(self, c: int) -> None:
+        """Chunk c of every member's block read into out, once every member has posted it (this
+        member's chunks up to c are posted first). `wait()` then reads the whole blocks again."""
+        while self.started <= c:
+            self.start_chunk(self.started)
+        self.ln.wait_posts(self.base + c + 1, "all_gather")
+        n, k = self.src.numel(), self.k
+        for i in range(self.c.group.size):
+            self.out[i * n + c * k : i * n + (c + 1) * k].copy_(
+                self.ln.view(i, self.src)[c * k : (c + 1) * k]
+            )
 
     def wait(self, own: bool = True) -> None:
         """Every member's chunks read into out (with own=False the peers' only: the caller

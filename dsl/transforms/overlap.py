@@ -24,6 +24,7 @@ PAIRS = {
     "matmul": ("reduce_scatter", "all_reduce"),
     "reduce_scatter": ("p2p",),
     "all_reduce": ("p2p",),
+    "all_gather": ("matmul",),
 }
 
 
@@ -54,6 +55,8 @@ def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: i
             f"overlap: {format_stmt(prod)}: chunks must be an integer >= 1, got {chunks!r}"
         )
     cons = users[0]
+    if prod.op == "all_gather":
+        _gather_rows(prod, cons)
     taken = {i for o in p.overlaps for i in (o.producer, o.consumer)}
     if prod.out.id in taken or cons.out.id in taken:
         raise TransformError(f"overlap: {format_stmt(prod)}: already overlapped")
@@ -61,16 +64,41 @@ def overlap(p: Program, producer: Ref, consumer: Optional[Ref] = None, chunks: i
     return verified(q.with_(schedule=schedule_name(q)), "overlap")
 
 
+def _gather_rows(ag, mm) -> None:
+    """TransformError unless the all_gather's output is the matmul's left operand, gathered
+    along dim 0 (whole rows of the product per rank's block)."""
+    where = f"overlap: {format_stmt(ag)} -> {format_stmt(mm)}"
+    if mm.values[0].id != ag.out.id or (len(mm.values) > 1 and mm.values[1].id == ag.out.id):
+        raise TransformError(
+            f"{where}: only the matmul's left operand can be gathered piece by piece (a gathered "
+            "right operand's pieces are columns of the weight: gather it whole)"
+        )
+    dim, last = ag.args[0].type.layout.dim, ag.out.type.rank - 1
+    if dim == last:
+        raise TransformError(
+            f"{where}: gathered along the contracted dimension, each piece gives partial sums of "
+            "every output element, which changes the result; gather along dim 0"
+        )
+    if dim != 0:
+        raise TransformError(
+            f"{where}: gathered along dim {dim}, a rank's block is not contiguous rows of the "
+            "product; gather along dim 0 (sequence parallelism's [S, B, H] layout)"
+        )
+
+
 def chunk_rows(p: Program, o: Overlap, bindings: Mapping[str, int]) -> int:
     """The rows each chunk count must divide: the producer's output flattened to [rows, last
     dimension] (S*B rows of an [S,B,H] matmul output), and, when the consumer scatters them over
-    the P ranks (a reduce-scatter, or anything after one), the rows of one rank's slice."""
+    the P ranks (a reduce-scatter, or anything after one) or the producer gathers them from the
+    P ranks (an all-gather), the rows of one rank's block."""
     shape = [s.evaluate(bindings) for s in p.producer(o.producer).out.type.shape]
     rows = 1
     for n in shape[:-1] or shape:
         rows *= n
     if p.producer(o.consumer).op == "reduce_scatter":  # (a reduce-scatter producer's output
         rows //= bindings["P"]  # is already one rank's slice)
+    if p.producer(o.producer).op == "all_gather":  # chunks of each rank's block of rows
+        rows //= bindings["P"]
     return rows
 
 
