@@ -9,7 +9,8 @@ tested against it). Steps keep the program's statement order. Lowering:
    so several partial reductions share one pass; then
    groups consecutive computation with the same loop shape and layout into one kernel, starting a
    new kernel at any communication, matmul, or statement that reads a reduction of the current
-   kernel; 0-d statements run once in a kernel's prologue;
+   kernel; 0-d statements run once in a kernel's prologue; a row op (softmax, layer_norm) is a
+   kernel of its own (a loop over rows: `codegen.render`), never grouped with its neighbours;
 3. gives storage to what crosses a step (inputs, communication results, kernel values used
    elsewhere, outputs); `slice(x)` becomes an `Access` into x's buffer, `update(x, v)` writes v into
    x's buffer (in the kernel that computes v, or as the destination of the collective that
@@ -29,7 +30,7 @@ from typing import Mapping, Optional
 from dsl.errors import BindError
 from dsl.interpret import bind
 from dsl.ir import Const, Program, Stmt, Value
-from dsl.ops import COMM
+from dsl.ops import COMM, ROW
 from dsl.sizes import Size
 from dsl.transforms import check_chunks
 from dsl.types import Replicated, Sliced, TensorType
@@ -59,6 +60,7 @@ class _Unit:
     stmts: list[Stmt] = field(default_factory=list)
     group: Optional[int] = None  # index of the fused group, if any
     loop: Optional[TensorType] = None  # the kernel's loop type
+    row: bool = False  # a row op's kernel: nothing joins it
 
 
 def _expand(p: Program, bound: Mapping[str, int]) -> tuple[list[Stmt], dict[int, int]]:
@@ -145,11 +147,15 @@ def _partition(p: Program, stmts: list[Stmt], origin: dict[int, int]) -> list[_U
         if s.op in COMM or s.op == "matmul":
             units.append(_Unit("comm" if s.op in COMM else "matmul", [s], gi))
             continue
+        if s.op in ROW:  # a row op: a kernel of its own (a loop over rows)
+            units.append(_Unit("kernel", [s], gi, s.out.type, row=True))
+            continue
         cur = units[-1] if units else None
         t = s.args[0].type if s.op == "sum" else s.out.type  # what the statement loops over
         fits = (
             cur is not None
             and cur.kind == "kernel"
+            and not cur.row
             and cur.group == gi
             and not any(a.id in reduced for a in s.values)
             and (

@@ -17,6 +17,15 @@ Contract (the semantics of a Kernel are in the docstring of `codegen.plan`):
   a `cast` to f16/bf16 rounds to that type, as the interpreter does. Constants take the dtype of
   their statement (a comparison's: its operands'), rounded to it as `dsl.interpret` does.
 
+Row kernels: a kernel whose one statement is a row op (`dsl.ops.ROW`: softmax, layer_norm; the
+lowering gives each its own kernel) renders as a loop over the rows of its loop that [begin, end)
+touches (L its last extent; a row cut by begin or end is computed whole, stored only within
+[begin, end), so chunked runs equal one run) with inner loops over the row, computing in
+double as `dsl.interpret` does: `code_for_row[op]` gives one row's lines from `x(j)` (the operand
+at j, as double) and `y(j, value)` (the store). The inner loops run j from `row_lanes[0]` by
+`row_lanes[1]` (C++: 0 by 1; CUDA: a block per row, its threads striding), and `row_combine`
+combines a per-lane max or sum across the lanes (C++: nothing to do).
+
 Targets subclass `Renderer`, set the class attributes (type names, helper names, the op table
 `code_for_op`) and assemble the walk's pieces in `function()`. A missing rule raises `RenderError`
 ("render rule for X not implemented"); `tests/test_render.py` checks none is missing.
@@ -32,6 +41,7 @@ import numpy as np
 
 from dsl.interpret import as_dtype, mix32
 from dsl.ir import Const, Stmt, Value
+from dsl.ops import ROW
 from dsl.types import DType
 
 from .plan import Access, Kernel
@@ -104,6 +114,54 @@ class Walk:
     loop_writes: list[tuple[int, int, DType]] = field(default_factory=list)  # (value, buffer, dt)
     accs: list[tuple[str, str, str]] = field(default_factory=list)  # (acc type, acc, final stmt)
     rank_offsets: dict[int, str] = field(default_factory=dict)  # rank_stride -> hoisted name
+    row: int = 0  # a row kernel's row length (its `body` is one row's lines); 0: elementwise
+
+
+def _gelu(exp: str, erfc: str) -> Callable[..., str]:
+    """x * Phi(x) as 0.5 x erfc(-x / sqrt 2), or x / (1 + exp(-2u)) for approximate="tanh"
+    (`dsl.interpret.gelu64`), with the target's erfc and exp."""
+
+    def rule(a: str, approximate: str, dt: DType) -> str:
+        f = "" if dt is DType.f64 else "f"
+        if approximate == "tanh":
+            two_u = f"1.5957691216057308{f} * ({a} + 0.044715{f} * {a} * {a} * {a})"
+            return f"({a} / (1.0{f} + {exp}(-({two_u}))))"
+        return f"(0.5{f} * {a} * {erfc}(-{a} * 0.7071067811865476{f}))"
+
+    return rule
+
+
+def _softmax(x: Callable[[str], str], y: Callable[[str, str], str], L: int, r, s) -> list[str]:
+    """exp(x - max) / sum exp(x - max), in double."""
+    loop, xj = r.row_loop(), x("j")
+    e = r.code_for_op["exp"](f"{xj} - cc_m", DType.f64)
+    return [
+        f"double cc_m = -{r.inf};",
+        f"{loop} cc_m = cc_max(cc_m, {xj});",
+        *r.row_combine("max", "cc_m"),
+        "double cc_s = 0;",
+        f"{loop} cc_s += {e};",
+        *r.row_combine("sum", "cc_s"),
+        f"{loop} {y('j', f'{e} / cc_s')}",
+    ]
+
+
+def _layer_norm(x: Callable[[str], str], y: Callable[[str, str], str], L: int, r, s) -> list[str]:
+    """(x - mean) * (1 / sqrt(var + eps)), the biased variance of the centred values, in double."""
+    loop, xj, n = r.row_loop(), x("j"), f"{L}.0"
+    eps = r.const(float(s.attr("eps", 1e-5)), DType.f64)
+    root = r.code_for_op["sqrt"](f"cc_v / {n} + {eps}", DType.f64)
+    return [
+        "double cc_s = 0;",
+        f"{loop} cc_s += {xj};",
+        *r.row_combine("sum", "cc_s"),
+        f"const double cc_mean = cc_s / {n};",
+        "double cc_v = 0;",
+        f"{loop} {{ const double cc_d = {xj} - cc_mean; cc_v += cc_d * cc_d; }}",
+        *r.row_combine("sum", "cc_v"),
+        f"const double cc_rstd = 1 / {root};",
+        f"{loop} {y('j', f'({xj} - cc_mean) * cc_rstd')}",
+    ]
 
 
 def _cmp(op: str) -> Callable[..., str]:
@@ -144,6 +202,9 @@ class Renderer:
         "sqrt": lambda a, dt: f"std::sqrt({a})",
         "rsqrt": lambda a, dt: f"(1 / std::sqrt({a}))",
         "exp": lambda a, dt: f"std::exp({a})",
+        "tanh": lambda a, dt: f"std::tanh({a})",
+        "erf": lambda a, dt: f"std::erf({a})",
+        "gelu": _gelu("std::exp", "std::erfc"),
         "where": lambda c, a, b, dt: f"({c} ? {a} : {b})",
         "cast": lambda a, ctype, dt: f"static_cast<{ctype}>({a})",
         "dropout": lambda x, index, seed, threshold, scale, dt: (
@@ -152,6 +213,20 @@ class Renderer:
         "sum": lambda acc, x, dt: f"{acc} += {x};",
         "update": lambda target, value, dt: value,
     }
+    # row op kind -> one row's lines, from (x(j), y(j, value), row length, renderer, statement)
+    code_for_row: dict[str, Callable[..., list[str]]] = {
+        "softmax": _softmax,
+        "layer_norm": _layer_norm,
+    }
+    row_lanes = ("0", "1")  # a row's inner loops: j from the first by the second
+
+    def row_loop(self) -> str:
+        j0, dj = self.row_lanes
+        return f"for (int64_t j = {j0}; j < cc_len; j += {dj})"
+
+    def row_combine(self, kind: str, var: str) -> list[str]:
+        """Lines that combine `var`, a per-lane max or sum, over the lanes of one row."""
+        return []
 
     # -- entry points -------------------------------------------------------------------------
     def render(self, kernel: Kernel) -> str:
@@ -206,6 +281,8 @@ class Renderer:
 
     # -- the walk -----------------------------------------------------------------------------
     def walk(self, k: Kernel) -> Walk:
+        if any(s.op in ROW for s in k.stmts):
+            return self.row_walk(k)
         w = Walk(k)
         reads = {a.value: a for a in k.reads}
         values = _values(k)
@@ -238,6 +315,38 @@ class Renderer:
                 self._buffer(w, buf, dt)
                 w.stores.append(self.store(f"b{buf}", "e", f"v{vid}", dt))
                 w.loop_writes.append((vid, buf, dt))
+        return w
+
+    def row_walk(self, k: Kernel) -> Walk:
+        """A row kernel's walk: `body` is one row's lines, in the row `cc_row` of length
+        `cc_len`, starting at element `cc_r` (see the module doc)."""
+        if len(k.stmts) != 1 or not k.loop:
+            raise RenderError(f"kernel {k.name}: a row op is a kernel of its own statement")
+        (s,) = k.stmts
+        rule = self.code_for_row.get(s.op)
+        if rule is None:
+            raise RenderError(f"kernel {k.name}: {s}: render rule for {s.op} not implemented")
+        x, dt = s.args[0], s.out.type.dtype
+        a = next((a for a in k.reads if a.value == x.id), None)
+        if a is None or not a.is_contiguous(k.loop):
+            raise RenderError(f"kernel {k.name}: {s}: a row op reads its operand contiguously")
+        w = Walk(k, row=k.loop[-1])
+        self._buffer(w, a.buffer, x.type.dtype)
+        ro = self._rank_term(w, a)
+        at = "cc_r + j" + (f" + {ro}" if ro else "")
+        load = self.load(f"b{a.buffer}", at, x.type.dtype)
+        out = dict(k.writes).get(s.out.id)
+        if out is not None:
+            self._buffer(w, out, dt)
+
+        def y(j: str, value: str) -> str:
+            if out is None:
+                return "{}"  # the result is not needed (nothing reads it)
+            value = value if dt is DType.f64 else f"static_cast<{self.compute_type[dt]}>({value})"
+            at = f"cc_r + {j}"
+            return f"if ({at} >= begin && {at} < end) {self.store(f'b{out}', at, value, dt)}"
+
+        w.body = rule(lambda j: f"static_cast<double>({load})", y, w.row, self, s)
         return w
 
     def _buffer(self, w: Walk, buf: int, dt: DType) -> None:
@@ -333,6 +442,8 @@ class Renderer:
             args = self._dropout(w, s, args[0])
         elif s.op == "cast":
             args = [args[0], self.compute_type[dt]]
+        elif s.op == "gelu":
+            args = [args[0], s.attr("approximate", "none")]
         expr = rule(*args, dt)
         if s.op == "cast":
             expr = self.round_to(expr, dt)

@@ -11,6 +11,9 @@ so gcc vectorises the common case; `sum`s are `reduction(+: ...)` clauses (the `
 reassociation). The region uses `at::get_num_threads()` threads (follows `torch.set_num_threads`)
 and runs serially for chunks under `PARALLEL_MIN` elements. Bindings release the GIL.
 
+A row kernel (`Renderer.row_walk`) renders with the same signature as an OpenMP loop over rows,
+each row's inner loops serial, in double.
+
 A module is `HEADER` (includes and the `cc_*` helpers: NaN-propagating max/min as numpy's,
 truncating integer division with x/0 = 0, integer pow, dropout's `mix32` hash, f16 storage as the
 compiler's `_Float16` where it exists and bf16 as bits with inline conversions, so loops over
@@ -128,8 +131,9 @@ class CppRenderer(Renderer):
         return f"static_cast<{self.compute_type[dt]}>(static_cast<{self.storage_type[dt]}>({expr}))"
 
     # -- assembling the function ----------------------------------------------------------------
-    def function(self, w: Walk) -> str:
-        k, i1, i2 = w.kernel, self.indent, self.indent * 2
+    def _head(self, w: Walk) -> list[str]:
+        """The signature, the buffer pointers and the hoisted rank offsets."""
+        k, i1 = w.kernel, self.indent
         args = k.args()
         lines = [
             f"void {k.name}(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {{",
@@ -141,10 +145,29 @@ class CppRenderer(Renderer):
             lines.append(
                 f"{i1}{t}* b{buf} = {ptr if t == tt else f'reinterpret_cast<{t}*>({ptr})'};"
             )
-        lines += [
+        return lines + [
             f"{i1}const int64_t {name} = rank * {stride};"
             for stride, name in w.rank_offsets.items()
         ]
+
+    def row_function(self, w: Walk) -> str:
+        """A row kernel: the rows of [begin, end) in parallel, each row's loops serial."""
+        i1, i2 = self.indent, self.indent * 2
+        lines = self._head(w) + [
+            f"{i1}const int64_t cc_len = {w.row}, cc_stop = (end + cc_len - 1) / cc_len;",
+            f"{i1}const int nt = at::get_num_threads();",
+            f"{i1}#pragma omp parallel for num_threads(nt) if(parallel: end - begin >= {PARALLEL_MIN})",
+            f"{i1}for (int64_t cc_row = begin / cc_len; cc_row < cc_stop; ++cc_row) {{",
+            f"{i2}const int64_t cc_r = cc_row * cc_len;",
+        ]
+        lines += [i2 + line for line in w.body] + [f"{i1}}}", "}"]
+        return "\n".join(lines) + "\n"
+
+    def function(self, w: Walk) -> str:
+        if w.row:
+            return self.row_function(w)
+        i1, i2 = self.indent, self.indent * 2
+        lines = self._head(w)
         lines += [i1 + line for line in w.prologue + w.scalar_stores]
         lines += [f"{i1}{t} {acc} = 0;" for t, acc, _ in w.accs]
         if w.loads or w.body or w.stores or w.accs:

@@ -29,6 +29,11 @@ block to finish (a `__threadfence` + atomic counter) adds the partials in block 
 are CUDA's (a few ulp). Dropout uses `dsl.interpret.dropout_keep`'s hash on the element's global
 index, so a GPU run drops exactly the elements the interpreter and the CPU kernels drop.
 
+A row kernel (`Renderer.row_walk`: softmax, layer_norm) runs a block per row, grid-stride over
+the rows of [begin, end): the block's threads stride over the row, and each max or sum is
+combined over the block (`cc_row_max`, `cc_row_sum`: shuffles, then the warps in order, the
+result in every thread), in double as on the CPU. No vector loads; any grid works.
+
 Not expressible (RenderError): a kernel that writes a 0-d buffer it also reads (other blocks may
 read it after the write), or that reads a buffer it writes at other elements than it writes.
 """
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 from dsl.types import DType
 
 from .plan import ITEMSIZE, Kernel
-from .render import Renderer, RenderError, Walk, helpers
+from .render import Renderer, RenderError, Walk, _gelu, helpers
 
 THREADS = 256  # threads per block
 MAX_BLOCKS = 2048  # blocks at most (a full H100/H200 at BLOCKS_PER_SM: 1056); one sum slot each
@@ -136,6 +141,22 @@ __device__ __forceinline__ bool cc_last_block(unsigned int* count) {
   __syncthreads();
   return last;
 }
+// row kernels: a per-thread max or sum combined over the block, the result in every thread (the
+// same for a given blockDim, a multiple of 32; every thread of the block must call it)
+#define CC_ROW_COMBINE(NAME, OP)                                                     \
+  __device__ double NAME(double x) {                                                 \
+    __shared__ double s[32];                                                         \
+    for (int o = 16; o > 0; o >>= 1) x = OP(x, __shfl_xor_sync(0xffffffffu, x, o));  \
+    __syncthreads(); /* s may still be read by an earlier call */                    \
+    if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = x;                            \
+    __syncthreads();                                                                 \
+    x = s[0];                                                                        \
+    for (unsigned int w = 1; w < (blockDim.x >> 5); ++w) x = OP(x, s[w]);            \
+    return x;                                                                        \
+  }
+__device__ __forceinline__ double cc_add(double a, double b) { return a + b; }
+CC_ROW_COMBINE(cc_row_max, cc_max)
+CC_ROW_COMBINE(cc_row_sum, cc_add)
 template <class A> __device__ A cc_grid_total(const void* slots) {
   const volatile A* p = reinterpret_cast<const volatile A*>(slots);
   A x = 0;
@@ -203,7 +224,13 @@ class CudaRenderer(Renderer):
         "sqrt": _sqrt,
         "rsqrt": lambda a, dt: f"(1 / {_sqrt(a, dt)})",
         "exp": lambda a, dt: f"exp({a})" if dt is DType.f64 else f"expf({a})",
+        "tanh": lambda a, dt: f"tanh({a})" if dt is DType.f64 else f"tanhf({a})",
+        "erf": lambda a, dt: f"erf({a})" if dt is DType.f64 else f"erff({a})",
+        "gelu": lambda a, approximate, dt: (
+            _gelu("exp", "erfc") if dt is DType.f64 else _gelu("expf", "erfcf")
+        )(a, approximate, dt),
     }
+    row_lanes = ("threadIdx.x", "blockDim.x")
     indent = "  "
     # what a kernel function is declared as (`codegen.render_symm` renders the same walk as a
     # device function its fused kernel calls once per chunk)
@@ -230,6 +257,9 @@ class CudaRenderer(Renderer):
     # -- launch description ---------------------------------------------------------------------
     def launch(self, kernel: Kernel) -> Launch:
         return self._launch(self.walk(kernel))
+
+    def row_combine(self, kind: str, var: str) -> list[str]:
+        return [f"{var} = cc_row_{kind}({var});"]
 
     def _launch(self, w: Walk) -> Launch:
         k = w.kernel
@@ -262,7 +292,26 @@ class CudaRenderer(Renderer):
             )
 
     # -- assembling the function ----------------------------------------------------------------
+    def row_function(self, w: Walk) -> str:
+        """A row kernel: a block per row, grid-stride over the rows of [begin, end)."""
+        k, i1, i2 = w.kernel, self.indent, self.indent * 2
+        lines = [self.kernel_prefix, f"{k.name}({', '.join(self._params(w, self._launch(w)))}) {{"]
+        lines += [
+            f"{i1}const int64_t {name} = rank * {stride};"
+            for stride, name in w.rank_offsets.items()
+        ]
+        lines += [
+            f"{i1}const int64_t cc_len = {w.row}, cc_stop = (end + cc_len - 1) / cc_len;",
+            f"{i1}for (int64_t cc_row = begin / cc_len + blockIdx.x; cc_row < cc_stop;"
+            " cc_row += gridDim.x) {",
+            f"{i2}const int64_t cc_r = cc_row * cc_len;",
+        ]
+        lines += [i2 + line for line in w.body] + [f"{i1}}}", "}"]
+        return "\n".join(lines) + "\n"
+
     def function(self, w: Walk) -> str:
+        if w.row:
+            return self.row_function(w)
         self._check(w)
         k, launch, i1 = w.kernel, self._launch(w), self.indent
         lines = [self.kernel_prefix, f"{k.name}({', '.join(self._params(w, launch))}) {{"]

@@ -27,6 +27,17 @@ ulp off; exp, pow and rsqrt, library functions, 4 U (`ULPS`)):
   any order with probability at least 1 - 2n exp(-LAMBDA^2 / 2) when rounding errors are
   independent and mean zero (LAMBDA = 8: 2.5e-14 n per element). It grows as sqrt(n), not n:
   a matmul with K = 4096 gets 512 u sum_k |x_ik||w_kj| where the worst case gives 4095 u.
+- tanh and erf (increasing): the exact spread of the function over [a - ea, a + ea]; gelu:
+  1.13 ea (its derivative lies in [-0.17, 1.13]; the tanh form's too) plus the rounding of its
+  argument, amplified where the result is small: U |r| x^2 for x < 0 (erfc's), U |r| 4 |2u| (the
+  tanh form's exp), and underflow: (2 + |x|) subnormal spacings, all of |r| where the tanh
+  form's exp(-2u) overflows; tanh and erf are 4 U library functions, gelu 8 U.
+- row ops compute in float64 (`UA`) and round once (twice for f16/bf16) to the dtype. softmax:
+  softmax(x + d)_i / softmax(x)_i lies within exp(+-(ea_i + max_j ea_j)), so the propagated
+  error is |r| expm1(ea_i + max ea) plus float64's roundings. layer_norm: the centred value
+  x_i - mean is off by ed_i = ea_i + mean(ea) (+ roundings); the variance by
+  ev = mean(2 |d| ed + ed^2) (+ the sum's gamma); with s in [sqrt(var + eps - ev),
+  sqrt(var + eps + ev)] = [lo, hi], |y' - y| <= ed / lo + |d| (1 / lo - 1 / hi) (inf if lo <= 0).
 - max, min, neg, copies and the data movement of collectives do not round: errors move with
   the data (max of errors for a max-reduction).
 - comparisons may flip where |a - b| <= ea + eb; `where` with such a condition takes the larger
@@ -42,7 +53,19 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from .errors import BindError, DSLError
-from .interpret import EVAL, Group, _load, _operands, as_dtype, bind, evaluate_shape, matmul2d
+from .interpret import (
+    _ERF,
+    EVAL,
+    GELU_TANH_2U,
+    GELU_TANH_CUBE,
+    Group,
+    _load,
+    _operands,
+    as_dtype,
+    bind,
+    evaluate_shape,
+    matmul2d,
+)
 from .ir import Const, Program, Stmt, Value
 from .ops import COMPARE
 from .printer import format_stmt
@@ -135,6 +158,81 @@ def _exp(s, v, e, r, U):
         return np.abs(r) * np.expm1(e[0])
 
 
+# The spacing of a dtype's subnormals (by its eps): a result rounded into them is off by up to
+# half of it, not by U |r|; the rules of ops whose results may be tiny add it.
+SUBNORMAL = {
+    DType.f16.eps: 2.0**-24,
+    DType.bf16.eps: 2.0**-133,
+    DType.f32.eps: 2.0**-149,
+    DType.f64.eps: 2.0**-1074,
+}
+
+
+def _monotone(f: Callable[[np.ndarray], np.ndarray]) -> PwRule:
+    """An increasing function's exact spread over [a - ea, a + ea] (plus underflow)."""
+
+    def rule(s, v, e, r, U):
+        a, ea = v[0], e[0]
+        out = np.maximum(np.abs(f(a + ea) - r), np.abs(r - f(a - ea)))
+        return np.where(ea == 0, 0.0, out) + SUBNORMAL.get(U, 0.0)
+
+    return rule
+
+
+GELU_LIPSCHITZ = 1.13  # max |gelu'(x)| = 1.1289 (at x = 1.41); the tanh form's: 1.1296
+
+
+def _gelu(s, v, e, r, U):
+    x = v[0]
+    if s.attr("approximate", "none") == "tanh":
+        two_u = GELU_TANH_2U * (x + GELU_TANH_CUBE * x * x * x)
+        arg = 4 * np.abs(two_u)
+        # exp(-2u) overflows the compute type (f32 for f16/bf16/f32) and the result is 0
+        lost = np.where(-two_u > (709.0 if U == DType.f64.eps else 88.0), np.abs(r), 0.0)
+    else:
+        arg, lost = np.where(x < 0, x * x, 0.0), 0.0
+    under = (2 + np.abs(x)) * SUBNORMAL.get(U, 0.0)  # 0.5 x erfc(t), erfc(t) subnormal
+    return GELU_LIPSCHITZ * e[0] + U * np.abs(r) * arg + under + lost
+
+
+# -- row ops (over the last axis, computed in float64) ------------------------------------------
+UA = DType.f64.eps
+
+
+def _rows(v: list, e: list) -> tuple[np.ndarray, np.ndarray, int]:
+    x = v[0]
+    return x, np.broadcast_to(e[0], x.shape), x.shape[-1]
+
+
+def _softmax(s, v, e, r, U):
+    x, ex, n = _rows(v, e)
+    own = (np.abs(x - x.max(axis=-1, keepdims=True)) + 4) * UA  # x - max rounded; exp
+    rel = np.expm1(ex + ex.max(axis=-1, keepdims=True)) + own + own.max(axis=-1, keepdims=True)
+    rel = rel + gamma_u(n, UA) + 2 * UA  # the sum; the division
+    return np.abs(r) * rel * (1 + rel) + SUBNORMAL.get(U, 0.0)
+
+
+def _layer_norm(s, v, e, r, U):
+    x, ex, n = _rows(v, e)
+    g, eps = gamma_u(n, UA), float(s.attr("eps", 1e-5))
+    mean = x.sum(axis=-1, keepdims=True) / n
+    d = x - mean
+    var = (d * d).sum(axis=-1, keepdims=True) / n
+    em = ex.mean(axis=-1, keepdims=True) + g * (np.abs(x) + ex).mean(axis=-1, keepdims=True)
+    em = em + 2 * UA * np.abs(mean)
+    ed = ex + em + UA * (np.abs(d) + ex + em)  # x_i - mean, rounded
+    ev = (2 * np.abs(d) * ed + ed * ed).mean(axis=-1, keepdims=True)
+    ev = ev + (g + UA) * ((np.abs(d) + ed) ** 2).mean(axis=-1, keepdims=True)
+    ev = ev + 3 * UA * (var + eps + ev)  # the division by n, + eps
+    lo, hi = np.sqrt(np.maximum(var + eps - ev, 0)), np.sqrt(var + eps + ev)
+    out = ed / lo + np.abs(d) * (1 / lo - 1 / hi)
+    out = out + 4 * UA * (np.abs(r) + out)  # sqrt, 1 / sqrt, the product
+    return np.where(lo > 0, out + SUBNORMAL.get(U, 0.0), np.inf)
+
+
+ROW_ERROR: dict[str, PwRule] = {"softmax": _softmax, "layer_norm": _layer_norm}
+
+
 def _compare(s, v, e, r, U):
     a, b = np.broadcast_arrays(v[0], v[1])
     slack = e[0] + e[1]
@@ -164,8 +262,11 @@ def _dropout(s, v, e, r, U):
 
 
 ROUNDS = ("add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "exp", "cast", "dropout")
-ULPS = {"exp": 4, "pow": 4, "rsqrt": 4}  # library functions: vectorised exp/pow (numpy's f32 pow
-# measured 2.6 eps), rsqrt as 1/sqrt or CUDA's rsqrtf (2 ulp); IEEE ops are correctly rounded
+ROUNDS += ("tanh", "erf", "gelu", "softmax", "layer_norm")
+ULPS = {"exp": 4, "pow": 4, "rsqrt": 4, "tanh": 4, "erf": 4, "gelu": 8}
+# library functions: vectorised exp/pow (numpy's f32 pow measured 2.6 eps), rsqrt as 1/sqrt or
+# CUDA's rsqrtf (2 ulp), tanhf/erff (CUDA: 2 ulp), gelu's erfcf (CUDA: 4 ulp) and its products;
+# IEEE ops are correctly rounded
 POINTWISE_ERROR: dict[str, PwRule] = {
     "add": _add,
     "sub": _add,
@@ -178,6 +279,9 @@ POINTWISE_ERROR: dict[str, PwRule] = {
     "sqrt": _sqrt,
     "rsqrt": _rsqrt,
     "exp": _exp,
+    "tanh": _monotone(np.tanh),
+    "erf": _monotone(lambda x: _ERF(x).astype(np.float64)),
+    "gelu": _gelu,
     "where": _where,
     "cast": _cast,
     "dropout": _dropout,
@@ -271,7 +375,7 @@ COMM_ERROR: dict[str, CommRule] = {
     "reduce_scatter": _reduces,
     "reduce": _reduces,
 }
-ERROR = {**POINTWISE_ERROR, **REDUCE_ERROR, **COMM_ERROR}
+ERROR = {**POINTWISE_ERROR, **REDUCE_ERROR, **ROW_ERROR, **COMM_ERROR}
 
 
 # -- the interpreter ------------------------------------------------------------------------------
@@ -314,7 +418,7 @@ def _compute(s: Stmt, vals: list[list], errs: list[list], g: Group) -> tuple[lis
         outs, errors = _compute(s, vals[:1], errs[:1], Group(1, g.bindings))
         return outs * g.P, errors * g.P
     U = s.out.type.dtype.eps
-    rule = POINTWISE_ERROR.get(s.op) or REDUCE_ERROR[s.op]
+    rule = POINTWISE_ERROR.get(s.op) or REDUCE_ERROR.get(s.op) or ROW_ERROR[s.op]
     local = [_local(s, vals[i], errs[i], g, i) for i in range(g.P)]
     if s.op == "cast":
         outs = [_cast_value(s, v[0]) for v, _ in local]
@@ -324,7 +428,7 @@ def _compute(s: Stmt, vals: list[list], errs: list[list], g: Group) -> tuple[lis
     for r, (v, e) in zip(outs, local):
         with np.errstate(all="ignore"):
             err = np.asarray(rule(s, v, e, r, U), dtype=np.float64)
-            if s.op in ROUNDS or s.op in REDUCE_ERROR:
+            if s.op in ROUNDS or s.op in REDUCE_ERROR:  # its own rounding to the dtype
                 err = err + ULPS.get(s.op, 1) * U * (np.abs(r) + err)
         errors.append(np.broadcast_to(err, np.shape(r)))
     return outs, errors

@@ -31,6 +31,7 @@ from .bounds import ULPS, Bound, _last_uses, _sqrt, _start, _step, gamma_u
 from .errors import DSLError
 from .interpret import bind
 from .ir import Const, Program, Value
+from .ops import ROW
 from .sizes import Size
 
 CHUNK = 1 << 20  # elements per chunk: a few float64 arrays of 8 MB per live intermediate
@@ -56,6 +57,8 @@ def chunk_symbol(program: Program) -> tuple[Optional[str], str]:
     for s in program.body:
         if s.op == "dropout":
             return None, "dropout depends on the element's position"
+        if s.op in ROW:
+            return None, f"{s.op} reads whole rows"
         if any(
             isinstance(a, Const) and isinstance(a.value, Size) and S in a.value.symbols()
             for a in s.args

@@ -235,6 +235,28 @@ class Builder:
     def exp(self, x, **kw):
         return self.op("exp", x, **kw)
 
+    def tanh(self, x, **kw):
+        return self.op("tanh", x, **kw)
+
+    def erf(self, x, **kw):
+        return self.op("erf", x, **kw)
+
+    def gelu(self, x, approximate: str = "none", **kw):
+        """x * Phi(x) (torch.nn.functional.gelu); approximate="tanh" for its tanh form."""
+        if approximate != "none":  # the default is not printed
+            kw["approximate"] = approximate
+        return self.op("gelu", x, **kw)
+
+    def softmax(self, x, **kw):
+        """Softmax over the LAST dimension (numerically stable: the row max is subtracted).
+        A row op: its own kernel, never fused with its neighbours."""
+        return self.op("softmax", x, **kw)
+
+    def layer_norm(self, x, eps: float = 1e-5, **kw):
+        """(x - mean) / sqrt(var + eps) over the LAST dimension (biased variance), no affine:
+        write `layer_norm(x) * w + b` for one. A row op, like softmax."""
+        return self.op("layer_norm", x, eps=eps, **kw)
+
     def maximum(self, a, b, **kw):
         return self.op("maximum", a, b, **kw)
 

@@ -23,6 +23,13 @@ Numerics
   float64 (int64 for integer and bool tensors) and are then cast to the dtype (bf16: float64 ->
   float32 -> bf16, as generated code does). Integer division truncates toward zero, and an
   integer x/0 is 0.
+- tanh, erf and gelu are computed in float64 and rounded once to the dtype (numpy has no erf;
+  exact gelu is 0.5 x erfc(-x / sqrt 2), approximate="tanh" is x / (1 + exp(-2u)) with
+  u = sqrt(2/pi) (x + 0.044715 x^3), the same functions as torch's, written without the
+  cancellation of 1 + erf(x) for negative x).
+- Row ops work on the last dimension in float64, then round to float32 and then to the dtype
+  (as generated code does): softmax(x) = exp(x - max) / sum exp(x - max); layer_norm(x) =
+  (x - mean) * (1 / sqrt(var + eps)), var the biased mean of (x - mean)^2, both sums in float64.
 - A `Const` operand (a number, or a `Size` such as 1/P evaluated as a fraction) takes the dtype of
   the tensor operands it meets.
 - dropout keeps an element iff `dropout_keep(seed, global flat index, p)`, a hash of the seed and
@@ -34,6 +41,7 @@ stage's group separately for stage None); see `EVAL` for each op's rule.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -216,6 +224,47 @@ def _dropout(s, xs, g, i):
     return np.where(keep, x * scale, np.zeros((), x.dtype))
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+_ERFC = np.frompyfunc(math.erfc, 1, 1)
+GELU_TANH_2U = 2 * math.sqrt(2 / math.pi)  # 2u = GELU_TANH_2U * (x + GELU_TANH_CUBE * x^3)
+GELU_TANH_CUBE = 0.044715
+
+
+def _f64(f: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """f computed in float64 (the result is rounded to the dtype after, as every op's)."""
+    return lambda x: np.asarray(f(np.asarray(x, dtype=np.float64)), dtype=np.float64)
+
+
+def gelu64(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """GeLU in float64: 0.5 x erfc(-x / sqrt 2), or x / (1 + exp(-2u)) for approximate="tanh"."""
+    x = np.asarray(x, dtype=np.float64)
+    if approximate == "tanh":
+        return x / (1 + np.exp(-GELU_TANH_2U * (x + GELU_TANH_CUBE * x * x * x)))
+    return 0.5 * x * _ERFC(-x * math.sqrt(0.5)).astype(np.float64)
+
+
+def _gelu(s, xs, g, i):
+    return gelu64(xs[0], s.attr("approximate", "none"))
+
+
+def _row_result(y: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """A row op's float64 result, rounded to float32 first where the dtype is narrower."""
+    return y.astype(np.float32) if like.dtype.itemsize < 8 else y
+
+
+def _softmax(s, xs, g, i):
+    x = xs[0].astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return _row_result(e / e.sum(axis=-1, keepdims=True), xs[0])
+
+
+def _layer_norm(s, xs, g, i):
+    x = xs[0].astype(np.float64)
+    d = x - x.sum(axis=-1, keepdims=True) / x.shape[-1]
+    var = (d * d).sum(axis=-1, keepdims=True) / x.shape[-1]
+    return _row_result(d * (1 / np.sqrt(var + float(s.attr("eps", 1e-5)))), xs[0])
+
+
 def _sum(x):
     return x.astype(_acc_of(x)).sum()
 
@@ -321,12 +370,17 @@ EVAL: dict[str, Rule] = {
     "sqrt": _pw(np.sqrt),
     "rsqrt": _pw(lambda x: np.reciprocal(np.sqrt(x))),
     "exp": _pw(np.exp),
+    "tanh": _pw(_f64(np.tanh)),
+    "erf": _pw(_f64(_ERF)),
+    "gelu": _per_rank(_gelu),
     "where": _pw(np.where),
     "cast": _per_rank(_cast),
     "dropout": _per_rank(_dropout),
     "sum": _pw(_sum),
     "mean": _pw(_mean),
     "norm": _pw(_norm),
+    "softmax": _per_rank(_softmax),
+    "layer_norm": _per_rank(_layer_norm),
     "matmul": _per_rank(_matmul),
     "slice": _per_rank(_slice),
     "update": _per_rank(_update),
@@ -472,6 +526,7 @@ __all__ = [
     "interpret",
     "EVAL",
     "matmul2d",
+    "gelu64",
     "Rule",
     "Group",
     "bind",

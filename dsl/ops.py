@@ -10,6 +10,8 @@ Layout rules (the paper's):
   Local; Sliced with Local, or Sliced along different dimensions -> LayoutError.
 - matmul [.., K] x [K, H]: Sliced(row) x Replicated -> Sliced(row); Replicated x Sliced(1) ->
   Sliced(last); both sliced along K -> Local (partial sums); Local/Replicated mixes -> Local/Replicated.
+- row ops (softmax, layer_norm) over the LAST dimension: the input's type; the last dimension
+  must not be Sliced (LayoutError: all_gather it first). Float only; layer_norm's eps > 0.
 - reductions to a scalar: Replicated -> Replicated, Local -> Local, Sliced -> Local (the partial
   reduction of the rank's slice).
 - all_reduce(Local) -> Replicated; reduce_scatter(Local) -> Sliced(dim); all_gather(Sliced(d)) ->
@@ -33,9 +35,12 @@ ArgT = Union[TensorType, Const]
 BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 UNARY = ("neg", "sqrt", "rsqrt", "exp")
+SPECIAL = ("tanh", "erf", "gelu")  # float functions the interpreter evaluates in float64
 REDUCE = ("sum", "mean", "norm")
-POINTWISE = BINARY + COMPARE + UNARY + ("where", "cast", "dropout")
-COMPUTE = POINTWISE + REDUCE + ("matmul", "slice", "update")
+ROW = ("softmax", "layer_norm")  # over the last dimension, row by row
+POINTWISE = BINARY + COMPARE + UNARY + SPECIAL + ("where", "cast", "dropout")
+COMPUTE = POINTWISE + REDUCE + ROW + ("matmul", "slice", "update")
+GELU_APPROXIMATE = ("none", "tanh")
 COLLECTIVE = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 COMM = COLLECTIVE + ("p2p",)
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -158,6 +163,34 @@ def _unary(args, attrs, ctx):
 def _unary_float(args, attrs, ctx):
     _float(args[0], "this op")
     return pointwise(args)
+
+
+def _gelu(args, attrs, ctx):
+    if attrs.get("approximate", "none") not in GELU_APPROXIMATE:
+        raise ShapeError(
+            f"gelu approximate must be 'none' or 'tanh', got {attrs.get('approximate')!r}"
+        )
+    return _unary_float(args, attrs, ctx)
+
+
+def _row(args, attrs, ctx):
+    """softmax over the last dimension: the input's type."""
+    (t,) = args
+    if not isinstance(t, TensorType) or t.rank == 0:
+        raise ShapeError("a row op needs a tensor of rank >= 1 (it works on the last dimension)")
+    _float(t, "a row op")
+    if isinstance(t.layout, Sliced) and t.layout.dim == t.rank - 1:
+        raise LayoutError(
+            f"the last dimension is {t.layout}: a row op needs whole rows; all_gather first"
+        )
+    return t
+
+
+def _layer_norm(args, attrs, ctx):
+    eps = attrs.get("eps", 1e-5)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < float("inf"):
+        raise ShapeError(f"layer_norm eps must be a finite number > 0, got {eps!r}")
+    return _row(args, attrs, ctx)
 
 
 def _where(args, attrs, ctx):
@@ -318,10 +351,15 @@ INFER: dict[str, Rule] = {
     "sqrt": _unary_float,
     "rsqrt": _unary_float,
     "exp": _unary_float,
+    "tanh": _unary_float,
+    "erf": _unary_float,
+    "gelu": _gelu,
     "where": _where,
     "cast": _cast,
     "dropout": _dropout,
     **{k: _reduce for k in REDUCE},
+    "softmax": _row,
+    "layer_norm": _layer_norm,
     "matmul": _matmul,
     "slice": _slice,
     "update": _update,

@@ -79,6 +79,15 @@ template <class T> T __shfl_down_sync(unsigned int, T v, unsigned int delta) {
   cc_ctx->warps[warp]->arrive_and_wait();
   return out;
 }
+template <class T> T __shfl_xor_sync(unsigned int, T v, unsigned int mask) {
+  const unsigned int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  std::memcpy(&cc_ctx->slots[warp][lane], &v, sizeof(T));
+  cc_ctx->warps[warp]->arrive_and_wait();
+  T out;
+  std::memcpy(&out, &cc_ctx->slots[warp][lane ^ mask], sizeof(T));
+  cc_ctx->warps[warp]->arrive_and_wait();
+  return out;
+}
 inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline double __longlong_as_double(long long u) { double d; std::memcpy(&d, &u, 8); return d; }

@@ -8,7 +8,7 @@ do not count): one collective; or one reduce_scatter with the all_gathers of wha
 it (a fused all-reduce, `fuse(RS-C-AG)`); or one p2p with all_gathers (`fuse(P2P-C-AG)`).
 
 Preconditions (else TransformError naming the statement): the statements exist and are not already
-fused; no matmul (overlap it instead); at most one collective as above; no cycle through a
+fused; no matmul (overlap it instead); no row op (softmax, layer_norm: a kernel of its own); at most one collective as above; no cycle through a
 statement outside the group (a member depending on an outside statement that depends on a member).
 """
 
@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from ..errors import TransformError
 from ..ir import Fuse, Program, Ref, Stmt
-from ..ops import COMM
+from ..ops import COMM, ROW
 from ..printer import format_stmt
 from ._rebuild import need_program, verified
 from .naming import schedule_name
@@ -106,6 +106,11 @@ def fuse(
         if s.op == "matmul":
             raise TransformError(
                 f"fuse: {format_stmt(s)}: a matmul is not fused; overlap it instead"
+            )
+        if s.op in ROW:
+            raise TransformError(
+                f"fuse: {format_stmt(s)}: {s.op} works on whole rows in a kernel of its own;"
+                " fuse the statements before or after it"
             )
     _check_comm(members)
     _check_cycle(p, members)
