@@ -298,3 +298,23 @@ def test_cpp_transformer_block_agrees_with_interpret(compiled):
     from dsl.bounds import runs_agree
 
     assert runs_agree(got, want, bounds)
+
+
+def sliced_rows(op: str = "softmax"):
+    """A Replicated matrix read as this rank's rows (`slice`: a rank offset), then a row op."""
+    b = Builder(f"rows_{op}")
+    x = b.input("x", f32, [M, K], Replicated())
+    b.output("y", getattr(b, op)(b.slice(x, dim=0)))
+    return b.build()
+
+
+@pytest.mark.parametrize("op", ROW)
+def test_cpp_row_op_of_this_ranks_rows(op):
+    program = sliced_rows(op)
+    plan = lower(program, SIZES, 2)
+    fns = build(plan.kernels(), name=f"test_ops_transformer_rows_{op}")
+    x = draw(f32, seed=2)
+    want = interpret(program, [{"x": x}, {"x": x}], 2, SIZES)
+    for rank in (0, 1):
+        got = run_plan(plan, program, fns, {"x": x}, rank=rank)["y"]
+        assert_close(got, want[rank]["y"], f32, 1, f"{op} rank {rank}")
