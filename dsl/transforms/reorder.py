@@ -5,7 +5,10 @@ Rules, keyed by the kind of the statement `at` names:
 - all_gather g = all_gather(s), s Sliced(d): the pointwise computation that consumes g (directly
   or through other such computation) moves before the gather and runs on slices:
       f(allgather(s), r) -> allgather(f(s, slice(r)))
-  Replicated operands are read as their slice. A reduction to a scalar (LAMB's norms) of a moved
+  Replicated operands are read as their slice. A row op (softmax, layer_norm) moves too when the
+  gathered dimension is not its last one (its rows are whole on every rank; sequence parallelism):
+      layer_norm(allgather(s)) -> allgather(layer_norm(s))      (s Sliced(d), d not last)
+  A reduction to a scalar (LAMB's norms) of a moved
   value, or of a replicated tensor whose result feeds moved computation, becomes a partial
   reduction of the slice followed by an all_reduce of the partials:
       norm(x) -> sqrt(allreduce(sum(x_s * x_s)));  sum(x) -> allreduce(sum(x_s));
@@ -29,7 +32,7 @@ from typing import Optional
 
 from ..errors import TransformError
 from ..ir import Const, Program, Ref, Stmt, Value
-from ..ops import POINTWISE, REDUCE
+from ..ops import POINTWISE, REDUCE, ROW
 from ..printer import format_stmt
 from ..sizes import Size
 from ..types import Replicated, Sliced
@@ -48,8 +51,10 @@ def _numel(v: Value) -> Size:
 def _movable_after_gather(p: Program, g: Stmt) -> set[int]:
     """Ids of the statements that move onto slices."""
     tainted, moved = {g.out.id}, set()
+    d = g.args[0].type.layout.dim
     for s in p.body:
-        if s.op in MOVABLE and any(a.id in tainted for a in s.values):
+        whole_rows = s.op in ROW and s.out.type.rank == g.out.type.rank and d != s.out.type.rank - 1
+        if (s.op in MOVABLE or whole_rows) and any(a.id in tainted for a in s.values):
             tainted.add(s.out.id)
             moved.add(s.out.id)
     # replicated pointwise computation used only by moved computation moves too (b1 * m)
