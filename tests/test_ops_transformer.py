@@ -283,6 +283,14 @@ def test_a_row_op_is_a_kernel_of_its_own(compiled):
     assert ["mul", "add", "gelu", "mul"] in stmts  # the pointwise neighbours still fuse
 
 
+def test_the_cost_model_counts_the_new_ops_flops(compiled):
+    plans, _, _ = compiled
+    n = SIZES["M"] * SIZES["K"]
+    for op, per_element in (("softmax", 5), ("layer_norm", 7), ("gelu", 12), ("tanh", 8)):
+        (step,) = [s for s in plans[(op, f32)][1].steps if isinstance(s, Compute)]
+        assert step.flops == per_element * n and step.nbytes == 2 * 4 * n
+
+
 def test_cpp_transformer_block_agrees_with_interpret(compiled):
     plans, _, fns = compiled
     program, plan = plans["block"]
