@@ -28,6 +28,7 @@ SHIPPED = (
     "lamb_fusion",
     "model_parallel",
     "pipeline_parallel",
+    "tensor_parallel",
     "calibrate",
     "collectives",
     "validate",

@@ -28,6 +28,12 @@ NAMES = {
     ],
     "model_parallel": ["MM-AR-C", "MM-RS-C-AG", "ol(MM,fuse(RS-C-AG))"],
     "pipeline_parallel": ["AR-C-P2P", "AR-P2P-C", "RS-P2P-C-AG", "ol(RS,fuse(P2P-C-AG))"],
+    "tensor_parallel": [
+        "AG-MM-C-MM-RS",
+        "ol(AG,MM)-C-MM-RS",
+        "AG-MM-C-ol(MM,RS)",
+        "ol(AG,MM)-C-ol(MM,RS)",
+    ],
 }
 
 

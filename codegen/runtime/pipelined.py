@@ -84,7 +84,8 @@ def _chunk(r, kernels, c: int, C: int) -> None:
 
 
 def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
-    """Rows of chunk c of every rank's block of the matmul's output, on the compute stream."""
+    """Rows of chunk c of every rank's block of the matmul's output, on the compute stream: one
+    matmul a block (the same row blocks as the whole matmul's, so the same sums bit for bit)."""
     a, out = r.bufs[mm.a], r.bufs[mm.out]
     a2, out2 = a.reshape(mm.m, mm.k), out.view(mm.m, mm.n)
     rows = mm.m // r.plan.P  # rows of one rank's block
@@ -92,7 +93,7 @@ def _produce_rows(r, mm: MatMul, c: int, C: int) -> None:
     with r.streams.use(r.streams.compute):
         for j in range(r.plan.P):
             lo = j * rows + c * k
-            r.timed(lambda: torch.matmul(a2[lo : lo + k], r.bufs[mm.b], out=out2[lo : lo + k]))
+            r.timed(partial(torch.matmul, a2[lo : lo + k], r.bufs[mm.b], out=out2[lo : lo + k]))
 
 
 def peer_steps(r) -> dict[int, PeerStep]:
