@@ -117,7 +117,7 @@ class Walk:
     row: int = 0  # a row kernel's row length (its `body` is one row's lines); 0: elementwise
 
 
-def _gelu(exp: str, erfc: str) -> Callable[..., str]:
+def gelu_rule(exp: str, erfc: str) -> Callable[..., str]:
     """x * Phi(x) as 0.5 x erfc(-x / sqrt 2), or x / (1 + exp(-2u)) for approximate="tanh"
     (`dsl.interpret.gelu64`), with the target's erfc and exp."""
 
@@ -204,7 +204,7 @@ class Renderer:
         "exp": lambda a, dt: f"std::exp({a})",
         "tanh": lambda a, dt: f"std::tanh({a})",
         "erf": lambda a, dt: f"std::erf({a})",
-        "gelu": _gelu("std::exp", "std::erfc"),
+        "gelu": gelu_rule("std::exp", "std::erfc"),
         "where": lambda c, a, b, dt: f"({c} ? {a} : {b})",
         "cast": lambda a, ctype, dt: f"static_cast<{ctype}>({a})",
         "dropout": lambda x, index, seed, threshold, scale, dt: (

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from dsl.types import DType
 
 from .plan import ITEMSIZE, Kernel
-from .render import Renderer, RenderError, Walk, _gelu, helpers
+from .render import Renderer, RenderError, Walk, gelu_rule, helpers
 
 THREADS = 256  # threads per block
 MAX_BLOCKS = 2048  # blocks at most (a full H100/H200 at BLOCKS_PER_SM: 1056); one sum slot each
@@ -227,7 +227,7 @@ class CudaRenderer(Renderer):
         "tanh": lambda a, dt: f"tanh({a})" if dt is DType.f64 else f"tanhf({a})",
         "erf": lambda a, dt: f"erf({a})" if dt is DType.f64 else f"erff({a})",
         "gelu": lambda a, approximate, dt: (
-            _gelu("exp", "erfc") if dt is DType.f64 else _gelu("expf", "erfcf")
+            gelu_rule("exp", "erfc") if dt is DType.f64 else gelu_rule("expf", "erfcf")
         )(a, approximate, dt),
     }
     row_lanes = ("threadIdx.x", "blockDim.x")
