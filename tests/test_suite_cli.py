@@ -28,7 +28,7 @@ from suite.errors import SuiteError
 TESTS = Path(__file__).resolve().parent
 KNOWN = (
     "known: adam_fusion, autotune, calibrate, collectives, lamb_fusion, model_parallel, paper, "
-    "pipeline_parallel, training, validate"
+    "pipeline_parallel, tensor_parallel, training, validate"
 )
 
 
