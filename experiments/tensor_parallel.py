@@ -42,6 +42,7 @@ from cost_model.topology import load_topology
 from dsl import Builder, P, Program, Sliced, bf16, f32, sym
 from dsl.transforms import overlap
 
+from . import tp_published
 from .api import BaselineContext, PaperSetting
 from .kinds import Experiment
 from .registry import register
@@ -181,7 +182,7 @@ def section(df, out_dir) -> str:
             f"| {r['matmul_us']:.0f} | {r['collective_us']:.0f} ({r['collective']}) "
             f"| {r['sms_taken']} | {r['total_us']:.0f} | x{r['speedup']:.2f} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + tp_published.section()
 
 
 _NAMES = ["GPT-3 175B", "Llama 3 70B"]
