@@ -102,3 +102,18 @@ def test_the_published_cases_are_predicted_beside_their_figures():
     for case in pub.CASES:
         assert case.name in text and case.source in text
     assert "Domino" in text and text.count("| a800 |") == 4
+
+
+@pytest.mark.slow
+def test_the_autotuner_searches_the_overlaps(tmp_path):
+    """experiment=autotune target=tensor_parallel on dgx_h100 (the cost model only): the search
+    space holds the decomposed overlaps at several chunk counts, and its pick at each size is one."""
+    out = tmp_path / "tune"
+    proc = subprocess.run(
+        [sys.executable, "-m", "suite", "experiment=autotune", "target=tensor_parallel",
+         "backend=sim", "topology=dgx_h100", f"hydra.run.dir={out}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    best = [line for line in proc.stdout.splitlines() if "predicted dgx_h100" in line]
+    assert len(best) == 2 and all("best ol(AG,MM)" in line for line in best), best
