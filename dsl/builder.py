@@ -101,7 +101,7 @@ class Tensor:
         return f"Tensor(%{self.value.id} {self.value.name}: {self.type})"
 
 
-INITS = ("normal", "positive")
+INITS = ("normal", "positive", "fan_in")
 
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")  # e.g. g, m.next, t37.ag

@@ -9,8 +9,11 @@ can be compared:
 A program with several pipeline stages has one global view per stage that holds the value.
 
 `global_inputs` draws one global array per input (init "normal": standard normal; "positive":
-uniform in [0.5, 1.5), or [1, 8] for integers; integers otherwise uniform in [-8, 8]; bools fair
-coins; inputs with a default are left out, so the default is used), `distribute` cuts them into
+uniform in [0.5, 1.5), or [1, 8] for integers; "fan_in": standard normal over the square root of
+the global first dimension, a weight [K, N] as LeCun's initialisation draws it, so that a matmul
+of a standard-normal input has outputs of unit variance (as a trained network's activations
+are, rather than of K's: sqrt(K) times larger, far into a GeLU's underflow); integers otherwise
+uniform in [-8, 8]; bools fair coins; inputs with a default are left out, so the default is used), `distribute` cuts them into
 each rank's local inputs according to one program's layouts, and `random_inputs` does both.
 
 Tolerance: a rewrite may change the order of sums (a reduce-scatter then an all-gather, a
@@ -89,8 +92,10 @@ def local_part(g: np.ndarray, t: TensorType, P: int, i: int) -> np.ndarray:
 def _draw(inp: Input, P: int, bindings: Mapping[str, int], rng: np.random.Generator) -> np.ndarray:
     t = inp.value.type
     shape = global_shape(t, P, bindings)
-    if inp.init not in ("normal", "positive"):
-        raise BindError(f"input {inp.value.name}: unknown init {inp.init!r} (normal or positive)")
+    if inp.init not in ("normal", "positive", "fan_in"):
+        raise BindError(
+            f"input {inp.value.name}: unknown init {inp.init!r} (normal, positive or fan_in)"
+        )
     positive = inp.init == "positive"
     if t.dtype is DType.bool:
         x = rng.random(shape) < 0.5
@@ -98,6 +103,8 @@ def _draw(inp: Input, P: int, bindings: Mapping[str, int], rng: np.random.Genera
         x = rng.integers(1 if positive else -8, 9, size=shape)
     else:
         x = rng.uniform(0.5, 1.5, size=shape) if positive else rng.standard_normal(shape)
+        if inp.init == "fan_in" and shape:
+            x = x / np.sqrt(shape[0])
     return as_dtype(x, t.dtype)
 
 

@@ -54,8 +54,8 @@ CHUNKS = 4
 def program(dtype=f32) -> Program:
     b = Builder("tp_mlp")
     x = b.input("x", dtype, [S / P, B, H], Sliced(0))
-    w1 = b.input("w1", dtype, [H, F / P], Sliced(1))
-    w2 = b.input("w2", dtype, [F / P, H], Sliced(0))
+    w1 = b.input("w1", dtype, [H, F / P], Sliced(1), init="fan_in")
+    w2 = b.input("w2", dtype, [F / P, H], Sliced(0), init="fan_in")
     xg = b.all_gather(x, name="xg")
     h = b.matmul(xg, w1, name="h")
     y = b.matmul(b.gelu(h, name="a"), w2, name="y")

@@ -117,3 +117,15 @@ def test_the_autotuner_searches_the_overlaps(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     best = [line for line in proc.stdout.splitlines() if "predicted dgx_h100" in line]
     assert len(best) == 2 and all("best ol(AG,MM)" in line for line in best), best
+
+
+def test_the_weights_are_drawn_as_a_network_initialises_them():
+    """init="fan_in": a weight [K, N] is standard normal over sqrt(K), so the matmul's outputs
+    have unit variance and the GeLU of them stays clear of subnormal numbers (which slow a CPU's
+    next matmul several times over)."""
+    b = {"S": 64, "B": 1, "H": 256, "F": 512}
+    inputs = dsl.random_inputs(tp.program(), 2, b, np.random.default_rng(0))
+    w1 = np.concatenate([inputs[r]["w1"] for r in range(2)], axis=1)
+    assert w1.std() == pytest.approx(1 / 16, rel=0.05)
+    x = np.concatenate([inputs[r]["x"] for r in range(2)])
+    assert (x @ w1).std() == pytest.approx(1.0, rel=0.1)
