@@ -45,6 +45,7 @@ from dsl.ops import ROW
 from dsl.types import DType
 
 from .plan import Access, Kernel
+from .render_rows import gelu_rule, layer_norm_row, softmax_row
 
 _GOLDEN = 0x9E3779B9  # as dsl.interpret.dropout_keep
 
@@ -117,53 +118,6 @@ class Walk:
     row: int = 0  # a row kernel's row length (its `body` is one row's lines); 0: elementwise
 
 
-def gelu_rule(exp: str, erfc: str) -> Callable[..., str]:
-    """x * Phi(x) as 0.5 x erfc(-x / sqrt 2), or x / (1 + exp(-2u)) for approximate="tanh"
-    (`dsl.interpret.gelu64`), with the target's erfc and exp."""
-
-    def rule(a: str, approximate: str, dt: DType) -> str:
-        f = "" if dt is DType.f64 else "f"
-        if approximate == "tanh":
-            two_u = f"1.5957691216057308{f} * ({a} + 0.044715{f} * {a} * {a} * {a})"
-            return f"({a} / (1.0{f} + {exp}(-({two_u}))))"
-        return f"(0.5{f} * {a} * {erfc}(-{a} * 0.7071067811865476{f}))"
-
-    return rule
-
-
-def _softmax(x: Callable[[str], str], y: Callable[[str, str], str], L: int, r, s) -> list[str]:
-    """exp(x - max) / sum exp(x - max), in double."""
-    loop, xj = r.row_loop(), x("j")
-    e = r.code_for_op["exp"](f"{xj} - cc_m", DType.f64)
-    return [
-        f"double cc_m = -{r.inf};",
-        f"{loop} cc_m = cc_max(cc_m, {xj});",
-        *r.row_combine("max", "cc_m"),
-        "double cc_s = 0;",
-        f"{loop} cc_s += {e};",
-        *r.row_combine("sum", "cc_s"),
-        f"{loop} {y('j', f'{e} / cc_s')}",
-    ]
-
-
-def _layer_norm(x: Callable[[str], str], y: Callable[[str, str], str], L: int, r, s) -> list[str]:
-    """(x - mean) * (1 / sqrt(var + eps)), the biased variance of the centred values, in double."""
-    loop, xj, n = r.row_loop(), x("j"), f"{L}.0"
-    eps = r.const(float(s.attr("eps", 1e-5)), DType.f64)
-    root = r.code_for_op["sqrt"](f"cc_v / {n} + {eps}", DType.f64)
-    return [
-        "double cc_s = 0;",
-        f"{loop} cc_s += {xj};",
-        *r.row_combine("sum", "cc_s"),
-        f"const double cc_mean = cc_s / {n};",
-        "double cc_v = 0;",
-        f"{loop} {{ const double cc_d = {xj} - cc_mean; cc_v += cc_d * cc_d; }}",
-        *r.row_combine("sum", "cc_v"),
-        f"const double cc_rstd = 1 / {root};",
-        f"{loop} {y('j', f'({xj} - cc_mean) * cc_rstd')}",
-    ]
-
-
 def _cmp(op: str) -> Callable[..., str]:
     return lambda a, b, dt: f"({a} {op} {b})"
 
@@ -215,8 +169,8 @@ class Renderer:
     }
     # row op kind -> one row's lines, from (x(j), y(j, value), row length, renderer, statement)
     code_for_row: dict[str, Callable[..., list[str]]] = {
-        "softmax": _softmax,
-        "layer_norm": _layer_norm,
+        "softmax": softmax_row,
+        "layer_norm": layer_norm_row,
     }
     row_lanes = ("0", "1")  # a row's inner loops: j from the first by the second
 

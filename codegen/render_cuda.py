@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from dsl.types import DType
 
 from .plan import ITEMSIZE, Kernel
-from .render import Renderer, RenderError, Walk, gelu_rule, helpers
+from .render import Renderer, RenderError, Walk, helpers
+from .render_rows import gelu_rule
 
 THREADS = 256  # threads per block
 MAX_BLOCKS = 2048  # blocks at most (a full H100/H200 at BLOCKS_PER_SM: 1056); one sum slot each
