@@ -20,6 +20,7 @@ codegen and dsl only).
 
 from .optim import FusedOptimizer
 from .optimizers import FusedAdam, FusedAdamW, FusedLAMB
+from .precision import LossScaler
 from .step import Step, compile, compile_many
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "FusedAdamW",
     "FusedLAMB",
     "FusedOptimizer",
+    "LossScaler",
     "Step",
     "compile",
     "compile_many",

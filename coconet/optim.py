@@ -8,8 +8,8 @@ generated `fuse(RS-C-AG)+as_slice` step instead of DDP's all-reduce plus an opti
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
 
 Contract
-- Construction is collective over `group` (None: every rank). The parameters (float32, on the
-  backend's device) are broadcast from the group's first rank, then moved into flat buckets
+- Construction is collective over `group` (None: every rank). The parameters (float32, or
+  bfloat16 / float16 as below, on the backend's device) are broadcast from the group's first rank, then moved into flat buckets
   (`coconet.buckets`): each `p.data` becomes a view of its bucket, so the all-gather writes the
   updated weights into the model's parameters with no copy. Each bucket's step is compiled once
   (`coconet.step.compile_many`: one module for all buckets).
@@ -35,8 +35,25 @@ Contract
 - Buckets: `bucket_cap_numel` elements at most (default 2^22; None: one bucket per parameter).
   `FusedLAMB` defaults to one bucket per parameter, so its trust ratio is per parameter tensor
   (You et al.; Apex's FusedLAMB); with larger buckets it is per bucket.
-- Not supported (ValueError): params of another dtype than float32 (no mixed precision yet),
-  param groups added after construction, a weight decay asked of a step compiled without one.
+- Mixed precision (`coconet.precision`): parameters all bfloat16 or all float16 (else float32)
+  run a program with the low-precision gradient `g` and weights `h` and f32 `w` (e.g.
+  `programs.adam_program(half=bf16)`): the gradient is reduce-scattered in its own dtype (the
+  paper's and Apex's f16 communication: half the bytes of f32), this rank's slice is upcast and
+  averaged in f32, the f32 master weights w, m and v are updated as slices (w is optimizer
+  state: `master_weight` in `state_dict()`, per parameter, f32, the parameter's shape), and the
+  new weights are cast to the parameters' dtype and all-gathered into them, all in the one
+  generated kernel. A gathered state_dict without master weights (torch's AdamW's) starts them
+  from the parameters.
+- Dynamic loss scaling (float16 only; `loss_scale="dynamic"` or a `coconet.LossScaler`):
+  backward on `opt.scale(loss)`; `step()` unscales the gradient inside the fused step, and where
+  any rank's gradient overflowed (`precision.local_overflow`, max-reduced over the ranks inside
+  the step as a 0-d all_reduce, or a non-finite value in a reduced slice) every rank keeps its
+  weights and state, the step count does not advance, and `step()` returns False; the scale
+  follows `torch.cuda.amp.GradScaler` (`loss_scale`, `skipped_steps`; its state under
+  "loss_scaler" in the state dicts).
+- Not supported (ValueError): parameters of mixed dtypes or of another dtype, loss scaling of
+  parameters that are not float16, param groups added after construction, a weight decay asked of
+  a step compiled without one.
 """
 
 from __future__ import annotations
@@ -47,26 +64,31 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from codegen.runtime.backend import TORCH
 from codegen.runtime.comm import Group
 
-from . import programs
+from . import precision, programs
 from .buckets import BucketLayout, layout
 from .step import Step, compile_many
 
 # torch.optim.Adam's (and AdamW's) names for the Adam programs' state
 ADAM_STATE = {"m": "exp_avg", "v": "exp_avg_sq", "vmax": "max_exp_avg_sq"}
+MASTER = {"w": "master_weight"}  # a mixed-precision program's f32 w, in state_dict()
+OWN = ("step", "inv_scale", "found_inf")  # 0-d inputs the optimizer sets, not hyper-parameters
 
 
 class _Bucket:
-    """A layout with its flat buffers: w and g (N elements), and each state input of the
-    program (`programs.state_of`: m and v for Adam) as this rank's slice (N/P)."""
+    """A layout with its flat buffers: w and g (N elements, in the parameters' dtype: w holds
+    the parameters), and each sliced input of the program (`programs.sliced_inputs`: m and v for
+    Adam; the f32 master weights too in mixed precision) as this rank's slice (N/P)."""
 
-    def __init__(self, spec: BucketLayout, params: list, P: int, device, state: tuple):
+    def __init__(self, spec: BucketLayout, params: list, P: int, device, dtype, state: dict):
         self.spec, self.t = spec, 0
-        self.w = torch.zeros(spec.numel, dtype=torch.float32, device=device)
+        self.w = torch.zeros(spec.numel, dtype=dtype, device=device)
         self.g = torch.zeros_like(self.w)
         self.state = {
-            name: torch.zeros(spec.numel // P, dtype=torch.float32, device=device) for name in state
+            name: torch.zeros(spec.numel // P, dtype=dt, device=device)
+            for name, dt in state.items()
         }
         self.params = [params[s.param] for s in spec.slots]
         self.step: Optional[Step] = None
@@ -108,58 +130,93 @@ class FusedOptimizer(torch.optim.Optimizer):
         bucket_cap_numel: Optional[int] = 1 << 22,
         chunks: int = 4,
         backend="cpu",
+        loss_scale=None,
     ):
         self._buckets: list[_Bucket] = []
         super().__init__(params, defaults)
-        names = {i.value.name for i in program.inputs}
-        if not {"g", "w"} <= names:
+        who = type(self).__name__
+        inputs = {i.value.name: i.value.type for i in program.inputs}
+        self._weights = "h" if "h" in inputs else "w"  # the input holding the parameters
+        if not {"g", "w"} <= set(inputs):
             raise ValueError(
-                f"{type(self).__name__}: the program {program.name} needs the inputs g (the "
-                f"gradient) and w (the weights); it has {sorted(names)}"
+                f"{who}: the program {program.name} needs the inputs g (the "
+                f"gradient) and w (the weights); it has {sorted(inputs)}"
             )
         state = programs.state_of(program)
         unknown = sorted(set(state_names or {}) - set(state))
         if unknown:
             raise ValueError(
-                f"{type(self).__name__}: state_names names {unknown}, not state of "
+                f"{who}: state_names names {unknown}, not state of "
                 f"{program.name} (its state: {list(state)})"
             )
-        self._state_names = {n: (state_names or {}).get(n, n) for n in state}
-        zero_d = [i.value.name for i in program.inputs if not i.value.type.shape]
-        self._hyper = tuple(n for n in zero_d if n != "step")
+        sliced = programs.sliced_inputs(program)
+        names = {**MASTER, **(state_names or {})}
+        self._state_names = {n: names.get(n, n) for n in sliced}
+        zero_d = [n for n, t in inputs.items() if not t.shape]
+        self._hyper = tuple(n for n in zero_d if n not in OWN)
         self._counts = "step" in zero_d  # the program takes the step count (Adam's bias correction)
         self._group = Group.world() if group is None else Group.of(group)
         P = self._group.size
         flat = [p for g in self.param_groups for p in g["params"]]
-        for p in flat:
-            if p.dtype != torch.float32:
-                raise ValueError(
-                    f"{type(self).__name__}: parameters must be float32, got {p.dtype}"
-                )
+        dtype = precision.param_dtype(flat, who)
+        self._check_program(program, inputs, dtype, loss_scale)
+        self._scaler = None
+        if loss_scale is not None:  # "dynamic" or the caller's own LossScaler
+            own = isinstance(loss_scale, precision.LossScaler)
+            self._scaler = loss_scale if own else precision.LossScaler()
+        self._found = torch.zeros((), device=flat[0].device if flat else None)
         sizes = [[p.numel() for p in g["params"]] for g in self.param_groups]
         specs = layout(sizes, bucket_cap_numel, P * chunks)
         device = flat[0].device if flat else torch.device("cpu")
-        self._buckets = [_Bucket(s, flat, P, device, state) for s in specs]
-        with torch.no_grad():
-            for b in self._buckets:
-                for k, p in enumerate(b.params):
-                    b.view(b.w, k).copy_(p)
-                dist.broadcast(b.w, src=self._group.ranks[0], group=group)
-                for k, p in enumerate(b.params):
-                    p.data = b.view(b.w, k)
-                    p.grad = b.view(b.g, k)
+        kinds = {n: TORCH[inputs[n].dtype] for n in sliced}
+        self._buckets = [_Bucket(s, flat, P, device, dtype, kinds) for s in specs]
+        self._share(group)
         items = [
-            (
-                program,
-                programs.sliced_schedule,
-                {"N": b.spec.numel},
-                {"w": b.w, "g": b.g, **b.state},
-            )
+            (program, programs.sliced_schedule, {"N": b.spec.numel}, self._bound(b))
             for b in self._buckets
         ]
         steps = compile_many(items, group=group, backend=backend, chunks=chunks)
         for b, s in zip(self._buckets, steps):
             b.step = s
+
+    def _check_program(self, program, inputs: dict, dtype: torch.dtype, loss_scale) -> None:
+        """The program's gradient and weights in the parameters' dtype, and loss scaling in
+        both or neither (a one-line ValueError naming what differs)."""
+        who = type(self).__name__
+        scaled = precision.check_loss_scale(loss_scale, dtype, who)
+        for name in ("g", self._weights):
+            if TORCH[inputs[name].dtype] != dtype:
+                raise ValueError(
+                    f"{who}: the program {program.name}'s input {name} is "
+                    f"{inputs[name].dtype}, the parameters are {dtype}"
+                )
+        if scaled != ("found_inf" in inputs):
+            raise ValueError(
+                f"{who}: loss_scale={loss_scale!r} but the program {program.name} "
+                + ("has" if "found_inf" in inputs else "has no")
+                + " loss scaling (inputs inv_scale, found_inf)"
+            )
+
+    @torch.no_grad()
+    def _share(self, group) -> None:
+        """The parameters broadcast from the group's first rank into the buckets, each p.data
+        and p.grad a view of its bucket, the f32 master slices (mixed precision) upcast."""
+        P, me = self._group.size, self._group.me
+        for b in self._buckets:
+            for k, p in enumerate(b.params):
+                b.view(b.w, k).copy_(p)
+            dist.broadcast(b.w, src=self._group.ranks[0], group=group)
+            for k, p in enumerate(b.params):
+                p.data = b.view(b.w, k)
+                p.grad = b.view(b.g, k)
+            if self._weights == "h":
+                n = b.spec.numel // P
+                b.state["w"].copy_(b.w[me * n : (me + 1) * n])
+
+    def _bound(self, b: _Bucket) -> dict:
+        """The tensors a bucket's step works in (aliased)."""
+        extra = {"found_inf": self._found} if self._scaler else {}
+        return {self._weights: b.w, "g": b.g, **b.state, **extra}
 
     def add_param_group(self, param_group: dict) -> None:
         if self._buckets:
@@ -217,7 +274,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             b.gather_grads()
             part = torch.empty(b.spec.numel // P, dtype=b.g.dtype, device=b.g.device)
             b.step.runner.comm.reduce_scatter(b.g, part, "sum")
-            total += part.double().div_(P).square().sum()
+            total += part.double().mul_(self._unscale()).square().sum()
         if P > 1:
             dist.all_reduce(total, group=self._group.pg)
         norm = total.sqrt().float().cpu()
@@ -229,16 +286,55 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One fused step per bucket (collective). Returns the closure's loss where one is
+        given (as torch's optimizers do), else whether the update was taken: False where the
+        loss scaling found an overflow, and every rank skipped it."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for b in self._buckets:
             b.gather_grads()
+        extra = {}
+        if self._scaler:
+            precision.local_overflow([b.g for b in self._buckets], self._group.size, self._found)
+            extra = {"inv_scale": 1.0 / self._scaler.scale}
+        skipped = False
+        for b in self._buckets:
             b.t += 1
             count = {"step": float(b.t)} if self._counts else {}
-            b.step(**count, **self.hyper(self.param_groups[b.spec.group]))
-        return loss
+            out = b.step(**count, **extra, **self.hyper(self.param_groups[b.spec.group]))
+            if "overflow" in out and float(out["overflow"]) != 0.0:  # NaN too
+                b.t -= 1  # a skipped step does not count (torch's step count)
+                skipped = True
+        if self._scaler:
+            self._scaler.update(skipped)
+        return loss if closure is not None else not skipped
+
+    # -- loss scaling (fp16) ----------------------------------------------------------------------
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: with loss_scale="dynamic", `loss` times S/P (S is
+        `loss_scale`, P the ranks: see `coconet.precision`); else `loss` itself."""
+        if self._scaler is None:
+            return loss
+        return loss * (self._scaler.scale / self._group.size)
+
+    @property
+    def loss_scale(self) -> float:
+        """S, the dynamic loss scale (GradScaler's `get_scale()`); 1.0 without loss scaling."""
+        return self._scaler.scale if self._scaler else 1.0
+
+    def get_scale(self) -> float:
+        return self.loss_scale
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for an overflow so far (0 without loss scaling)."""
+        return self._scaler.skipped_steps if self._scaler else 0
+
+    def _unscale(self) -> float:
+        """The factor from the summed gradient to the averaged one: 1/P, or 1/S when scaled."""
+        return 1.0 / (self._scaler.scale if self._scaler else self._group.size)
 
     # -- state ----------------------------------------------------------------------------------
     def state_bytes(self) -> int:
@@ -277,14 +373,17 @@ class FusedOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             full = {}
             for name, part in b.state.items():
-                full[name] = torch.empty_like(b.w)
+                full[name] = torch.empty(b.spec.numel, dtype=part.dtype, device=part.device)
                 b.step.runner.comm.all_gather(part, full[name])
             for k, s in enumerate(b.spec.slots):
                 state[s.param] = {
                     "step": torch.tensor(float(b.t)),
                     **{self._state_names[n]: b.view(full[n], k).clone() for n in b.state},
                 }
-        return {"state": state, "param_groups": self._groups_dict()}
+        return {"state": state, "param_groups": self._groups_dict(), **self._scaler_dict()}
+
+    def _scaler_dict(self) -> dict:
+        return {"loss_scaler": self._scaler.state_dict()} if self._scaler else {}
 
     def sharded_state_dict(self) -> dict:
         """This rank's slices of the state, per bucket, and the layout they belong to (local)."""
@@ -298,6 +397,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         return {
             "state": state,
             "param_groups": self._groups_dict(),
+            **self._scaler_dict(),
             "sharded": {
                 "world_size": self._group.size,
                 "rank": self._group.me,
@@ -314,6 +414,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             )
         for mine, saved in zip(self.param_groups, groups):
             mine.update({k: v for k, v in saved.items() if k != "params"})
+        if self._scaler and "loss_scaler" in state_dict:
+            self._scaler.load_state_dict(state_dict["loss_scaler"])
         with torch.no_grad():
             if "sharded" in state_dict:
                 self._load_sharded(state_dict)
@@ -350,8 +452,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             b.t = steps.pop() if steps else 0
             k = b.spec.numel // n
             for name, part in b.state.items():
-                full = torch.zeros_like(b.w)
+                full = torch.zeros(b.spec.numel, dtype=part.dtype, device=part.device)
                 for j, s in enumerate(b.spec.slots):
-                    if s.param in state:
-                        b.view(full, j).copy_(state[s.param][self._state_names[name]])
+                    saved = state.get(s.param, {}).get(self._state_names[name])
+                    if saved is not None:
+                        b.view(full, j).copy_(saved)
+                    elif name == "w":  # no master weights saved: the parameters, upcast
+                        b.view(full, j).copy_(b.view(b.w, j))
                 part.copy_(full[me * k : (me + 1) * k])

@@ -10,13 +10,24 @@ Each takes torch's arguments and gives torch's `state_dict` (per parameter `step
 weight decay for biases and norms, another learning rate for embeddings): every hyper-parameter
 is read from the bucket's group at every step. `amsgrad` is fixed at construction, as is whether
 the step has a weight-decay term at all (FusedAdam: when some group asks for one).
+
+Mixed precision (`coconet.optim`'s contract): with bfloat16 or float16 parameters the step keeps
+f32 master weights as slices (checkpointed per parameter as `master_weight`), and with float16
+`loss_scale="dynamic"` scales the loss as `torch.cuda.amp.GradScaler` does:
+
+    model = Net().to(torch.float16)
+    opt = coconet.FusedAdamW(model.parameters(), lr=1e-4, loss_scale="dynamic")
+    opt.zero_grad(); opt.scale(loss_fn(model(x), y)).backward(); took = opt.step()
+    opt.loss_scale, opt.skipped_steps   # GradScaler's get_scale(); steps skipped for overflow
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from . import programs
+import torch
+
+from . import precision, programs
 from .optim import ADAM_STATE, FusedOptimizer
 
 
@@ -25,9 +36,34 @@ def _names(program) -> dict:
     return {n: ADAM_STATE[n] for n in programs.state_of(program)}
 
 
+def _listed(params) -> list:
+    """`params` (tensors or param groups) as a list, each group's params a list (read once)."""
+    out = []
+    for x in params:
+        if isinstance(x, dict):
+            ps = x["params"]
+            x = {**x, "params": [ps] if isinstance(ps, torch.Tensor) else list(ps)}
+        out.append(x)
+    return out
+
+
+def _precision(params: list, loss_scale, who: str) -> dict:
+    """The programs' `half` and `loss_scale` arguments for these parameters (a `_listed`
+    list): a one-line ValueError for mixed dtypes, another dtype, or loss scaling asked of
+    parameters that are not float16."""
+    flat = [p for x in params for p in (x["params"] if isinstance(x, dict) else [x])]
+    dtype = precision.param_dtype(flat, who)
+    scaled = precision.check_loss_scale(loss_scale, dtype, who)
+    return {"half": precision.HALF.get(dtype), "loss_scale": scaled}
+
+
 class FusedAdam(FusedOptimizer):
     """torch.optim.Adam (bias-corrected; `weight_decay` as its L2 term added to the averaged
-    gradient; `amsgrad`) as the generated fused step."""
+    gradient; `amsgrad`) as the generated fused step. Parameters float32, bfloat16 or float16
+    (the latter two with f32 master weights); `loss_scale` (float16 only): None, "dynamic"
+    (GradScaler's init_scale 2**16, growth_factor 2, backoff_factor 0.5, growth_interval 2000)
+    or a `coconet.LossScaler` of other settings; backward then on `opt.scale(loss)`, and
+    `step()` returns whether it stepped (see `coconet.optim`)."""
 
     def __init__(
         self,
@@ -42,15 +78,17 @@ class FusedAdam(FusedOptimizer):
         bucket_cap_numel: Optional[int] = 1 << 22,
         chunks: int = 4,
         backend="cpu",
+        loss_scale=None,  # None, "dynamic" or a coconet.LossScaler (float16 params)
         _decay: Optional[str] = None,  # FusedAdamW's "decoupled"
     ):
-        params = list(params)  # a generator is read once; the groups' options are looked at
+        params = _listed(params)  # a generator is read once; the groups' options are looked at
         if _decay is None:
             asked = bool(weight_decay) or any(
                 isinstance(g, dict) and g.get("weight_decay") for g in params
             )
             _decay = "l2" if asked else ""
-        program = programs.adam_program(weight_decay=_decay, amsgrad=amsgrad)
+        mixed = _precision(params, loss_scale, type(self).__name__)
+        program = programs.adam_program(weight_decay=_decay, amsgrad=amsgrad, **mixed)
         super().__init__(
             params,
             {
@@ -66,12 +104,14 @@ class FusedAdam(FusedOptimizer):
             bucket_cap_numel=bucket_cap_numel,
             chunks=chunks,
             backend=backend,
+            loss_scale=loss_scale,
         )
 
 
 class FusedAdamW(FusedAdam):
     """torch.optim.AdamW (decoupled weight decay: w scaled by 1 - lr * weight_decay, then Adam's
-    step; `amsgrad`) as the generated fused step; torch's defaults (weight_decay 0.01)."""
+    step; `amsgrad`) as the generated fused step; torch's defaults (weight_decay 0.01); mixed
+    precision and `loss_scale` as FusedAdam's."""
 
     def __init__(
         self,
@@ -81,7 +121,7 @@ class FusedAdamW(FusedAdam):
         eps: float = 1e-8,
         weight_decay: float = 0.01,
         amsgrad: bool = False,
-        **options,  # FusedAdam's: group, bucket_cap_numel, chunks, backend
+        **options,  # FusedAdam's: group, bucket_cap_numel, chunks, backend, loss_scale
     ):
         super().__init__(
             params, lr, betas, eps, weight_decay, amsgrad, _decay="decoupled", **options
@@ -91,7 +131,8 @@ class FusedAdamW(FusedAdam):
 class FusedLAMB(FusedOptimizer):
     """LAMB (You et al. 2020; Apex FusedLAMB without gradient clipping) as the generated fused
     step: Adam's bias-corrected direction plus decoupled weight decay, scaled by the trust ratio
-    ||w|| / ||u|| of each bucket (by default one bucket per parameter tensor)."""
+    ||w|| / ||u|| of each bucket (by default one bucket per parameter tensor); mixed precision
+    and `loss_scale` as FusedAdam's (the norms of the f32 master slices)."""
 
     def __init__(
         self,
@@ -105,8 +146,10 @@ class FusedLAMB(FusedOptimizer):
         bucket_cap_numel: Optional[int] = None,
         chunks: int = 4,
         backend="cpu",
+        loss_scale=None,  # None, "dynamic" or a coconet.LossScaler (float16 params)
     ):
-        lamb = programs.lamb_program()
+        params = _listed(params)
+        lamb = programs.lamb_program(**_precision(params, loss_scale, type(self).__name__))
         super().__init__(
             params,
             {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay},
@@ -116,4 +159,5 @@ class FusedLAMB(FusedOptimizer):
             bucket_cap_numel=bucket_cap_numel,
             chunks=chunks,
             backend=backend,
+            loss_scale=loss_scale,
         )
