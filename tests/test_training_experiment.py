@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coconet.programs import SLICED
+from coconet.programs import PUBLISHED, SLICED
 from cost_model.topology import load_topology
 from experiments import MeasureSettings, training
 from experiments.predict import paper_result_rows
-from experiments.table1 import BASELINE_BYTES_PER_PARAM, predict_table1
+from experiments.table1 import predict_table1
 from reports.results import append_row
 from reports.training import training_section
 
@@ -29,19 +29,11 @@ def test_median_ci_brackets_the_median_and_collapses_on_constant_data():
     assert lo < med < hi and hi - lo < 1.5
 
 
-def test_predicted_table1_at_the_papers_sizes():
+def test_predicted_table1_rows_for_the_report():
+    """The rows the report renders (their content: tests/test_table1.py)."""
     rows = predict_table1(load_topology("dgx2", nodes=16), 256)
-    assert len(rows) == 3 * 2 * 2 and {r["world_size"] for r in rows} == {256}
-    by = {(r["shape"].split()[0], r["optimizer"], r["schedule"]): r for r in rows}
-    for opt in ("adam", "lamb"):
-        base, fused = by[("BERT-334M", opt, "baseline")], by[("BERT-334M", opt, SLICED)]
-        assert base["speedup"] == 1.0 and fused["speedup"] > 0
-        assert base["memory_bytes"] == BASELINE_BYTES_PER_PARAM * 334_000_000
-        assert fused["memory_bytes"] < base["memory_bytes"] / 2  # m, v sliced 256 ways
-        assert fused["micro_batch"] > base["micro_batch"] > 0
-        # 3.9B: 78 GB of f32 state and buffers do not fit a 32 GB V100; the sliced one does
-        assert by[("BERT-3.9B", opt, "baseline")]["micro_batch"] == 0
-        assert by[("BERT-3.9B", opt, SLICED)]["micro_batch"] > 0
+    assert {r["row_kind"] for r in rows} == {"table1"} and len(rows) == 3 * 2 * 2
+    assert {r["schedule"] for r in rows} == {"baseline", PUBLISHED}
 
 
 def test_the_papers_range_is_beside_it():
