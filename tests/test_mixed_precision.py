@@ -104,7 +104,7 @@ def _train(model, opt, rank, dtype, steps, start=0, inject=None):
             next(model.parameters()).grad[0, 0] = float("inf")
         before = flat(model)
         said = opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         moved.append((not torch.equal(before, flat(model)), said))
     return losses, moved
 
