@@ -119,6 +119,7 @@ class MeasureSettings:
     comm: Optional[str] = None  # the backend's transport (backend.comm: cpu ring|library|shm)
     schedules: Optional[Mapping[str, object]] = None  # the schedules to measure; None: all
     points: Optional[list] = None  # size bindings replacing the experiment's sweep
+    model: Optional[str] = None  # experiment.model (experiment=training's MODELS); None: its own
     min_rounds: int = 3  # interleaved rounds per point (experiments.rounds), at least ...
     max_rounds: int = 20  # ... and at most (defaults: scale=smoke's; the suite passes the scale's)
     point_budget_s: float = 1.0  # wall seconds per point before the rounds stop unconverged

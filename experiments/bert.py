@@ -4,7 +4,10 @@ training it that experiment=training compares (all on one rank of a process grou
 Model (`Encoder`): token + learned position embeddings, `torch.nn.TransformerEncoder` (post-norm,
 GELU, 4H feed-forward, as BERT), a final LayerNorm and a linear masked-token head; random
 initialisation from `seed`; dropout 0, so that two runs from the same initialisation and data
-differ only by floating-point order. Sizes: `ModelSize(layers, hidden, heads, vocab, seq)`.
+differ only by floating-point order. Sizes: `ModelSize(layers, hidden, heads, vocab, seq)`;
+a size builds its model (`size.model(seed)`) and draws its data (`size.batch(seed, step, rank,
+micro_batch)`), as `bert_hf.BertSize` does for BERT itself (`experiment.model=bert_base`); a
+model names its embedding tables (`embeddings()`, for `param_groups`).
 
 Data (`batch(size, seed, step, rank, micro_batch)`): synthetic sequences from a fixed random
 first-order Markov chain over the vocabulary, skewed towards low token ids (learnable, so the
@@ -55,6 +58,12 @@ class ModelSize:
         layer = 4 * h * h + 4 * h + 2 * (4 * h * h) + 4 * h + h + 4 * h  # attention, FFN, 2 norms
         return v * h + self.seq * h + self.layers * layer + 2 * h + h * v + v
 
+    def model(self, seed: int) -> Encoder:
+        return Encoder(self, seed)
+
+    def batch(self, seed: int, step: int, rank: int, micro_batch: int):
+        return batch(self, seed, step, rank, micro_batch)
+
 
 class Encoder(nn.Module):
     def __init__(self, size: ModelSize, seed: int):
@@ -73,6 +82,9 @@ class Encoder(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tokens(tokens) + self.positions[: tokens.shape[1]]
         return self.head(self.norm(self.encoder(x)))
+
+    def embeddings(self) -> list[nn.Parameter]:
+        return [self.tokens.weight, self.positions]
 
 
 def _chain(size: ModelSize, seed: int) -> torch.Tensor:
@@ -117,16 +129,20 @@ def train_steps(
     sched=None,
     clip: float | None = None,
 ) -> list[float]:
-    """Steps start .. start+n-1 of this rank's synthetic batches: forward, backward, the
+    """Steps start .. start+n-1 of this rank's synthetic batches (`size.batch`; dropout, where
+    the model has it, from a seed of (seed, step, rank): the same masks for every set-up, the
+    global generator left as it was): forward, backward, the
     gradients clipped to norm `clip` where given (the averaged gradient's norm, as DDP's training
     clips it: `FusedOptimizer.clip_grad_norm`, else torch's on DDP's averaged gradients), the
     optimizer's step (and the scheduler's); the losses, one a step."""
     losses = []
     for s in range(start, start + n):
-        x, y = batch(size, seed, s, rank, micro_batch)
+        x, y = size.batch(seed, s, rank, micro_batch)
         opt.zero_grad()
-        loss = loss_of(module, x, y)
-        loss.backward()
+        with torch.random.fork_rng(devices=[]):  # dropout's masks: those of (step, rank)
+            torch.manual_seed(hash((seed, s, rank, 1)) & 0x7FFFFFFF)
+            loss = loss_of(module, x, y)
+            loss.backward()
         if clip is not None and isinstance(opt, coconet.FusedOptimizer):
             opt.clip_grad_norm(clip)
         elif clip is not None:
@@ -241,8 +257,9 @@ CONFIGS = {"ddp": _ddp, "zero": _zero, "fused": _fused, "fused_shm": _fused_shm}
 def param_groups(model: nn.Module, hp: dict) -> list[dict]:
     """Groups as BERT recipes make them: embeddings at `embedding_lr_scale` x lr, the rest; with
     `hp["no_decay"]`, the rest's biases and norms (1-d tensors) in a third group without weight
-    decay."""
-    emb = [model.tokens.weight, model.positions]
+    decay (in `bert_hf.MaskedLM` the 1-d tensors are exactly the `bias` and `LayerNorm.weight`
+    that BERT's recipes exclude). `model.embeddings()`: the embedding tables."""
+    emb = model.embeddings()
     ids = {id(p) for p in emb}
     rest = [p for p in model.parameters() if id(p) not in ids]
     groups = [{"params": emb, "lr": hp["lr"] * hp.get("embedding_lr_scale", 1.0)}]

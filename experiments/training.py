@@ -1,7 +1,12 @@
 """Training: a small BERT-style encoder trained data-parallel on local ranks with three optimizer
 set-ups, and the paper's Table 1 predicted at BERT's sizes (paper section 6.1, Table 1).
 
-    python -m suite experiment=training [scale=smoke|default|paper]
+    python -m suite experiment=training [scale=smoke|default|paper] [experiment.model=bert_base]
+
+The model: the scale's small encoder (`bert.Encoder`, SETTINGS), or with `experiment.model`
+BERT itself (`bert_hf`: `transformers.BertForMaskedLM` from BERT-base's published configuration,
+randomly initialised, synthetic masked-token data; MODELS), trained with AdamW as BERT's recipe
+for the loss curves of the three set-ups and their step time at the common micro-batch.
 
 Measured (backend=cpu, `world_size` gloo ranks; `experiments.training_rank`), for Adam, AdamW
 (weight decay 0.01 but on biases and norms, as BERT recipes) and LAMB: `baseline` = torch DDP +
@@ -32,7 +37,7 @@ Measured (backend=cpu, `world_size` gloo ranks; `experiments.training_rank`), fo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,6 +47,7 @@ from cost_model.topology import load_topology
 from reports.results import append_row
 
 from . import bert as B
+from . import bert_hf as H
 from .kinds import MeasurementExperiment
 from .predict import paper_result_rows
 from .registry import register
@@ -85,14 +91,30 @@ HP = {
 }
 
 
+HP_BERT = {  # BERT's pre-training recipe (google-research/bert, optimization.py): AdamW
+    "adamw": {
+        "lr": 1e-4,
+        "betas": (0.9, 0.999),
+        "eps": 1e-6,
+        "weight_decay": 0.01,
+        "embedding_lr_scale": 1.0,
+        "no_decay": True,
+    }
+}
+
+
 @dataclass(frozen=True)
 class Setting:
-    size: B.ModelSize
+    size: B.ModelSize | H.BertSize
     micro_batch: int
     cap_mb: int  # the memory cap per rank, MiB
     rounds: int
     steps_per_round: int
     steps: int = 50
+    optimizers: tuple[str, ...] = ("adam", "adamw", "lamb")
+    hp: dict = field(default_factory=lambda: HP)
+    agree_rtol: float = AGREE_RTOL  # the loss agreement that makes a set-up's rows `verified`
+    time_largest: bool = True  # time each set-up at its largest micro-batch too (Table 1)
 
 
 SETTINGS = {
@@ -106,6 +128,49 @@ SETTINGS = {
         B.ModelSize(4, 128, 4, 1024, 64), micro_batch=8, cap_mb=64, rounds=15, steps_per_round=3
     ),
 }
+
+
+# experiment.model: BERT itself (experiments.bert_hf), AdamW as BERT's recipe, the loss curves and
+# the step time at the common micro-batch (seq 128, BERT's phase 1); bert_large is configured but
+# too large for a 2-core machine (run it where there are cores and memory for it).
+MODELS = {
+    "bert_base": Setting(
+        H.BERT_BASE,
+        micro_batch=2,
+        cap_mb=3072,
+        rounds=3,
+        steps_per_round=1,
+        steps=20,
+        optimizers=("adamw",),
+        hp=HP_BERT,
+        agree_rtol=1e-3,
+        time_largest=False,
+    ),
+    "bert_large": Setting(
+        H.BERT_LARGE,
+        micro_batch=2,
+        cap_mb=16384,
+        rounds=3,
+        steps_per_round=1,
+        steps=20,
+        optimizers=("adamw",),
+        hp=HP_BERT,
+        agree_rtol=1e-3,
+        time_largest=False,
+    ),
+}
+
+
+def setting_of(settings) -> Setting:
+    """experiment.model's setting where one is named, else the scale's."""
+    if settings.model is None:
+        return SETTINGS[settings.scale]
+    if settings.model not in MODELS:
+        raise ValueError(
+            f"experiment.model={settings.model} is not a model of experiment=training; "
+            f"one of {sorted(MODELS)}, or null for the scale's encoder"
+        )
+    return MODELS[settings.model]
 
 
 def median_ci(xs, seed: int = 0, n: int = 2000) -> tuple[float, float, float]:
@@ -200,7 +265,7 @@ def timing_rows(setting: Setting, base: dict, result, worst) -> list[dict]:
                     "speedup": round(r, 4),
                     "speedup_lo": round(r_lo, 4),
                     "speedup_hi": round(r_hi, 4),
-                    "verified": worst[c] <= AGREE_RTOL,
+                    "verified": worst[c] <= setting.agree_rtol,
                     "note": f"{len(ms)} interleaved rounds of {setting.steps_per_round} "
                     f"steps; loss agreement {worst[c]:.1e}",
                 }
@@ -235,10 +300,10 @@ def measure(settings) -> list[dict]:
             f"gloo ranks only (backend={settings.backend})"
         )
         return []
-    setting = SETTINGS[settings.scale]
+    setting = setting_of(settings)
     spec = Spec(
         size=setting.size,
-        hp=HP,
+        hp=setting.hp,
         steps=setting.steps,
         micro_batch=setting.micro_batch,
         cap_bytes=setting.cap_mb << 20,
@@ -246,10 +311,11 @@ def measure(settings) -> list[dict]:
         warmup_rounds=1,
         steps_per_round=setting.steps_per_round,
         seed=settings.seed,
-        optimizers=("adam", "adamw", "lamb"),
+        optimizers=setting.optimizers,
         # comm=shm: the fused step over shm beside the same over gloo, in the same rounds
         configs=("ddp", "zero", "fused") + (("fused_shm",) if settings.comm == "shm" else ()),
         comm="ring" if settings.comm == "shm" else settings.comm or "ring",
+        time_largest=setting.time_largest,
     )
     log.info(
         f"training: {setting.size} ({setting.size.parameters()} parameters), "

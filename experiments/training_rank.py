@@ -3,7 +3,8 @@ data-parallel configurations (`experiments.bert.CONFIGS`: ddp, zero, fused) for 
 
 `rank_main(rank, world, spec) -> dict`, per optimizer:
 - `curves[config]`: the loss of each of `spec.steps` steps (this rank's micro-batch), every
-  config from the same initialisation (`Encoder(size, seed)`) and data (`batch(.., step, rank)`),
+  config from the same initialisation (`size.model(seed)`: `bert.Encoder`, or BERT itself,
+  `bert_hf.MaskedLM`) and data (`size.batch(seed, step, rank, ..)`),
   with the same param groups and a linear warm-up (LambdaLR over `warmup_steps`);
 - `memory[config]`: this rank's bytes by kind (`bert.memory_bytes`), the activation bytes per
   sample, and `max_micro_batch`: the largest micro-batch whose total (those bytes plus the
@@ -15,7 +16,8 @@ data-parallel configurations (`experiments.bert.CONFIGS`: ddp, zero, fused) for 
   slowest rank's time over `steps_per_round` steps, after a barrier) in each of `spec.rounds`
   rounds, after `spec.warmup_rounds` untimed ones. In each round every (config, micro-batch) is
   timed once, in a fresh random order (the same on every rank), so that drifts of the machine hit
-  all of them alike; points: every config at `spec.micro_batch` and at its own largest micro-batch.
+  all of them alike; points: every config at `spec.micro_batch` and (`spec.time_largest`) at its
+  own largest micro-batch.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Spec:
-    size: B.ModelSize
+    size: B.ModelSize  # or bert_hf.BertSize: anything with parameters(), model(), batch()
     hp: dict  # optimizer -> {lr, betas, eps, weight_decay, embedding_lr_scale}
     steps: int  # loss-curve steps
     micro_batch: int  # of the loss curves and the common timing point
@@ -50,15 +52,16 @@ class Spec:
     configs: tuple[str, ...] = ("ddp", "zero", "fused")
     warmup_steps: int = 10
     comm: str = "ring"  # the fused optimizers' transport (codegen.runtime.backend.CpuBackend)
+    time_largest: bool = True  # also time each config at its largest micro-batch under the cap
 
 
 def _memory(spec: Spec, setups: dict, rank: int) -> dict:
-    plain = B.Encoder(spec.size, spec.seed)  # activations do not depend on the config
+    plain = spec.size.model(spec.seed)  # activations do not depend on the config
     measured: dict[int, int] = {}
 
     def act(b: int) -> int:
         if b not in measured:
-            measured[b] = B.activation_bytes(plain, *B.batch(spec.size, spec.seed, 0, rank, b))
+            measured[b] = B.activation_bytes(plain, *spec.size.batch(spec.seed, 0, rank, b))
         return measured[b]
 
     per_sample = act(2) - act(1)
@@ -93,7 +96,7 @@ def _timing(spec: Spec, setups: dict, memory: dict, rank: int) -> dict:
     points += [
         (c, m["max_micro_batch"])
         for c, m in memory.items()
-        if m["max_micro_batch"] and (c, m["max_micro_batch"]) not in points
+        if spec.time_largest and m["max_micro_batch"] and (c, m["max_micro_batch"]) not in points
     ]
     times: dict = {p: [] for p in points}
     start = spec.steps
@@ -116,7 +119,7 @@ def rank_main(rank: int, world: int, spec: Spec) -> dict:
         hp = spec.hp[optimizer]
         setups = {
             c: B.CONFIGS[c](
-                B.Encoder(spec.size, spec.seed), optimizer, hp, backend=CpuBackend(comm=spec.comm)
+                spec.size.model(spec.seed), optimizer, hp, backend=CpuBackend(comm=spec.comm)
             )
             for c in spec.configs
         }

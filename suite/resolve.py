@@ -120,6 +120,7 @@ def _measure_settings(
         comm=cfg.backend.comm,
         schedules=schedules or None,
         points=[dict(b) for b in cfg.experiment.sizes or []] or None,
+        model=cfg.experiment.model,
         min_rounds=cfg.scale.min_rounds,
         max_rounds=cfg.scale.max_rounds,
         point_budget_s=cfg.scale.budget_s,
