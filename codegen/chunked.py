@@ -2,6 +2,7 @@
 
     fusable(plan, f)       # a FusedCollective the runtime pipelines (`runtime.pipelined`)
     overlappable(plan, o)  # an Overlap it pipelines (gathered_matmul, scattered_matmul: which)
+    prefetchable(f)        # a Prefetch it runs at once with the step behind it
 
 Others run their parts one after the other (same result, no overlap), and the cost model times
 them that way. Pure predicates on the Plan's plain data (no torch), so the cost model imports
@@ -10,7 +11,7 @@ this module as it does `codegen.plan`.
 
 from __future__ import annotations
 
-from .plan import P2P, Collective, Compute, FusedCollective, MatMul, Overlap, Plan
+from .plan import P2P, Collective, Compute, FusedCollective, MatMul, Overlap, Plan, Prefetch
 
 
 def is_scalar_sync(plan: Plan, s) -> bool:
@@ -74,6 +75,12 @@ def scattered_matmul(o: Overlap) -> bool:
     )
 
 
+def prefetchable(f: Prefetch) -> bool:
+    """`pf(AG,..)`: a dim-0 all-gather (contiguous blocks: the chunked transfer's), run at once
+    with the step it is prefetched behind."""
+    return isinstance(f.gather, Collective) and f.gather.kind == "all_gather" and f.gather.dim == 0
+
+
 def overlappable(plan: Plan, o: Overlap) -> bool:
     """A MatMul feeding a fusable fused collective without a barrier, or a dim-0 reduce-scatter
     alone (`ol(MM,RS)`); a dim-0 all-gather feeding a matmul (`ol(AG,MM)`); or a dim-0
@@ -94,4 +101,11 @@ def overlappable(plan: Plan, o: Overlap) -> bool:
     )
 
 
-__all__ = ["fusable", "gathered_matmul", "is_scalar_sync", "overlappable", "scattered_matmul"]
+__all__ = [
+    "fusable",
+    "gathered_matmul",
+    "is_scalar_sync",
+    "overlappable",
+    "prefetchable",
+    "scattered_matmul",
+]

@@ -17,7 +17,8 @@ tested against it). Steps keep the program's statement order. Lowering:
    produces it when nothing else reads v, else by a `Copy`);
 4. wraps the steps of a fused group into a `FusedCollective` (chunks: the largest divisor of the
    rank's slice not above `fused_chunks`) and an overlapped pair into an `Overlap` (its chunk
-   count must divide the producer's rows: `ShapeError` otherwise).
+   count must divide the producer's rows: `ShapeError` otherwise), and a prefetched all-gather
+   with the step it runs behind into a `Prefetch` (`ShapeError` if that step reads it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Mapping, Optional
 
-from dsl.errors import BindError
+from dsl.errors import BindError, ShapeError
 from dsl.interpret import bind
 from dsl.ir import Const, Program, Stmt, Value
 from dsl.ops import COMM, ROW
@@ -48,6 +49,7 @@ from .plan import (
     MatMul,
     Overlap,
     Plan,
+    Prefetch,
     contiguous_strides,
 )
 
@@ -407,6 +409,15 @@ def lower(
     )
 
 
+def _reads(step) -> set[int]:
+    """The buffers a (non-composite) step reads."""
+    if isinstance(step, Compute):
+        return {a.buffer for a in step.kernel.reads} | set(step.kernel.scalars)
+    if isinstance(step, MatMul):
+        return {step.a, step.b}
+    return {getattr(step, "src", -1)}
+
+
 def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, at_most) + 1) if n % d == 0)
 
@@ -443,5 +454,11 @@ def _compose(p: Program, steps, low: _Lowering, origin: dict[int, int]) -> list:
         k = out.index(cons_step)
         out[k] = Overlap(low.step_id(), prod_step, cons_step, o.chunks)
         out.remove(prod_step)
+    for f in p.prefetches:
+        gather, behind = step_of_stmt[f.gather], step_of_stmt[f.behind]
+        if gather.dst in _reads(behind):
+            raise ShapeError(f"prefetch(%{f.gather} behind %{f.behind}): that step reads it")
+        out[out.index(behind)] = Prefetch(low.step_id(), gather, behind)
+        out.remove(gather)
 
     return out

@@ -22,7 +22,10 @@ Steps (`Plan.steps` runs in order; each step's buffers are those of the ranks of
   `steps` are the collective's parts and kernels in program order (`RS, Compute.., AG..` or
   `P2P, Compute.., AG..`; a 0-d all_reduce inside is a barrier across chunks).
 - `Overlap`: `producer` (a MatMul or a collective) computed in `chunks` row chunks, each chunk
-  handed to `consumer` (a Collective, P2P or FusedCollective) as soon as it is ready.
+  handed to `consumer` (a Collective, P2P or FusedCollective) as soon as it is ready; or an
+  all-gather whose chunks a MatMul consumes as they arrive (`ol(AG,MM)`).
+- `Prefetch`: an all-gather `gather` started before `behind` (a step that does not read it) and
+  run at once with it, waited for after it (`pf(AG,..)`: FSDP's layer-ahead all-gather).
 
 Kernels read operands through `Access`es: at loop element e (a flat index into the loop shape L,
 with multi-index i_d = (e // prod(L[d+1:])) % L[d]) the operand's element is
@@ -171,7 +174,7 @@ class Copy:
     nbytes: int
 
 
-Step = Union[Compute, MatMul, Collective, P2P, Copy, "FusedCollective", "Overlap"]
+Step = Union[Compute, MatMul, Collective, P2P, Copy, "FusedCollective", "Overlap", "Prefetch"]
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,13 @@ class Overlap:
     producer: Step
     consumer: Step
     chunks: int
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    id: int
+    gather: Step  # an all_gather Collective, started before `behind` and waited for after it
+    behind: Step
 
 
 @dataclass(frozen=True)
@@ -229,6 +239,8 @@ def walk(steps) -> list:
             out.extend(walk(s.steps))
         elif isinstance(s, Overlap):
             out.extend(walk((s.producer, s.consumer)))
+        elif isinstance(s, Prefetch):
+            out.extend(walk((s.gather, s.behind)))
     return out
 
 

@@ -13,8 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from codegen.chunked import fusable, gathered_matmul, overlappable
-from codegen.plan import ITEMSIZE, Collective, Compute, Copy, FusedCollective, MatMul, Overlap, Plan
+from codegen.chunked import fusable, gathered_matmul, overlappable, prefetchable
+from codegen.plan import (
+    ITEMSIZE,
+    Collective,
+    Compute,
+    Copy,
+    FusedCollective,
+    MatMul,
+    Overlap,
+    Plan,
+    Prefetch,
+)
 
 from . import kernel_fused, nccl
 from .closed_collectives import choose, collective_us
@@ -192,6 +202,16 @@ def _overlap(plan, o: Overlap, topo, chunks):
     return produce + consume + (C - 1) * bottleneck
 
 
+def _prefetch(plan, f: Prefetch, topo, chunks):
+    """The gather and the step behind it at once (compute slowed while both run), or in turn."""
+    gather, behind = step_us(plan, f.gather, topo), step_us(plan, f.behind, topo)
+    if not prefetchable(f):
+        return gather + behind
+    u = 1.0 / (1.0 - topo.compute_slowdown)
+    compute = isinstance(f.behind, (MatMul, Compute, Copy))
+    return max(gather, _slowed(behind, gather, u) if compute else behind + gather)
+
+
 closed_rules = {
     "Compute": _compute,
     "MatMul": _matmul,
@@ -200,6 +220,7 @@ closed_rules = {
     "P2P": _p2p,
     "FusedCollective": _fused,
     "Overlap": _overlap,
+    "Prefetch": _prefetch,
 }
 
 

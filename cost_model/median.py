@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from codegen.plan import P2P, Collective, FusedCollective, Overlap, Plan
+from codegen.plan import P2P, Collective, FusedCollective, Overlap, Plan, Prefetch
 
 from .topology import Topology
 from .workload import Result, simulate
@@ -51,6 +51,8 @@ def calls(steps, mult: int = 1) -> int:
             n += calls(s.steps, mult * s.chunks)
         elif isinstance(s, Overlap):
             n += calls((s.producer, s.consumer), mult * s.chunks)
+        elif isinstance(s, Prefetch):
+            n += calls((s.gather, s.behind), mult)
     return n
 
 

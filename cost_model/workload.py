@@ -48,7 +48,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from codegen.chunked import fusable, gathered_matmul, overlappable
+from codegen.chunked import fusable, gathered_matmul, overlappable, prefetchable
 from codegen.plan import P2P, Collective, FusedCollective, Overlap, Plan, label, walk
 
 from . import collectives, nccl
@@ -346,6 +346,18 @@ def _gathered_matmul(run: Run, o, start, gathered, C_outer):
     return _pass(run, gathered, None, done)
 
 
+def _prefetch(run: Run, f, ready, C_outer):
+    """The gather and the step behind it from the same start, each as its own rule runs it."""
+    if not prefetchable(f):  # the runtime runs them in turn
+        return _in_order(run, (f.behind, f.gather), ready, C_outer)
+    start = {r: [join(run.sim.env, evs)] for r, evs in ready.items()}
+    got, done = run.rule(f.gather, start, 1), run.rule(f.behind, start, 1)
+    return {
+        r: [join(run.sim.env, [e for e in got[r] + done[r] if e is not None])] * C_outer
+        for r in start
+    }
+
+
 cost_rules = {
     "Compute": _compute,
     "MatMul": _compute,
@@ -354,6 +366,7 @@ cost_rules = {
     "P2P": _p2p,
     "FusedCollective": _fused,
     "Overlap": _overlap,
+    "Prefetch": _prefetch,
 }
 
 

@@ -11,6 +11,8 @@ Everything here is a frozen dataclass; transforms build new programs, never muta
   collective (the computation runs on each reduced chunk).
 - `Overlap`: a producer statement and its consumer (a communication statement, or the fused group
   that starts with it) pipelined over `chunks` chunks.
+- `Prefetch`: an all-gather started before an earlier statement (`behind`) that does not need it
+  and run at once with it (FSDP's layer-ahead all-gather of the next layer's weights).
 - `Program.outputs`: (name, value) pairs; an `update` of input `w` makes an output named `w`.
 """
 
@@ -88,6 +90,12 @@ class Overlap:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    gather: int
+    behind: int
+
+
+@dataclass(frozen=True)
 class Program:
     name: str
     inputs: tuple[Input, ...]
@@ -96,6 +104,7 @@ class Program:
     stages: int = 1
     fused: tuple[Fuse, ...] = ()
     overlaps: tuple[Overlap, ...] = ()
+    prefetches: tuple[Prefetch, ...] = ()
     schedule: str = ""  # the paper's name of this schedule, set by the transforms that made it
 
     # -- lookups ----------------------------------------------------------------------------

@@ -47,6 +47,8 @@ def format_program(p: Program) -> str:
         lines.append("  }")
     for o in p.overlaps:
         lines.append(f"  overlap(%{o.producer} -> %{o.consumer}, chunks={o.chunks})")
+    for f in p.prefetches:
+        lines.append(f"  prefetch(%{f.gather} behind %{f.behind})")
     for name, v in p.outputs:
         lines.append(f"  out {name} = %{v.id}")
     lines.append("}")

@@ -1,4 +1,4 @@
-"""The schedule space of a program: every schedule the five transformations reach, bounded.
+"""The schedule space of a program: every schedule the transformations reach, bounded.
 
     space = schedule_space(program, budget=Budget())
     space.schedules          # tuple[Schedule, ...], the unscheduled program first, in BFS order
@@ -8,8 +8,8 @@ A breadth-first search from `program`. From each schedule it applies every move 
 transformations' own preconditions accept (a move whose transform raises `TransformError` is not a
 move): `split` of each all_reduce along each dimension, `reorder` of each all_gather and each send,
 `as_slice` of each updated input, `fuse` of every suffix that starts at a communication statement,
-and `overlap` of each producer/consumer pair at each chunk count of the budget. `fuse` and
-`overlap` come last in a schedule (the transforms refuse split/reorder/as_slice after them), so the
+`overlap` of each producer/consumer pair at each chunk count of the budget, and `prefetch` of each
+all-gather behind the statement before it. `fuse`, `overlap` and `prefetch` come last in a schedule (the transforms refuse split/reorder/as_slice after them), so the
 space is finite; the budget bounds it anyway (`max_schedules`, `max_depth`); `sliceable` limits as_slice to the tensors a caller may keep sliced.
 
 Schedules are deduplicated by their printed IR (`str(program)`): two paths to the same program are
@@ -36,7 +36,7 @@ from .equivalence import check_equivalent
 from .errors import TransformError
 from .ir import Input, Program
 from .ops import COMM
-from .transforms import as_slice, fuse, overlap, reorder, split
+from .transforms import as_slice, fuse, overlap, prefetch, reorder, split
 from .transforms.overlap import PAIRS
 from .types import Replicated
 
@@ -113,7 +113,7 @@ def moves(cur: "Schedule", budget: Budget) -> Iterator[Move]:
     """Every move from `cur` that the transforms may accept, as (printed move, thunk). as_slice
     moves commute, so they are taken in name order only (one path per set of sliced tensors)."""
     p = cur.program
-    scheduled = bool(p.fused or p.overlaps)
+    scheduled = bool(p.fused or p.overlaps or p.prefetches)
     for s in p.body:
         n = _stmt_name(p, s)
         if not scheduled and s.op == "all_reduce" and s.out.type.rank > 0:
@@ -126,6 +126,8 @@ def moves(cur: "Schedule", budget: Budget) -> Iterator[Move]:
         if s.op in PAIRS:
             for c in budget.overlap_chunks:
                 yield f"overlap({n}, chunks={c})", lambda s=s, c=c: overlap(p, s.out, chunks=c)
+        if s.op == "all_gather":
+            yield f"prefetch({n})", lambda s=s: prefetch(p, s.out)
     if not scheduled:
         done = [st[len("as_slice(") : -1] for st in cur.steps if st.startswith("as_slice(")]
         for name in _updated_replicated(p):

@@ -2,7 +2,7 @@
 
 Checks: unique ids and names; every argument defined before use (SSA order); every statement's
 type re-inferred and equal to the recorded one; updates write program inputs, once each; outputs
-name defined values; fused groups and overlaps refer to statements of the body, groups do not
+name defined values; fused groups, overlaps and prefetches refer to statements of the body, groups do not
 overlap, chunk counts are >= 1. Run after every transform in tests. Raises a `DSLError` subclass.
 """
 
@@ -57,3 +57,6 @@ def verify(p: Program) -> None:
     for o in p.overlaps:
         if o.producer not in body_ids or o.consumer not in body_ids or o.chunks < 1:
             raise TransformError(f"overlap {o} refers to unknown statements or has chunks < 1")
+    for f in p.prefetches:
+        if f.gather not in body_ids or f.behind not in body_ids:
+            raise TransformError(f"prefetch {f} refers to unknown statements")

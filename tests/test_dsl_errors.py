@@ -308,7 +308,7 @@ TRANSFORMS = [  # (what, call, words)
     (
         "split after fuse",
         lambda: split(fuse(reorder(split(adam())))),
-        ["split", "already fused or overlapped"],
+        ["split", "already fused, overlapped or prefetched"],
     ),
     (
         "fuse an unknown first",

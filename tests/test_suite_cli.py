@@ -27,8 +27,8 @@ from suite.errors import SuiteError
 
 TESTS = Path(__file__).resolve().parent
 KNOWN = (
-    "known: adam_fusion, autotune, calibrate, collectives, lamb_fusion, model_parallel, paper, "
-    "pipeline_parallel, tensor_parallel, training, validate"
+    "known: adam_fusion, autotune, calibrate, collectives, fsdp_prefetch, lamb_fusion, "
+    "model_parallel, paper, pipeline_parallel, tensor_parallel, training, validate"
 )
 
 

@@ -28,6 +28,7 @@ NAMES = {
     ],
     "model_parallel": ["MM-AR-C", "MM-RS-C-AG", "ol(MM,fuse(RS-C-AG))"],
     "pipeline_parallel": ["AR-C-P2P", "AR-P2P-C", "RS-P2P-C-AG", "ol(RS,fuse(P2P-C-AG))"],
+    "fsdp_prefetch": ["AG-MM-C-AG-MM", "AG-pf(AG,MM)-C-MM"],
     "tensor_parallel": [
         "AG-MM-C-MM-RS",
         "ol(AG,MM)-C-MM-RS",
@@ -147,7 +148,7 @@ def _errors():
         ("fuse matmul", lambda: fuse(mm, first="y", last="z"), "overlap it instead"),
         ("fuse one", lambda: fuse(p, first="s", last="s"), "nothing to fuse"),
         ("fuse twice", lambda: fuse(fuse(reorder(split_p))), "already fused"),
-        ("after fuse", lambda: split(fuse(p)), "apply fuse and overlap last"),
+        ("after fuse", lambda: split(fuse(p)), "apply fuse, overlap and prefetch last"),
         ("overlap kind", lambda: overlap(p, p.body[1].out.name), "must be a statement of kind"),
         ("overlap chunks", lambda: overlap(mm, "y", chunks=0), "chunks must be"),
         ("overlap twice", lambda: overlap(overlap(mm, "y"), "y"), "already overlapped"),

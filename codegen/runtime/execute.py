@@ -42,7 +42,7 @@ import torch
 
 from dsl.types import Sliced
 
-from ..chunked import fusable, gathered_matmul, overlappable, scattered_matmul
+from ..chunked import fusable, gathered_matmul, overlappable, prefetchable, scattered_matmul
 from ..plan import (
     P2P,
     Collective,
@@ -52,6 +52,7 @@ from ..plan import (
     MatMul,
     Overlap,
     Plan,
+    Prefetch,
     label,
     walk,
 )
@@ -178,7 +179,9 @@ class PlanRunner:
         if rule is None:
             raise NotImplementedError(f"rule for {type(s).__name__} not implemented")
         rule(self, s)
-        if not isinstance(s, (FusedCollective, Overlap)):  # composites mark their own parts
+        if not isinstance(
+            s, (FusedCollective, Overlap, Prefetch)
+        ):  # composites mark their own parts
             self.mark(s)
 
     def mark(self, step, what: str = "", chunk: Optional[int] = None) -> None:
@@ -287,6 +290,14 @@ def _overlap(r: PlanRunner, s: Overlap) -> None:
         r.mark(s)
 
 
+def _prefetch(r: PlanRunner, s: Prefetch) -> None:
+    if r.fused and prefetchable(s) and r.mine(s.gather.stage):
+        pipelined.prefetched(r, s)
+    else:  # in the program's order: the same result, no overlap
+        r.step(s.behind)
+        r.step(s.gather)
+
+
 RULES = {
     Compute: lambda r, s: _on_compute(r, s.stage, lambda: r.compute(s, 0, s.kernel.numel)),
     MatMul: _matmul,
@@ -295,6 +306,7 @@ RULES = {
     P2P: _p2p,
     FusedCollective: _fused,
     Overlap: _overlap,
+    Prefetch: _prefetch,
 }
 
 

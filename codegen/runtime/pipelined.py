@@ -18,6 +18,8 @@ it is done), so the CPU and the GPU run the same composites in the same order of
   rows of this rank's own block computed from its slice first, then those of chunk c of the
   other blocks as soon as chunk c has arrived (`wait_chunk`), while later chunks are in flight.
   (`ol(MM,RS)` alone runs as `fused_all_reduce` with a producer and no kernels.)
+- `prefetched(r, f)`: `pf(AG,..)`: the all-gather started, the step behind it run, the gather
+  waited for.
 - `overlapped_send(r, o)`: `ol(RS, fuse(P2P-C-AG))`: stage `src` reduce-scatters in chunks and sends
   each reduced chunk to its peer on the next stage at once; the next stage runs the kernels on each
   chunk as it arrives and starts its all-gather.
@@ -40,7 +42,7 @@ from typing import Optional
 import torch
 
 from ..chunk_schedule import chunk_bounds
-from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, Plan, walk
+from ..plan import Collective, Compute, FusedCollective, MatMul, Overlap, Plan, Prefetch, walk
 from ..shm_fuse import PeerStep, peer_step
 
 
@@ -240,6 +242,20 @@ def _rows_of(blocks, prod, w, lo: int, hi: int, a: int, b: int) -> None:
     """prod[j, a:b] = blocks[j, a:b] @ w for the ranks' blocks j in [lo, hi), one batched matmul
     (strided rows: computed apart, then copied into place)."""
     prod[lo:hi, a:b].copy_(torch.matmul(blocks[lo:hi, a:b], w))
+
+
+def prefetched(r, f: Prefetch) -> None:
+    """`pf(AG,..)`: the all-gather issued (on the comm stream, after the compute so far), the step
+    behind it run meanwhile, then the gather waited for (on the ring, a P > 2 group's forwarding
+    steps run in the wait, so only the first step overlaps)."""
+    ag = f.gather
+    g = r.comm.all_gather_chunks(r.bufs[ag.src].view(-1), r.bufs[ag.dst].view(-1), 1)
+    g.start_chunk(0)
+    r.mark(ag, "start")
+    r.step(f.behind)
+    g.wait_chunk(0)
+    g.wait()
+    r.mark(ag, "wait")
 
 
 def overlapped_send(r, o: Overlap) -> None:

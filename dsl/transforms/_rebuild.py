@@ -53,10 +53,10 @@ def need_program(p: object, transform: str) -> None:
 
 def no_schedule(p: Program, transform: str) -> None:
     need_program(p, transform)
-    if p.fused or p.overlaps:
+    if p.fused or p.overlaps or p.prefetches:
         raise TransformError(
-            f"{transform}: program {p.name} is already fused or overlapped; "
-            "apply fuse and overlap last"
+            f"{transform}: program {p.name} is already fused, overlapped or prefetched; "
+            "apply fuse, overlap and prefetch last"
         )
 
 

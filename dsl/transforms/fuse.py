@@ -100,9 +100,12 @@ def fuse(
         members = _range(p, first, last)
     if len(members) < 2:
         raise TransformError(f"fuse: {len(members)} statement(s) selected; nothing to fuse")
+    prefetched = {i for f in p.prefetches for i in (f.gather, f.behind)}
     for s in members:
         if p.group_of(s.out.id) is not None:
             raise TransformError(f"fuse: {format_stmt(s)}: already fused")
+        if s.out.id in prefetched:
+            raise TransformError(f"fuse: {format_stmt(s)}: prefetched; fuse first, then prefetch")
         if s.op == "matmul":
             raise TransformError(
                 f"fuse: {format_stmt(s)}: a matmul is not fused; overlap it instead"

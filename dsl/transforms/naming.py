@@ -5,7 +5,8 @@ Each statement becomes a token: matmul `MM`, all_reduce `AR`, reduce_scatter `RS
 all_reduce, the combine step of a sliced reduction, counts as computation; an update is a write-back
 and gives no token). Runs of the same token collapse (`C-C` -> `C`, the all-gathers of several
 updated tensors -> one `AG`). A fused group prints as `fuse(..)`, an overlap as `ol(producer,
-consumer)`. A program that keeps updated state as slices (`as_slice`) gets a suffix: `+as_slice`
+consumer)`, a prefetched all-gather as `pf(AG,behind)` where the statement it runs behind was. A
+program that keeps updated state as slices (`as_slice`) gets a suffix: `+as_slice`
 for the paper's (ZeRO-style) default, every updated tensor kept as slices but the last one updated
 (the weights: Adam's m and v, SGD's momentum), else `+as_slice(x,y)` naming the sliced tensors in
 update order, so that distinct slicings never share a name.
@@ -13,6 +14,7 @@ update order, so that distinct slicings never share a name.
     AR, C                     -> AR-C
     RS, C, AG                 -> RS-C-AG
     MM, [RS, C, AG] fused, MM overlapped with RS -> ol(MM,fuse(RS-C-AG))
+    AG, MM, AG, MM, the second AG prefetched behind the first MM -> AG-pf(AG,MM)-MM
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def schedule_name(p: Program) -> str:
         b = next(k for k, (_, ids) in enumerate(segs) if o.consumer in ids)
         merged = (f"ol({segs[a][0]},{segs[b][0]})", segs[a][1] | segs[b][1])
         segs = segs[:a] + [merged] + segs[a + 1 : b] + segs[b + 1 :]
+    for f in p.prefetches:  # the gather moves to the statement it runs behind
+        b = next(k for k, (_, ids) in enumerate(segs) if f.behind in ids)
+        g = next(k for k, (_, ids) in enumerate(segs) if f.gather in ids)
+        merged = (f"pf({segs[g][0]},{segs[b][0]})", segs[g][1] | segs[b][1])
+        segs = segs[:b] + [merged] + segs[b + 1 : g] + segs[g + 1 :]
     name = "-".join(_collapse([t for t, _ in segs]))
     return name + _sliced_suffix(p)
 
