@@ -10,6 +10,7 @@ half of every batch:
   that step (weights unchanged, `skipped_steps == 1`, the scale halved), against torch's own
   GradScaler over a DDP-style f16 all-reduce (DDP divides by P first) that skips the same step;
   the losses, scales and skips agree over 40 steps;
+- FusedLAMB in bf16 and f16 (loss scaled) trains as FusedLAMB in f32 (within 2% after 30 steps);
 - checkpoints: a bf16 FusedAdamW's gathered and sharded state_dicts (f32 master weights per
   parameter) resume in a fresh FusedAdamW with the same losses as without the interruption, and
   an f16 one resumes with its loss scale;
@@ -174,8 +175,21 @@ def _resume(rank, dtype, loss_scale=None):
     return straight, resumed, master == shapes
 
 
+def _lamb(rank, dtype, loss_scale=None):
+    """FusedLAMB in bf16 (and f16 with loss scaling): losses of 30 steps, the final weights."""
+    model = net(dtype)
+    opt = coconet.FusedLAMB(model.parameters(), lr=LR, loss_scale=loss_scale)
+    losses = _train(model, opt, rank, dtype, 30)[0]
+    return losses, flat(model)
+
+
 def _rank(rank, world):
     out = {"bf16": _bf16(rank, world), "f16": _f16(rank, world)}
+    out["lamb"] = {
+        "f32": _lamb(rank, torch.float32),
+        "bf16": _lamb(rank, torch.bfloat16),
+        "f16": _lamb(rank, torch.float16, "dynamic"),
+    }
     out["resume_bf16"] = _resume(rank, torch.bfloat16)
     out["resume_f16"] = _resume(rank, torch.float16, "dynamic")
     dist.barrier()
@@ -226,6 +240,16 @@ def test_a_mixed_precision_checkpoint_resumes_as_without_interruption(ranks, kin
         straight, resumed, masters_f32 = r[f"resume_{kind}"]
         assert masters_f32
         assert resumed["gathered"] == straight and resumed["sharded"] == straight
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_fused_lamb_trains_in_mixed_precision(ranks, kind):
+    """As FusedLAMB in f32 within 2% (the rounding of the inputs), the ranks alike."""
+    (losses, w0), (_, w1) = (r["lamb"][kind] for r in ranks)
+    f32 = np.array(ranks[0]["lamb"]["f32"][0])
+    assert np.mean(losses[-5:]) < 0.85 * np.mean(losses[:5])
+    assert np.abs(np.mean(losses[-5:]) - f32[-5:].mean()) <= 0.02 * f32[-5:].mean()
+    assert torch.equal(w0, w1)
 
 
 # -- bad input: before any collective, no ranks needed -------------------------------------------
