@@ -92,7 +92,7 @@ BAD = [
     (
         ["experiment=nope"],
         "unknown experiment 'nope'; known: adam_fusion, autotune, calibrate, collectives, "
-        "lamb_fusion, model_parallel, paper, pipeline_parallel",
+        "fsdp_prefetch, lamb_fusion, model_parallel, paper, pipeline_parallel, tensor_parallel",
     ),
     (["experiment=paper", "predict_also=[{name: dgx9}]"], "bad predict_also entry 'dgx9'"),
     (["predict_also=[{name: dgx2, nodes: 0}]"], "bad predict_also entry 'dgx2'"),
