@@ -36,6 +36,13 @@ class BucketLayout:
     def used(self) -> int:
         return sum(s.numel for s in self.slots)
 
+    def segment_ids(self) -> list[int]:
+        """Each of the N elements' slot index in the bucket (-1: padding, no tensor's)."""
+        ids = [-1] * self.numel
+        for k, s in enumerate(self.slots):
+            ids[s.offset : s.offset + s.numel] = [k] * s.numel
+        return ids
+
 
 def _padded(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)

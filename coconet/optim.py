@@ -33,8 +33,9 @@ Contract
   `load_state_dict` takes either (a sharded one only with the same layout, world size and rank)
   and resumes exactly where the saved optimizer was.
 - Buckets: `bucket_cap_numel` elements at most (default 2^22; None: one bucket per parameter).
-  `FusedLAMB` defaults to one bucket per parameter, so its trust ratio is per parameter tensor
-  (You et al.; Apex's FusedLAMB); with larger buckets it is per bucket.
+  A program with the i32 input `seg` (`programs.lamb_program(segments=K)`) gets each element's
+  tensor index in its bucket (`BucketLayout.segment_ids`, -1 for padding); `per_bucket(spec)`
+  gives the program of each bucket (its segment count), `program` its inputs and state.
 - Mixed precision (`coconet.precision`): parameters all bfloat16 or all float16 (else float32)
   run a program with the low-precision gradient `g` and weights `h` and f32 `w` (e.g.
   `programs.adam_program(half=bf16)`): the gradient is reduce-scattered in its own dtype (the
@@ -132,12 +133,14 @@ class FusedOptimizer(Checkpoints, torch.optim.Optimizer):
         chunks: int = 4,
         backend="cpu",
         loss_scale=None,
+        per_bucket=None,
     ):
         self._buckets: list[_Bucket] = []
         super().__init__(params, defaults)
         who = type(self).__name__
         inputs = {i.value.name: i.value.type for i in program.inputs}
         self._weights = "h" if "h" in inputs else "w"  # the input holding the parameters
+        self._segmented = "seg" in inputs  # per-tensor segments of a bucket (LAMB's norms)
         if not {"g", "w"} <= set(inputs):
             raise ValueError(
                 f"{who}: the program {program.name} needs the inputs g (the "
@@ -172,8 +175,9 @@ class FusedOptimizer(Checkpoints, torch.optim.Optimizer):
         kinds = {n: TORCH[inputs[n].dtype] for n in sliced}
         self._buckets = [_Bucket(s, flat, P, device, dtype, kinds) for s in specs]
         self._share(group)
+        of = per_bucket or (lambda spec: program)
         items = [
-            (program, programs.sliced_schedule, {"N": b.spec.numel}, self._bound(b))
+            (of(b.spec), programs.sliced_schedule, {"N": b.spec.numel}, self._bound(b))
             for b in self._buckets
         ]
         steps = compile_many(items, group=group, backend=backend, chunks=chunks)
@@ -217,6 +221,8 @@ class FusedOptimizer(Checkpoints, torch.optim.Optimizer):
     def _bound(self, b: _Bucket) -> dict:
         """The tensors a bucket's step works in (aliased)."""
         extra = {"found_inf": self._found} if self._scaler else {}
+        if self._segmented:  # each element's tensor in the bucket (`BucketLayout.segment_ids`)
+            extra["seg"] = torch.tensor(b.spec.segment_ids(), dtype=torch.int32, device=b.w.device)
         return {self._weights: b.w, "g": b.g, **b.state, **extra}
 
     def add_param_group(self, param_group: dict) -> None:

@@ -131,8 +131,9 @@ class FusedAdamW(FusedAdam):
 class FusedLAMB(FusedOptimizer):
     """LAMB (You et al. 2020; Apex FusedLAMB without gradient clipping) as the generated fused
     step: Adam's bias-corrected direction plus decoupled weight decay, scaled by the trust ratio
-    ||w|| / ||u|| of each bucket (by default one bucket per parameter tensor); mixed precision
-    and `loss_scale` as FusedAdam's (the norms of the f32 master slices)."""
+    ||w|| / ||u|| of each parameter tensor (per-tensor norms inside each bucket: segments, so
+    buckets of `bucket_cap_numel` as FusedAdam's; `per_tensor=False`: one ratio per bucket);
+    mixed precision and `loss_scale` as FusedAdam's (the norms of the f32 master slices)."""
 
     def __init__(
         self,
@@ -143,13 +144,19 @@ class FusedLAMB(FusedOptimizer):
         weight_decay: float = 0.01,
         *,
         group=None,
-        bucket_cap_numel: Optional[int] = None,
+        bucket_cap_numel: Optional[int] = 1 << 22,
         chunks: int = 4,
         backend="cpu",
         loss_scale=None,  # None, "dynamic" or a coconet.LossScaler (float16 params)
+        per_tensor: bool = True,
     ):
         params = _listed(params)
-        lamb = programs.lamb_program(**_precision(params, loss_scale, type(self).__name__))
+        mixed = _precision(params, loss_scale, type(self).__name__)
+        lamb = programs.lamb_program(**mixed, segments=int(per_tensor))
+
+        def per_bucket(spec):
+            return programs.lamb_program(**mixed, segments=len(spec.slots)) if per_tensor else lamb
+
         super().__init__(
             params,
             {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay},
@@ -160,4 +167,5 @@ class FusedLAMB(FusedOptimizer):
             chunks=chunks,
             backend=backend,
             loss_scale=loss_scale,
+            per_bucket=per_bucket,
         )

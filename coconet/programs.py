@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from dsl import Builder, DType, Local, P, Program, Replicated, bf16, f16, f32, sym
+from dsl import Builder, DType, Local, P, Program, Replicated, bf16, f16, f32, i32, sym
 from dsl.transforms import as_slice, fuse, reorder, split
 
 N = sym("N")
@@ -150,20 +150,34 @@ def adam_program(
 
 
 def lamb_program(
-    dtype=f32, mixed: bool = False, *, half: Optional[DType] = None, loss_scale: bool = False
+    dtype=f32,
+    mixed: bool = False,
+    *,
+    half: Optional[DType] = None,
+    loss_scale: bool = False,
+    segments: int = 0,
 ) -> Program:
-    """LAMB in f32; `mixed`, `half` and `loss_scale` as `adam_program`'s."""
+    """LAMB in f32; `mixed`, `half` and `loss_scale` as `adam_program`'s. `segments` > 0: the
+    N elements hold that many tensors, element j of tensor `seg[j]` (an i32 input; ids outside
+    [0, segments), the padding, belong to none and are left as they are), each with its own
+    trust ratio (per-segment norms: `segment_sum`, one small all_reduce for each norm when
+    sliced); 0: one trust ratio for all N."""
     _f32_only(dtype)
     half = _half_of(mixed, half, loss_scale, "lamb_program")
-    b = Builder("lamb" + _suffix(half, loss_scale))
+    name = "lamb" + _suffix(half, loss_scale) + (f"_seg{segments}" if segments else "")
+    b = Builder(name)
     w, m, v, m_new, v_new, bc1, bc2, hp, g_avg = _moments(b, half or f32, scaled=loss_scale)
     skip = _overflow(b, g_avg) if loss_scale else None
     wd = b.param("weight_decay", 0.01)
     u = (m_new / bc1) / (b.sqrt(v_new / bc2) + hp["eps"]) + wd * w
-    r_w = b.norm(w, name="norm.w")
-    r_u = b.norm(u, name="norm.u")
+    if segments:
+        seg = b.input("seg", i32, [N], Replicated())
+        r_w = b.sqrt(b.segment_sum(w * w, seg, segments, name="sq.w"), name="norm.w")
+        r_u = b.sqrt(b.segment_sum(u * u, seg, segments, name="sq.u"), name="norm.u")
+    else:
+        r_w, r_u = b.norm(w, name="norm.w"), b.norm(u, name="norm.u")
     trust = b.where(r_w > 0, b.where(r_u > 0, r_w / r_u, 1.0), 1.0, name="trust")
-    w_new = w - hp["lr"] * trust * u
+    w_new = w - hp["lr"] * (b.take(trust, seg, name="trust.of") if segments else trust) * u
     _guarded(b, skip, [(m, m_new), (v, v_new), (w, w_new)], half)
     return b.build(schedule="AR-C")
 

@@ -15,8 +15,13 @@ from .plan import P2P, Collective, Compute, FusedCollective, MatMul, Overlap, Pl
 
 
 def is_scalar_sync(plan: Plan, s) -> bool:
-    """A 0-d all_reduce (LAMB's norms): inside a fused collective, a barrier across chunks."""
-    return isinstance(s, Collective) and s.kind == "all_reduce" and plan.buffer(s.src).numel == 1
+    """A 0-d all_reduce (LAMB's norms), or one that combines partials (its per-segment norms):
+    inside a fused collective, a barrier across chunks."""
+    return (
+        isinstance(s, Collective)
+        and s.kind == "all_reduce"
+        and (plan.buffer(s.src).numel == 1 or s.partial)
+    )
 
 
 def fusable(plan: Plan, f: FusedCollective) -> bool:

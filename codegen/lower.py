@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 from dsl.errors import BindError, ShapeError
 from dsl.interpret import bind
 from dsl.ir import Const, Program, Stmt, Value
-from dsl.ops import COMM, ROW
+from dsl.ops import COMM, ROW, is_combine
 from dsl.sizes import Size
 from dsl.transforms import check_chunks
 from dsl.types import Replicated, Sliced, TensorType
@@ -55,6 +55,8 @@ from .plan import (
 
 # flops per element of the ops that cost more than one (the cost model's roofline); a row op's
 # bytes count one read and one write (its second and third passes over a row hit the cache)
+ACCUMULATED = ("sum", "segment_sum")  # accumulated over a kernel's loop into its reduces
+
 FLOPS_PER_ELEMENT = {"tanh": 8, "erf": 8, "gelu": 12, "softmax": 5, "layer_norm": 7}
 
 
@@ -116,7 +118,7 @@ def _sink_scalar_syncs(stmts: list[Stmt]) -> list[Stmt]:
     waiting: set[int] = set()
     for s in stmts:
         needs = any(a.id in waiting for a in s.values)
-        sync = s.op == "all_reduce" and s.out.type.rank == 0
+        sync = is_combine(s)
         if sync or (needs and s.out.type.rank == 0 and s.op not in COMM and s.op != "update"):
             pending.append(s)
             waiting.add(s.out.id)
@@ -125,7 +127,7 @@ def _sink_scalar_syncs(stmts: list[Stmt]) -> list[Stmt]:
             out += _syncs_first(pending)
             pending, waiting = [], set()
         out.append(s)
-        if s.op == "sum":  # what reads a reduction waits too: it cannot share the loop anyway
+        if s.op in ACCUMULATED:  # what reads a reduction waits too: it cannot share the loop
             waiting.add(s.out.id)
     return out + _syncs_first(pending)
 
@@ -157,7 +159,7 @@ def _partition(p: Program, stmts: list[Stmt], origin: dict[int, int]) -> list[_U
             units.append(_Unit("kernel", [s], gi, s.out.type, row=True))
             continue
         cur = units[-1] if units else None
-        t = s.args[0].type if s.op == "sum" else s.out.type  # what the statement loops over
+        t = s.args[0].type if s.op in ACCUMULATED else s.out.type  # what it loops over
         fits = (
             cur is not None
             and cur.kind == "kernel"
@@ -177,7 +179,7 @@ def _partition(p: Program, stmts: list[Stmt], origin: dict[int, int]) -> list[_U
         cur.stmts.append(s)
         if t.rank > 0 and cur.loop is None:
             cur.loop = t
-        if s.op == "sum":
+        if s.op in ACCUMULATED:
             reduced.add(s.out.id)
     return units
 
@@ -259,15 +261,15 @@ class _Lowering:
             for a in s.values:
                 if a.id in inside or a.id in reads:
                     continue
-                if a.type.rank == 0:
-                    scalars.add(self.buffer(a))
+                if a.type.rank == 0 or (s.op == "take" and a is s.args[0]):
+                    scalars.add(self.buffer(a))  # by value; a take's table whole
                 elif a.id in self.slices:  # a slice taken in an earlier kernel: read it again
                     src, dim = self.slices[a.id]
                     reads[a.id] = self.access(a, src, loop, dim)
                 else:
                     reads[a.id] = self.access(a, a, loop, None)
             body.append(s)
-            if s.op == "sum":
+            if s.op in ACCUMULATED:
                 reduces.append((s.out.id, self.buffer(s.out)))
             elif s.op == "update":
                 writes.append((s.out.id, self.storage[s.out.id]))
@@ -308,7 +310,8 @@ class _Lowering:
                 self.step_id(), src, dst, x.type.stage, s.attr("dst"), self.buffers[src].nbytes
             )
         full = self.buffers[dst] if s.op == "all_gather" else self.buffers[src]
-        attrs = {k: v for k, v in s.attrs if k in ("op", "dim", "root", "split_dim", "concat_dim")}
+        kept = ("op", "dim", "root", "split_dim", "concat_dim", "partial")
+        attrs = {k: v for k, v in s.attrs if k in kept}
         return Collective(self.step_id(), s.op, src, dst, x.type.stage, full.nbytes, **attrs)
 
     def matmul(self, s: Stmt) -> MatMul:

@@ -100,7 +100,8 @@ class Kernel:
     ]  # 0-d buffers read, passed by value (hyper-parameters, reduced scalars)
     reads: tuple[Access, ...]  # tensor operands
     writes: tuple[tuple[int, int], ...]  # (value id, buffer id) written at e, loop-shaped
-    reduces: tuple[tuple[int, int], ...]  # (value id, 0-d buffer id) accumulated over the loop (+=)
+    # (value id, buffer id) accumulated over the loop (+=): a sum's 0-d, a segment_sum's [nseg]
+    reduces: tuple[tuple[int, int], ...]
     scalar_outs: tuple[tuple[int, int], ...]  # (value id, 0-d buffer id) computed once (prologue)
     dropout_index: tuple[tuple[int, Access], ...] = ()  # stmt out id -> its global element index
 
@@ -153,6 +154,7 @@ class Collective:
     root: int = 0
     split_dim: int = 0
     concat_dim: int = 0
+    partial: bool = False  # combines a sliced reduction's partials (`dsl.ops.is_combine`)
 
 
 @dataclass(frozen=True)

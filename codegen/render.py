@@ -115,6 +115,8 @@ class Walk:
     loop_writes: list[tuple[int, int, DType]] = field(default_factory=list)  # (value, buffer, dt)
     accs: list[tuple[str, str, str]] = field(default_factory=list)  # (acc type, acc, final stmt)
     rank_offsets: dict[int, str] = field(default_factory=dict)  # rank_stride -> hoisted name
+    # segment_sum accumulators: (acc type, acc, nseg, final lines) (C++: a private array each)
+    seg_accs: list[tuple[str, str, int, list[str]]] = field(default_factory=list)
     row: int = 0  # a row kernel's row length (its `body` is one row's lines); 0: elementwise
 
 
@@ -165,6 +167,11 @@ class Renderer:
             f"cc_dropout({x}, {index}, {seed}u, {threshold}u, {scale})"
         ),
         "sum": lambda acc, x, dt: f"{acc} += {x};",
+        # segment_sum: (accumulator, the id, its segment count, the value); take: the table read
+        "segment_sum": lambda acc, seg, nseg, x, dt: (
+            f"if ({seg} >= 0 && {seg} < {nseg}) {acc}[{seg}] += {x};"
+        ),
+        "take": lambda table, seg, nseg, dt: f"(({seg} >= 0 && {seg} < {nseg}) ? {table} : 0)",
         "update": lambda target, value, dt: value,
     }
     # row op kind -> one row's lines, from (x(j), y(j, value), row length, renderer, statement)
@@ -245,7 +252,12 @@ class Renderer:
         outs = {s.out.id for s in k.stmts}
         for vid in [v for v in used if v in reads]:
             self._read(w, reads[vid], values[vid], local)
+        tables = {s.args[0].id for s in k.stmts if s.op == "take"}
         for vid in sorted(v for v in used if v not in reads and v not in outs):
+            if vid in tables and vid in k.scalars:  # read whole, at each element's id
+                self._buffer(w, vid, values[vid].type.dtype)
+                local.add(vid)
+                continue
             if values[vid].type.rank != 0 or vid not in k.scalars:
                 raise RenderError(
                     f"kernel {k.name}: value %{vid} is neither computed, read nor a scalar argument"
@@ -390,7 +402,14 @@ class Renderer:
             w.accs.append((self.acc_type[kind], acc, self.store(f"b{buf}", "0", total, dt)))
             w.body.append(rule(acc, f"static_cast<{self.acc_type[kind]}>({args[0]})", dt))
             return
-        if s.op == "update":
+        if s.op == "segment_sum":
+            self._segment_sum(w, s, args)
+            return
+        if s.op == "take":
+            nseg = int(s.args[0].type.shape[0].value({}))
+            read = self.load(f"b{s.args[0].id}", f"{args[1]}", dt)
+            args = [read, args[1], str(nseg)]
+        elif s.op == "update":
             args[0] = ""  # the target's old contents are not read
         elif s.op == "dropout":
             args = self._dropout(w, s, args[0])
@@ -404,6 +423,21 @@ class Renderer:
         line = f"{self._decl(s.out, expr)}  // {s.out.name}"
         (w.prologue if s.out.type.rank == 0 else w.body).append(line)
         local.add(s.out.id)
+
+    def _segment_sum(self, w: Walk, s: Stmt, args: list[str]) -> None:
+        """Accumulate x into its segment's private (double) slot; the epilogue adds each slot to
+        the [nseg] buffer (zeroed by the caller before the first chunk), as `sum` does."""
+        k, dt = w.kernel, s.out.type.dtype
+        buf = dict(k.reduces).get(s.out.id)
+        if buf is None:
+            raise RenderError(f"kernel {k.name}: {s}: a segment_sum not in kernel.reduces")
+        self._buffer(w, buf, dt)
+        nseg, acc = s.attr("nseg"), f"acc{s.out.id}"
+        total = f"{self.load(f'b{buf}', 'j', dt)} + static_cast<{self.compute_type[dt]}>({acc}[j])"
+        final = [f"for (int64_t j = 0; j < {nseg}; ++j) {self.store(f'b{buf}', 'j', total, dt)}"]
+        w.seg_accs.append(("double", acc, nseg, final))
+        x = f"static_cast<double>({args[0]})"
+        w.body.append(self.code_for_op["segment_sum"](acc, args[1], nseg, x, dt))
 
     def _dropout(self, w: Walk, s: Stmt, x: str) -> list[str]:
         acc = dict(w.kernel.dropout_index).get(s.out.id)

@@ -170,8 +170,10 @@ class CppRenderer(Renderer):
         lines = self._head(w)
         lines += [i1 + line for line in w.prologue + w.scalar_stores]
         lines += [f"{i1}{t} {acc} = 0;" for t, acc, _ in w.accs]
+        lines += [f"{i1}{t} {acc}[{n}] = {{}};" for t, acc, n, _ in w.seg_accs]
         if w.loads or w.body or w.stores or w.accs:
-            clauses = f" reduction(+: {', '.join(acc for _, acc, _ in w.accs)})" if w.accs else ""
+            summed = [acc for _, acc, _ in w.accs] + [f"{a}[:{n}]" for _, a, n, _ in w.seg_accs]
+            clauses = f" reduction(+: {', '.join(summed)})" if summed else ""
             pragma = (
                 f"#pragma omp parallel for simd num_threads(nt) "
                 f"if(parallel: end - begin >= {PARALLEL_MIN}){clauses}"
@@ -185,6 +187,7 @@ class CppRenderer(Renderer):
             lines += [i2 + line for line in w.loads + w.body + w.stores]
             lines.append(f"{i1}}}")
         lines += [i1 + final for _, _, final in w.accs]
+        lines += [i1 + line for *_, final in w.seg_accs for line in final]
         lines.append("}")
         return "\n".join(lines) + "\n"
 

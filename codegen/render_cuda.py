@@ -222,6 +222,9 @@ class CudaRenderer(Renderer):
             if dt.is_float
             else f"cc_ipow({a}, {b})"
         ),
+        "segment_sum": lambda acc, seg, nseg, x, dt: (
+            f"if ({seg} >= 0 && {seg} < {nseg}) atomicAdd(&{acc}[{seg}], {x});"
+        ),
         "sqrt": _sqrt,
         "rsqrt": lambda a, dt: f"(1 / {_sqrt(a, dt)})",
         "exp": lambda a, dt: f"exp({a})" if dt is DType.f64 else f"expf({a})",
@@ -247,6 +250,17 @@ class CudaRenderer(Renderer):
     def store(self, ptr: str, index: str, value: str, dt: DType) -> str:
         conv = {DType.f16: "cc_f2h", DType.bf16: "cc_bf16_store"}.get(dt)
         return f"{ptr}[{index}] = {f'{conv}({value})' if conv else value};"
+
+    def _segment_sum(self, w: Walk, s, args: list[str]) -> None:
+        """A segment_sum adds each element to its segment's slot of the [nseg] buffer at once
+        (atomicAdd in the buffer's f32 or f64; the order of the adds is not fixed)."""
+        buf = dict(w.kernel.reduces).get(s.out.id)
+        if buf is None:
+            raise RenderError(f"kernel {w.kernel.name}: {s}: a segment_sum not in kernel.reduces")
+        dt = s.out.type.dtype
+        self._buffer(w, buf, dt)
+        x = f"static_cast<{self.compute_type[dt]}>({args[0]})"
+        w.body.append(self.code_for_op["segment_sum"](f"b{buf}", args[1], s.attr("nseg"), x, dt))
 
     def round_to(self, expr: str, dt: DType) -> str:
         if dt is DType.f16:

@@ -65,6 +65,7 @@ from .interpret import (
     bind,
     evaluate_shape,
     matmul2d,
+    segment_mask,
 )
 from .ir import Const, Program, Stmt, Value
 from .ops import COMPARE
@@ -261,6 +262,13 @@ def _dropout(s, v, e, r, U):
     return np.where(keep, e[0] / (1 - p), 0.0)
 
 
+def _take(s, v, e, r, U):
+    """Exact: each element carries its segment's error (0 outside every segment)."""
+    seg = np.asarray(v[1]).astype(np.int64)
+    k = segment_mask(seg, np.shape(e[0])[0])
+    return np.where(k, e[0][np.where(k, seg, 0)], 0.0)
+
+
 ROUNDS = ("add", "sub", "mul", "div", "pow", "sqrt", "rsqrt", "exp", "cast", "dropout")
 ROUNDS += ("tanh", "erf", "gelu", "softmax", "layer_norm")
 ULPS = {"exp": 4, "pow": 4, "rsqrt": 4, "tanh": 4, "erf": 4, "gelu": 8}
@@ -285,6 +293,7 @@ POINTWISE_ERROR: dict[str, PwRule] = {
     "where": _where,
     "cast": _cast,
     "dropout": _dropout,
+    "take": _take,
     **{k: _compare for k in COMPARE},
 }
 
@@ -313,6 +322,13 @@ def _norm(s, v, e, r, U):
     return _sqrt(s, [np.asarray(sq)], [np.asarray(es)], r, U)
 
 
+def _segment_sum(s, v, e, r, U):
+    """Each segment's `sum` bound, over its own elements (ids outside [0, nseg) in none)."""
+    (x, seg), ex, nseg = v, e[0], s.attr("nseg")
+    seg = np.asarray(seg).astype(np.int64)
+    return np.array([_sum_error(x[seg == k], ex[seg == k], U) for k in range(nseg)])
+
+
 def _matmul(s, v, e, r, U):
     a, b = np.abs(v[0]), np.abs(v[1])
     ea, eb = e
@@ -323,7 +339,13 @@ def _matmul(s, v, e, r, U):
     return prop + g * matmul2d(a + ea, b + eb)
 
 
-REDUCE_ERROR: dict[str, PwRule] = {"sum": _sum, "mean": _mean, "norm": _norm, "matmul": _matmul}
+REDUCE_ERROR: dict[str, PwRule] = {
+    "sum": _sum,
+    "mean": _mean,
+    "norm": _norm,
+    "segment_sum": _segment_sum,
+    "matmul": _matmul,
+}
 
 
 # -- communication and data movement: (stmt, values per rank, errors per rank, group) -> errors --

@@ -284,6 +284,12 @@ class Builder:
     def norm(self, x, **kw):
         return self.op("norm", x, **kw)
 
+    def segment_sum(self, x, seg, nseg: int, **kw):
+        return self.op("segment_sum", x, seg, nseg=nseg, **kw)
+
+    def take(self, table, seg, **kw):
+        return self.op("take", table, seg, **kw)
+
     def matmul(self, a, b, **kw):
         return self.op("matmul", a, b, **kw)
 

@@ -278,6 +278,25 @@ def _norm(x):
     return np.sqrt((x64 * x64).sum())
 
 
+def segment_mask(seg: np.ndarray, nseg: int) -> np.ndarray:
+    """Where the ids name a segment (in [0, nseg)); other elements belong to none."""
+    return (seg >= 0) & (seg < nseg)
+
+
+def _segment_sum(s, xs, g, i):
+    """Each segment's sum, accumulated in f64 and rounded to x's dtype (as `sum`)."""
+    x, seg = xs
+    k = segment_mask(seg, s.attr("nseg"))
+    out = np.bincount(seg[k], weights=x[k].astype(np.float64), minlength=s.attr("nseg"))
+    return out.astype(x.dtype)
+
+
+def _take(s, xs, g, i):
+    table, seg = xs
+    k = segment_mask(seg, table.shape[0])
+    return np.where(k, table[np.where(k, seg, 0)], table.dtype.type(0))
+
+
 def matmul2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[.., K] x [K, H] as one 2-d product (numpy's stacked matmul would run row by row)."""
     return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + b.shape[1:])
@@ -379,6 +398,8 @@ EVAL: dict[str, Rule] = {
     "sum": _pw(_sum),
     "mean": _pw(_mean),
     "norm": _pw(_norm),
+    "segment_sum": _per_rank(_segment_sum),
+    "take": _per_rank(_take),
     "softmax": _per_rank(_softmax),
     "layer_norm": _per_rank(_layer_norm),
     "matmul": _per_rank(_matmul),

@@ -38,8 +38,11 @@ UNARY = ("neg", "sqrt", "rsqrt", "exp")
 SPECIAL = ("tanh", "erf", "gelu")  # float functions the interpreter evaluates in float64
 REDUCE = ("sum", "mean", "norm")
 ROW = ("softmax", "layer_norm")  # over the last dimension, row by row
+# segment_sum(x, seg)[nseg]: one sum per segment of a 1-d x (element j in segment seg[j]; ids
+# outside [0, nseg) belong to none); take(table, seg): table[seg[j]] per element (0 outside)
+SEGMENT = ("segment_sum", "take")
 POINTWISE = BINARY + COMPARE + UNARY + SPECIAL + ("where", "cast", "dropout")
-COMPUTE = POINTWISE + REDUCE + ROW + ("matmul", "slice", "update")
+COMPUTE = POINTWISE + REDUCE + ROW + SEGMENT + ("matmul", "slice", "update")
 GELU_APPROXIMATE = ("none", "tanh")
 COLLECTIVE = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 COMM = COLLECTIVE + ("p2p",)
@@ -223,6 +226,46 @@ def _reduce(args, attrs, ctx):
     return TensorType(t.dtype, (), layout, t.stage)
 
 
+def _segment_ids(x: ArgT, seg: ArgT, op: str) -> None:
+    if not isinstance(x, TensorType) or not isinstance(seg, TensorType):
+        raise ShapeError(f"{op} takes tensors, not constants")
+    if seg.dtype not in (DType.i32, DType.i64):
+        raise DTypeError(f"{op} needs integer segment ids, got {seg.dtype}")
+
+
+def _segment_sum(args, attrs, ctx):
+    """[n] x [n] ids -> [nseg]: Replicated -> Replicated, Local or Sliced -> Local (partials)."""
+    x, seg = args
+    _segment_ids(x, seg, "segment_sum")
+    nseg = attrs.get("nseg")
+    if not isinstance(nseg, int) or isinstance(nseg, bool) or nseg < 1:
+        raise ShapeError(f"segment_sum needs nseg >= 1, got {nseg!r}")
+    if x.dtype not in (DType.f32, DType.f64):
+        raise DTypeError(f"segment_sum sums f32 or f64, got {x.dtype}")
+    if x.rank != 1 or (x.shape, x.layout) != (seg.shape, seg.layout):
+        raise ShapeError(f"segment_sum needs a 1-d tensor and ids of its type, got {x}, {seg}")
+    layout = Replicated() if isinstance(x.layout, Replicated) else Local()
+    return TensorType(x.dtype, (Size.of(nseg),), layout, _stage(args))
+
+
+def _take(args, attrs, ctx):
+    """[nseg] table (not Sliced) x ids -> the ids' shape and layout, the table's dtype."""
+    table, seg = args
+    _segment_ids(table, seg, "take")
+    if table.rank != 1 or isinstance(table.layout, Sliced):
+        raise LayoutError(f"take reads a whole 1-d table, got {table}")
+    if isinstance(table.layout, Local) and isinstance(seg.layout, Sliced):
+        raise LayoutError("take of a Local table at Sliced ids; all_reduce the table first")
+    layout = Local() if isinstance(table.layout, Local) else seg.layout
+    return TensorType(table.dtype, seg.shape, layout, _stage(args))
+
+
+def is_combine(s) -> bool:
+    """A statement that is the all_reduce combining the per-rank partials of a sliced reduction
+    (0-d, or a segment_sum's, marked `partial`): a barrier inside a fused step, not its head."""
+    return s.op == "all_reduce" and (s.out.type.rank == 0 or bool(s.attr("partial", False)))
+
+
 def _matmul(args, attrs, ctx):
     a, b = args
     if a.rank < 2 or b.rank != 2:
@@ -358,6 +401,8 @@ INFER: dict[str, Rule] = {
     "cast": _cast,
     "dropout": _dropout,
     **{k: _reduce for k in REDUCE},
+    "segment_sum": _segment_sum,
+    "take": _take,
     "softmax": _row,
     "layer_norm": _layer_norm,
     "matmul": _matmul,
@@ -372,7 +417,7 @@ INFER: dict[str, Rule] = {
     "p2p": _p2p,
 }
 ALL_OPS = COMPUTE + COMM
-ARITY = {**{k: 2 for k in BINARY + COMPARE + ("matmul", "update")}, "where": 3}
+ARITY = {**{k: 2 for k in BINARY + COMPARE + SEGMENT + ("matmul", "update")}, "where": 3}
 
 
 def infer(op: str, args: Sequence[ArgT], attrs: Mapping[str, object], ctx: Ctx) -> TensorType:

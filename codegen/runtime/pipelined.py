@@ -76,10 +76,16 @@ def chunk_order(C: int, overlapped: bool) -> list[tuple[str, int]]:
     return order + [("finish", C - 1)]
 
 
-def _chunk(r, kernels, c: int, C: int) -> None:
-    """Chunk c of every kernel, on the compute stream (after the chunk's inputs have arrived)."""
+def _chunk(r, kernels, c: int, C: int, n: int = 0) -> None:
+    """Chunk c of every kernel, on the compute stream (after the chunk's inputs have arrived);
+    with `n` (the slice's elements), a kernel of another loop (per-segment values, which any
+    chunk's elements may read through `take`) runs whole with chunk 0."""
     with r.streams.use(r.streams.compute):
         for s in kernels:
+            if n and s.kernel.numel != n:
+                if c == 0:
+                    r.compute(s, 0, s.kernel.numel)
+                continue
             lo, hi = chunk_bounds(s.kernel.numel, C)[c]
             r.compute(s, lo, hi, zero=(c == 0))
             r.mark(s, chunk=c)
@@ -180,7 +186,7 @@ def fused_all_reduce(r, f: FusedCollective, producer: Optional[MatMul] = None) -
             if k == 0:
                 ring.wait_chunk(c)
                 r.mark(rs, "wait", c)
-            _chunk(r, kernels, c, C)
+            _chunk(r, kernels, c, C, r.bufs[rs.dst].numel())
             for ag, g in mine:
                 g.start_chunk(c)
                 r.mark(ag, "send", c)

@@ -13,7 +13,7 @@ from typing import Iterable, Optional, Sequence
 
 from ..errors import DSLError, TransformError
 from ..ir import Arg, Input, Program, Ref, Stmt, Value
-from ..ops import Ctx, infer
+from ..ops import Ctx, infer, is_combine
 from ..printer import format_stmt
 from ..verify import verify
 
@@ -40,8 +40,8 @@ def select(p: Program, ref: Optional[Ref], ops: Sequence[str], transform: str) -
 
 
 def _scalar_sync(s: Stmt) -> bool:
-    """A 0-d all_reduce: the combine step of a sliced reduction, part of a computation stage."""
-    return s.op == "all_reduce" and s.out.type.rank == 0
+    """The combine step of a sliced reduction (`ops.is_combine`), part of a computation stage."""
+    return is_combine(s)
 
 
 def need_program(p: object, transform: str) -> None:

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from ..errors import TransformError
 from ..ir import Fuse, Program, Ref, Stmt
-from ..ops import COMM, ROW
+from ..ops import COMM, ROW, is_combine
 from ..printer import format_stmt
 from ._rebuild import need_program, verified
 from .naming import schedule_name
@@ -47,9 +47,7 @@ def _range(p: Program, first: Optional[Ref], last: Optional[Ref]) -> list[Stmt]:
 
 
 def _check_comm(members: list[Stmt]) -> None:
-    comm = [
-        s for s in members if s.op in COMM and not (s.op == "all_reduce" and s.out.type.rank == 0)
-    ]
+    comm = [s for s in members if s.op in COMM and not is_combine(s)]
     kinds = [s.op for s in comm]
     heads = [s for s in comm if s.op != "all_gather"]
     ok = (

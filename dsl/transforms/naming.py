@@ -20,6 +20,7 @@ update order, so that distinct slicings never share a name.
 from __future__ import annotations
 
 from ..ir import Program, Stmt
+from ..ops import is_combine
 from ..types import Sliced
 
 TOKENS = {
@@ -37,7 +38,7 @@ TOKENS = {
 def token(s: Stmt) -> str | None:
     if s.op == "update":
         return None
-    if s.op == "all_reduce" and s.out.type.rank == 0:
+    if is_combine(s):
         return "C"
     return TOKENS.get(s.op, "C")
 

@@ -32,13 +32,14 @@ from typing import Optional
 
 from ..errors import TransformError
 from ..ir import Const, Program, Ref, Stmt, Value
-from ..ops import POINTWISE, REDUCE, ROW
+from ..ops import POINTWISE, REDUCE, ROW, SEGMENT
 from ..printer import format_stmt
 from ..sizes import Size
 from ..types import Replicated, Sliced
 from ._rebuild import Rebuild, no_schedule, select
 
-MOVABLE = POINTWISE + REDUCE
+MOVABLE = POINTWISE + REDUCE + SEGMENT
+REDUCTIONS = REDUCE + ("segment_sum",)  # of a slice: partials, then an all_reduce
 
 
 def _numel(v: Value) -> Size:
@@ -57,7 +58,38 @@ def _movable_after_gather(p: Program, g: Stmt) -> set[int]:
         if (s.op in MOVABLE or whole_rows) and any(a.id in tainted for a in s.values):
             tainted.add(s.out.id)
             moved.add(s.out.id)
-    # replicated pointwise computation used only by moved computation moves too (b1 * m)
+    _replicated_users(p, g, moved)
+    # reductions of replicated tensors whose results feed moved computation
+    d = g.args[0].type.layout.dim
+    for s in p.body:
+        x = s.args[0]
+        if (
+            s.op in REDUCTIONS
+            and s.out.id not in moved
+            and isinstance(x.type.layout, Replicated)
+            and x.type.rank > d
+            and _feeds(p, s, moved)
+        ):
+            moved.add(s.out.id)
+    _replicated_users(p, g, moved)  # what those reductions read (segment_sum(w * w, seg))
+    return moved
+
+
+def _feeds(p: Program, s: Stmt, moved: set[int]) -> bool:
+    """A user of s moves (of a segment_sum: any statement after it, through its [nseg] values)."""
+    users, seen = list(p.users(s.out.id)), set()
+    while users:
+        u = users.pop()
+        if u.out.id in moved:
+            return True
+        if s.op == "segment_sum" and u.out.id not in seen:
+            seen.add(u.out.id)
+            users += p.users(u.out.id)
+    return False
+
+
+def _replicated_users(p: Program, g: Stmt, moved: set[int]) -> None:
+    """Replicated pointwise computation used only by moved computation moves too (b1 * m)."""
     full_shape, changed = g.out.type.shape, True
     while changed:
         changed = False
@@ -74,19 +106,6 @@ def _movable_after_gather(p: Program, g: Stmt) -> set[int]:
             ):
                 moved.add(s.out.id)
                 changed = True
-    # reductions of replicated tensors whose results feed moved computation
-    d = g.args[0].type.layout.dim
-    for s in p.body:
-        x = s.args[0]
-        if (
-            s.op in REDUCE
-            and s.out.id not in moved
-            and isinstance(x.type.layout, Replicated)
-            and x.type.rank > d
-            and any(u.out.id in moved for u in p.users(s.out.id))
-        ):
-            moved.add(s.out.id)
-    return moved
 
 
 def _sliced_reduction(r: Rebuild, s: Stmt, xs: Value) -> Value:
@@ -163,12 +182,22 @@ def _reorder_gather(p: Program, g: Stmt) -> Program:
         return r.arg(a)
 
     def emit_moved(s: Stmt) -> None:
-        if s.op in REDUCE:
-            x = s.args[0]
-            xs = sliced.get(x.id) or _slice_of(r, r.arg(x), d)
-            r.env[s.out.id] = _sliced_reduction(r, s, xs)
+        if s.op in REDUCTIONS:
+            xs, segs = (sliced.get(a.id) or _slice_of(r, r.arg(a), d) for a in (s.args * 2)[:2])
+            if s.op != "segment_sum":
+                r.env[s.out.id] = _sliced_reduction(r, s, xs)
+                return
+            # segment_sum(x, seg) -> all_reduce[partial](segment_sum(x.s, seg.s))
+            part = r.emit("segment_sum", [xs, segs], s.attrs, f"{s.out.name}.part")
+            marked = (("op", "sum"), ("partial", True))
+            r.env[s.out.id] = r.emit("all_reduce", [part], marked, s.out.name, like=s)
             return
-        args = [_sliced_operand(r, sliced, a, d, s.out.type.rank) for a in s.args]
+        if s.out.type.rank and s.out.type.shape != g.out.type.shape and s.op != "take":
+            args = [r.arg(a) for a in s.args]  # per-segment values ([nseg]) stay whole
+        elif s.op == "take":  # the table whole, the ids sliced
+            args = [r.arg(s.args[0]), _sliced_operand(r, sliced, s.args[1], d, 1)]
+        else:
+            args = [_sliced_operand(r, sliced, a, d, s.out.type.rank) for a in s.args]
         v = r.emit(s.op, args, s.attrs, f"{s.out.name}.s", like=s)
         (sliced if isinstance(v.type.layout, Sliced) else r.env)[s.out.id] = v
 
