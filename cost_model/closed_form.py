@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from codegen.chunked import fusable, gathered_matmul, overlappable, prefetchable
+from codegen.chunked import fusable, gathered_matmul, is_scalar_sync, overlappable, prefetchable
 from codegen.plan import (
     ITEMSIZE,
     Collective,
@@ -158,11 +158,7 @@ def _pipelined(plan, f: FusedCollective, topo):
     u = 1.0 / (1.0 - topo.compute_slowdown) if C > 1 else 1.0
     total, comm, comp, first = 0.0, 0.0, 0.0, 0.0
     for part in f.steps:
-        if (
-            isinstance(part, Collective)
-            and part.kind == "all_reduce"
-            and plan.buffer(part.src).numel == 1
-        ):  # a barrier: the phase before drains first
+        if is_scalar_sync(plan, part):  # a barrier: the phase before drains first
             total += first + (C - 1) * max(comm, comp) + step_us(plan, part, topo)
             comm, comp, first = 0.0, 0.0, 0.0
             continue

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from codegen.chunked import is_scalar_sync
 from codegen.plan import Collective, Compute, FusedCollective, Plan, label
 
 from . import nccl
@@ -94,7 +95,7 @@ def _is_gather(s) -> bool:
 
 
 def _is_barrier(plan: Plan, s) -> bool:
-    return isinstance(s, Collective) and s.kind == "all_reduce" and plan.buffer(s.src).numel == 1
+    return is_scalar_sync(plan, s)
 
 
 def group_of(plan: Plan, f: FusedCollective) -> tuple[int, ...]:

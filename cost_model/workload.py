@@ -48,7 +48,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from codegen.chunked import fusable, gathered_matmul, overlappable, prefetchable
+from codegen.chunked import fusable, gathered_matmul, is_scalar_sync, overlappable, prefetchable
 from codegen.plan import P2P, Collective, FusedCollective, Overlap, Plan, label, walk
 
 from . import collectives, nccl
@@ -195,7 +195,7 @@ def _phases(plan: Plan, steps):
     """The fused steps after the head, split at 0-d all_reduces: [(parts, barrier or None)]."""
     phases, parts = [], []
     for s in steps:
-        if isinstance(s, Collective) and s.kind == "all_reduce" and plan.buffer(s.src).numel == 1:
+        if is_scalar_sync(plan, s):
             phases.append((parts, s))
             parts = []
         else:
