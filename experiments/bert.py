@@ -11,7 +11,8 @@ model names its embedding tables (`embeddings()`, for `param_groups`).
 
 Data (`batch(size, seed, step, rank, micro_batch)`): synthetic sequences from a fixed random
 first-order Markov chain over the vocabulary, skewed towards low token ids (learnable, so the
-loss falls), 15% of positions
+loss falls), 15% of positions (at least one a sequence, as BERT's pre-training data: a short
+sequence would otherwise have nothing to predict, and its loss would be NaN)
 replaced by the mask token 0 and predicted (cross-entropy over those positions only). Each rank
 draws its own micro-batch of every step from (seed, step, rank): the same data for every config.
 
@@ -107,6 +108,7 @@ def batch(size: ModelSize, seed: int, step: int, rank: int, micro_batch: int):
         tok[:, s] = torch.multinomial(chain[tok[:, s - 1]], 1, generator=g).squeeze(1)
     tok.clamp_(min=1)
     masked = torch.rand(micro_batch, size.seq, generator=g) < 0.15
+    masked[:, 0] |= ~masked.any(dim=1)  # at least one position a sequence, as BERT's data
     inputs = tok.masked_fill(masked, MASK)
     targets = tok.masked_fill(~masked, -100)
     return inputs, targets

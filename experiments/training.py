@@ -146,6 +146,18 @@ MODELS = {
         agree_rtol=1e-3,
         time_largest=False,
     ),
+    # the optimizer-bound configuration: a wide encoder (10.5M parameters, hidden 512, vocab
+    # 4096) and one sequence of 16 tokens a rank, so the step is mostly the gradient's
+    # communication and the optimizer's update, where fusing them can pay
+    "wide": Setting(
+        B.ModelSize(2, 512, 8, 4096, 16),
+        micro_batch=1,
+        cap_mb=512,
+        rounds=8,
+        steps_per_round=2,
+        steps=30,
+        time_largest=False,
+    ),
     "bert_large": Setting(
         H.BERT_LARGE,
         micro_batch=2,

@@ -55,7 +55,7 @@ class ExperimentConf:
     # Size-symbol bindings (e.g. [{N: 1048576}]) to measure and predict at instead of the
     # experiment's own sweep for the scale; null: the experiment's sweep.
     sizes: Optional[List[Dict[str, int]]] = None
-    # experiment=training: the model (experiments.training.MODELS: bert_base, bert_large);
+    # experiment=training: the model (experiments.training.MODELS: bert_base, bert_large, wide);
     # null: the scale's small encoder. Other experiments ignore it.
     model: Optional[str] = None
     # experiment=paper: the experiments to run into one directory, in order (suite.paper)

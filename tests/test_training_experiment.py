@@ -97,3 +97,19 @@ def test_the_report_section_reads_the_table(measured):
     ):
         assert heading in text
     assert (out / "figures" / "training_loss.png").stat().st_size > 0
+
+
+def test_the_optimizer_bound_setting_and_a_target_in_every_sequence():
+    """experiment.model=wide: a wide encoder, one short sequence a rank (the optimizer step a large
+    share of the step); its data predict at least one position a sequence, as BERT's do (with 16
+    tokens and 15% masked, a sequence with none would make the loss NaN)."""
+    from types import SimpleNamespace
+
+    from experiments import bert, training
+
+    s = training.setting_of(SimpleNamespace(model="wide", scale="default"))
+    assert s.micro_batch == 1 and s.size.hidden == 512 and s.size.seq == 16
+    assert s.size.parameters() > 10_000_000
+    for step in range(50):
+        _, targets = bert.batch(s.size, 0, step, 0, 4)
+        assert ((targets != -100).sum(dim=1) >= 1).all()
