@@ -8,8 +8,8 @@ tested against it). Steps keep the program's statement order. Lowering:
 2. delays 0-d all_reduces (the combine steps of sliced reductions) until their results are needed,
    so several partial reductions share one pass; then
    groups consecutive computation with the same loop shape and layout into one kernel, starting a
-   new kernel at any communication, matmul, or statement that reads a reduction of the current
-   kernel; 0-d statements run once in a kernel's prologue; a row op (softmax, layer_norm) is a
+   new kernel at any communication, library op (matmul, attention: a step of its own), or
+   statement that reads a reduction of the current kernel; 0-d statements run once in a kernel's prologue; a row op (softmax, layer_norm) is a
    kernel of its own (a loop over rows: `codegen.render`), never grouped with its neighbours;
 3. gives storage to what crosses a step (inputs, communication results, kernel values used
    elsewhere, outputs); `slice(x)` becomes an `Access` into x's buffer, `update(x, v)` writes v into
@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 from dsl.errors import BindError, ShapeError
 from dsl.interpret import bind
 from dsl.ir import Const, Program, Stmt, Value
-from dsl.ops import COMM, ROW, is_combine
+from dsl.ops import COMM, LIBRARY, ROW, is_combine
 from dsl.sizes import Size
 from dsl.transforms import check_chunks
 from dsl.types import Replicated, Sliced, TensorType
@@ -40,6 +40,7 @@ from .plan import (
     ITEMSIZE,
     P2P,
     Access,
+    Attention,
     Buffer,
     Collective,
     Compute,
@@ -152,8 +153,8 @@ def _partition(p: Program, stmts: list[Stmt], origin: dict[int, int]) -> list[_U
     for s in stmts:
         g = p.group_of(origin[s.out.id])
         gi = p.fused.index(g) if g is not None else None
-        if s.op in COMM or s.op == "matmul":
-            units.append(_Unit("comm" if s.op in COMM else "matmul", [s], gi))
+        if s.op in COMM or s.op in LIBRARY:  # a step of its own: comm, matmul or attention
+            units.append(_Unit("comm" if s.op in COMM else s.op, [s], gi))
             continue
         if s.op in ROW:  # a row op: a kernel of its own (a loop over rows)
             units.append(_Unit("kernel", [s], gi, s.out.type, row=True))
@@ -332,6 +333,25 @@ class _Lowering:
             2 * m * k * n,
         )
 
+    def attention(self, s: Stmt) -> Attention:
+        q, k, v = s.values
+        S, B, E = self.shape(q.type)
+        d = s.attr("head_dim")
+        if E % d:
+            raise ShapeError(f"attention's head_dim {d} does not divide the {E} columns")
+        return Attention(
+            self.step_id(),
+            *(self.buffer(x) for x in (q, k, v, s.out)),
+            q.type.stage,
+            S,
+            B,
+            E,
+            d,
+            s.attr("mask", "none") == "causal",
+            4 * S * B * E * ITEMSIZE[q.type.dtype],
+            4 * S * S * B * E + FLOPS_PER_ELEMENT["softmax"] * S * S * B * (E // d),
+        )
+
 
 def _updates(p: Program, stmts: list[Stmt], units: list[_Unit], low: _Lowering):
     """Decide where each update writes: returns (absorbed update ids, final copies)."""
@@ -388,8 +408,8 @@ def lower(
     for k, u in enumerate(units):
         if u.kind == "kernel":
             steps.append((u, low.kernel(k, u, outside, absorbed)))
-        elif u.kind == "matmul":
-            steps.append((u, low.matmul(u.stmts[0])))
+        elif u.kind in LIBRARY:  # low.matmul, low.attention
+            steps.append((u, getattr(low, u.kind)(u.stmts[0])))
         else:
             steps.append((u, low.comm(u.stmts[0])))
     final = _compose(p, steps, low, origin)
@@ -418,6 +438,8 @@ def _reads(step) -> set[int]:
         return {a.buffer for a in step.kernel.reads} | set(step.kernel.scalars)
     if isinstance(step, MatMul):
         return {step.a, step.b}
+    if isinstance(step, Attention):
+        return {step.q, step.k, step.v}
     return {getattr(step, "src", -1)}
 
 

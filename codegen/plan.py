@@ -14,6 +14,9 @@ Steps (`Plan.steps` runs in order; each step's buffers are those of the ranks of
 - `Compute`: one generated kernel (a fused stage of pointwise statements, possibly ending in
   reductions to scalars), run over the loop's elements [begin, end).
 - `MatMul`: a library matmul [.., K] x [K, H].
+- `Attention`: a library scaled dot-product attention of [S, B, E] q, k, v (`dsl.attention`),
+  heads of `head_dim` columns; flops 4 S^2 B E (the two products) + 5 S^2 B E / head_dim (the
+  softmax), bytes q, k, v and the output once.
 - `Collective`: all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all within the
   tensor-parallel group of a stage.
 - `P2P`: rank i of stage `src_stage` sends a buffer to rank i of stage `dst_stage`.
@@ -140,6 +143,23 @@ class MatMul:
 
 
 @dataclass(frozen=True)
+class Attention:
+    id: int
+    q: int
+    k: int
+    v: int
+    out: int
+    stage: Optional[int]
+    s: int
+    b: int
+    e: int
+    head_dim: int
+    causal: bool
+    nbytes: int
+    flops: int
+
+
+@dataclass(frozen=True)
 class Collective:
     id: int
     kind: str  # all_reduce | reduce_scatter | all_gather | broadcast | reduce | all_to_all
@@ -176,7 +196,9 @@ class Copy:
     nbytes: int
 
 
-Step = Union[Compute, MatMul, Collective, P2P, Copy, "FusedCollective", "Overlap", "Prefetch"]
+Step = Union[
+    Compute, MatMul, Attention, Collective, P2P, Copy, "FusedCollective", "Overlap", "Prefetch"
+]
 
 
 @dataclass(frozen=True)

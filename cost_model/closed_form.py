@@ -16,6 +16,7 @@ import dataclasses
 from codegen.chunked import fusable, gathered_matmul, is_scalar_sync, overlappable, prefetchable
 from codegen.plan import (
     ITEMSIZE,
+    Attention,
     Collective,
     Compute,
     Copy,
@@ -46,6 +47,8 @@ def _dtype(plan: Plan, step) -> str:
     if isinstance(step, Compute):
         ids = [a.buffer for a in step.kernel.reads] + [b for _, b in step.kernel.writes]
         return plan.buffer(ids[0]).dtype.name if ids else "f32"
+    if isinstance(step, Attention):
+        return plan.buffer(step.q).dtype.name
     return plan.buffer(step.a if isinstance(step, MatMul) else step.src).dtype.name
 
 
@@ -88,6 +91,12 @@ def _matmul(plan, s, topo, chunks):
     return calls * topo.device.matmul_us(
         s.nbytes / chunks / calls, s.flops / chunks / calls, _dtype(plan, s)
     )
+
+
+def _attention(plan, s, topo, chunks):
+    """Attention, timed as a matmul of its flops and bytes (a fused attention kernel is a pair
+    of tensor-core products with the softmax between them)."""
+    return topo.device.matmul_us(s.nbytes / chunks, s.flops / chunks, _dtype(plan, s))
 
 
 def gathered_pieces(plan, mm: MatMul, topo, C: int) -> tuple[float, float]:
@@ -163,7 +172,7 @@ def _pipelined(plan, f: FusedCollective, topo):
             comm, comp, first = 0.0, 0.0, 0.0
             continue
         t = step_us(plan, part, topo, C)
-        if isinstance(part, (Compute, MatMul, Copy)):
+        if isinstance(part, (Compute, MatMul, Attention, Copy)):
             comp += t * u
         else:
             comm += t
@@ -193,7 +202,7 @@ def _overlap(plan, o: Overlap, topo, chunks):
         if isinstance(o.consumer, FusedCollective)
         else step_us(plan, o.consumer, topo, C)
     )
-    compute_bound = isinstance(o.producer, (MatMul, Compute))
+    compute_bound = isinstance(o.producer, (MatMul, Attention, Compute))
     bottleneck = max(_slowed(produce, consume, u) if compute_bound else produce, consume)
     return produce + consume + (C - 1) * bottleneck
 
@@ -204,13 +213,14 @@ def _prefetch(plan, f: Prefetch, topo, chunks):
     if not prefetchable(f):
         return gather + behind
     u = 1.0 / (1.0 - topo.compute_slowdown)
-    compute = isinstance(f.behind, (MatMul, Compute, Copy))
+    compute = isinstance(f.behind, (MatMul, Attention, Compute, Copy))
     return max(gather, _slowed(behind, gather, u) if compute else behind + gather)
 
 
 closed_rules = {
     "Compute": _compute,
     "MatMul": _matmul,
+    "Attention": _attention,
     "Copy": _copy,
     "Collective": _collective,
     "P2P": _p2p,

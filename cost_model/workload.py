@@ -5,7 +5,7 @@ starts on a rank when its previous step has finished there, as the runtime runs 
 with a compute stream (tasks in issue order, one at a time) and a communication stream (transfers,
 which contend for the network's ports and links). `cost_rules` has one rule per Plan step kind,
 `rule(run, step, ready, C) -> done`: `ready[r]` / `done[r]` are per-chunk events of rank r.
-- Compute / MatMul / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
+- Compute / MatMul / Attention / Copy: a task per chunk on the compute stream (roofline, `closed_form`).
 - Collective: the collectives layer's algorithm (the tuner's pick; on a GPU topology NCCL's calls,
   `cost_model.nccl`; comm=shm's library all-reduce, `closed_collectives.shm_all_reduce_us`: memory
   traffic on every member at the device's `stream_memory_gbps`, as `peer_fused` charges); P2P:
@@ -361,6 +361,7 @@ def _prefetch(run: Run, f, ready, C_outer):
 cost_rules = {
     "Compute": _compute,
     "MatMul": _compute,
+    "Attention": _compute,
     "Copy": _compute,
     "Collective": _collective,
     "P2P": _p2p,

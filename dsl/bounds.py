@@ -38,6 +38,8 @@ ulp off; exp, pow and rsqrt, library functions, 4 U (`ULPS`)):
   x_i - mean is off by ed_i = ea_i + mean(ea) (+ roundings); the variance by
   ev = mean(2 |d| ed + ed^2) (+ the sum's gamma); with s in [sqrt(var + eps - ev),
   sqrt(var + eps + ev)] = [lo, hi], |y' - y| <= ed / lo + |d| (1 / lo - 1 / hi) (inf if lo <= 0).
+- attention: the two products and the softmax between them, bounded as above per (batch, head)
+  (`dsl.attention`'s doc), then its own rounding.
 - max, min, neg, copies and the data movement of collectives do not round: errors move with
   the data (max of errors for a max-reduction).
 - comparisons may flip where |a - b| <= ea + eb; `where` with such a condition takes the larger
@@ -52,6 +54,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .attention import attention_error
 from .errors import BindError, DSLError
 from .interpret import (
     _ERF,
@@ -339,12 +342,19 @@ def _matmul(s, v, e, r, U):
     return prop + g * matmul2d(a + ea, b + eb)
 
 
+def _attention(s, v, e, r, U):
+    """`dsl.attention.attention_error`: matmul, softmax and matmul bounded as above."""
+    d, causal = s.attr("head_dim"), s.attr("mask", "none") == "causal"
+    return attention_error(v, e, r, U, d, causal, gamma_u, SUBNORMAL.get(U, 0.0))
+
+
 REDUCE_ERROR: dict[str, PwRule] = {
     "sum": _sum,
     "mean": _mean,
     "norm": _norm,
     "segment_sum": _segment_sum,
     "matmul": _matmul,
+    "attention": _attention,
 }
 
 

@@ -31,7 +31,7 @@ from .bounds import ULPS, Bound, _last_uses, _sqrt, _start, _step, gamma_u
 from .errors import DSLError
 from .interpret import bind
 from .ir import Const, Program, Value
-from .ops import ROW
+from .ops import LIBRARY, ROW
 from .sizes import Size
 
 CHUNK = 1 << 20  # elements per chunk: a few float64 arrays of 8 MB per live intermediate
@@ -64,7 +64,7 @@ def chunk_symbol(program: Program) -> tuple[Optional[str], str]:
             for a in s.args
         ):
             return None, f"a constant of size {S}"
-        if s.op in ("matmul",) or (
+        if s.op in LIBRARY or (
             s.values
             and not s.out.type.shape
             and s.op not in ACCUMULATED

@@ -293,6 +293,11 @@ class Builder:
     def matmul(self, a, b, **kw):
         return self.op("matmul", a, b, **kw)
 
+    def attention(self, q, k, v, head_dim: int, causal: bool = False, **kw):
+        """softmax(q k^T / sqrt d) v per batch and head of [S, B, E] activations (`dsl.ops`)."""
+        mask = "causal" if causal else "none"  # attributes are numbers or names, not flags
+        return self.op("attention", q, k, v, head_dim=head_dim, mask=mask, **kw)
+
     def slice(self, x, dim: int = 0, **kw):
         return self.op("slice", x, dim=dim, **kw)
 

@@ -27,6 +27,7 @@ Numerics
   exact gelu is 0.5 x erfc(-x / sqrt 2), approximate="tanh" is x / (1 + exp(-2u)) with
   u = sqrt(2/pi) (x + 0.044715 x^3), the same functions as torch's, written without the
   cancellation of 1 + erf(x) for negative x).
+- attention is computed in float64 (`dsl.attention.attention64`) and rounded once to the dtype.
 - Row ops work on the last dimension in float64, then round to float32 and then to the dtype
   (as generated code does): softmax(x) = exp(x - max) / sum exp(x - max); layer_norm(x) =
   (x - mean) * (1 / sqrt(var + eps)), var the biased mean of (x - mean)^2, both sums in float64.
@@ -47,6 +48,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .attention import attention64
 from .errors import BindError, DSLError, ShapeError
 from .ir import Const, Program, Stmt, Value
 from .ops import POINTWISE
@@ -307,6 +309,10 @@ def _matmul(s, xs, g, i):
     return matmul2d(a.astype(_acc_of(a)), b.astype(_acc_of(b)))
 
 
+def _attention(s, xs, g, i):
+    return attention64(*xs, s.attr("head_dim"), s.attr("mask", "none") == "causal")
+
+
 def _update(s, xs, g, i):
     return np.copy(xs[1])  # the target's new contents are the value's
 
@@ -403,6 +409,7 @@ EVAL: dict[str, Rule] = {
     "softmax": _per_rank(_softmax),
     "layer_norm": _per_rank(_layer_norm),
     "matmul": _per_rank(_matmul),
+    "attention": _per_rank(_attention),
     "slice": _per_rank(_slice),
     "update": _per_rank(_update),
     "all_reduce": _all_reduce,

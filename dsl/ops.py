@@ -10,6 +10,12 @@ Layout rules (the paper's):
   Local; Sliced with Local, or Sliced along different dimensions -> LayoutError.
 - matmul [.., K] x [K, H]: Sliced(row) x Replicated -> Sliced(row); Replicated x Sliced(1) ->
   Sliced(last); both sliced along K -> Local (partial sums); Local/Replicated mixes -> Local/Replicated.
+- attention(q, k, v, head_dim=d, mask="none"|"causal") (the builder's causal=True) on [S, B, E] activations (sequence first, E =
+  heads x d): softmax(q_h k_h^T / sqrt d) v_h per batch b and head h, as torch's
+  scaled_dot_product_attention. q, k, v of one type; Replicated, Sliced(1) (batches) or Sliced(2)
+  (heads: each rank its E/P columns, so heads = E_local / d on the rank) -> that type; Sliced(0)
+  -> LayoutError (attention reads the whole sequence: all_gather first); Local -> LayoutError
+  (all_reduce first). Float only; d must divide E (checked when sizes are bound).
 - row ops (softmax, layer_norm) over the LAST dimension: the input's type; the last dimension
   must not be Sliced (LayoutError: all_gather it first). Float only; layer_norm's eps > 0.
 - reductions to a scalar: Replicated -> Replicated, Local -> Local, Sliced -> Local (the partial
@@ -42,8 +48,10 @@ ROW = ("softmax", "layer_norm")  # over the last dimension, row by row
 # outside [0, nseg) belong to none); take(table, seg): table[seg[j]] per element (0 outside)
 SEGMENT = ("segment_sum", "take")
 POINTWISE = BINARY + COMPARE + UNARY + SPECIAL + ("where", "cast", "dropout")
-COMPUTE = POINTWISE + REDUCE + ROW + SEGMENT + ("matmul", "slice", "update")
+LIBRARY = ("matmul", "attention")  # run by a library call (a Plan step of its own), never fused
+COMPUTE = POINTWISE + REDUCE + ROW + SEGMENT + LIBRARY + ("slice", "update")
 GELU_APPROXIMATE = ("none", "tanh")
+ATTENTION_MASKS = ("none", "causal")
 COLLECTIVE = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 COMM = COLLECTIVE + ("p2p",)
 REDUCE_OPS = ("sum", "max", "min", "prod")
@@ -290,6 +298,26 @@ def _matmul(args, attrs, ctx):
     return TensorType(_dtype(args), a.shape[:-1] + b.shape[1:], layout, _stage(args))
 
 
+def _attention(args, attrs, ctx):
+    """[S, B, E] x 3 -> q's type (see the module doc)."""
+    if not all(isinstance(t, TensorType) for t in args):
+        raise ShapeError("attention takes tensors q, k, v, not constants")
+    q, k, v = args
+    if q.rank != 3 or len({(t.shape, t.layout) for t in args}) != 1:
+        raise ShapeError(f"attention needs q, k, v of one [S, B, E] type, got {q}, {k}, {v}")
+    _dtype(args)
+    _float(q, "attention")
+    d = attrs.get("head_dim")
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise ShapeError(f"attention needs an integer head_dim >= 1, got {d!r}")
+    if attrs.get("mask", "none") not in ATTENTION_MASKS:
+        raise ShapeError(f"attention's mask must be 'none' or 'causal', got {attrs.get('mask')!r}")
+    if isinstance(q.layout, Sliced) and q.layout.dim == 0:
+        raise LayoutError("attention reads the whole sequence, got it Sliced(0); all_gather first")
+    _need(q, (Replicated, Sliced), "attention")
+    return replace(q, stage=_stage(args))
+
+
 def _slice(args, attrs, ctx):
     (t,) = args
     _need(t, (Replicated,), "slice")
@@ -406,6 +434,7 @@ INFER: dict[str, Rule] = {
     "softmax": _row,
     "layer_norm": _layer_norm,
     "matmul": _matmul,
+    "attention": _attention,
     "slice": _slice,
     "update": _update,
     "all_reduce": _all_reduce,
@@ -417,7 +446,8 @@ INFER: dict[str, Rule] = {
     "p2p": _p2p,
 }
 ALL_OPS = COMPUTE + COMM
-ARITY = {**{k: 2 for k in BINARY + COMPARE + SEGMENT + ("matmul", "update")}, "where": 3}
+ARITY = {**{k: 2 for k in BINARY + COMPARE + SEGMENT + ("matmul", "update")}}
+ARITY.update(where=3, attention=3)
 
 
 def infer(op: str, args: Sequence[ArgT], attrs: Mapping[str, object], ctx: Ctx) -> TensorType:

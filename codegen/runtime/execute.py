@@ -13,7 +13,8 @@ the interpreter stores it). `kernels` comes from `backend.build(plan.kernels())`
 (within floating-point reduction order; tested on every schedule of every experiment).
 
 `RULES` maps each Plan step type to its rule; a step without one raises "rule for X not
-implemented". Compute, MatMul and Copy run on the backend's compute stream, Collective and P2P on
+implemented". Compute, MatMul, Attention (torch's scaled_dot_product_attention on [B, heads, S, d]
+views of the [S, B, E] buffers) and Copy run on the backend's compute stream, Collective and P2P on
 its comm stream, each after the work issued so far on the other stream (on the CPU there are no
 streams and every step has completed when it returns). `run()` starts after the work already on
 the caller's current stream and leaves that stream waiting for all of the step's work, so
@@ -45,6 +46,7 @@ from dsl.types import Sliced
 from ..chunked import fusable, gathered_matmul, overlappable, prefetchable, scattered_matmul
 from ..plan import (
     P2P,
+    Attention,
     Collective,
     Compute,
     Copy,
@@ -257,6 +259,21 @@ def _matmul(r: PlanRunner, s: MatMul) -> None:
     )
 
 
+def heads(x: torch.Tensor, d: int) -> torch.Tensor:
+    """[S, B, E] -> [B, E / d, S, d], a view (`dsl.attention.heads`)."""
+    S, B, E = x.shape
+    return x.view(S, B, E // d, d).permute(1, 2, 0, 3)
+
+
+def _attention(r: PlanRunner, s: Attention) -> None:
+    def run():
+        q, k, v = (heads(r.bufs[b], s.head_dim) for b in (s.q, s.k, s.v))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s.causal)
+        heads(r.bufs[s.out], s.head_dim).copy_(o)
+
+    _on_compute(r, s.stage, lambda: r.timed(run))
+
+
 def _p2p(r: PlanRunner, s: P2P) -> None:
     if r.stage in (s.src_stage, s.dst_stage):
         with r.streams.on(r.streams.comm):
@@ -301,6 +318,7 @@ def _prefetch(r: PlanRunner, s: Prefetch) -> None:
 RULES = {
     Compute: lambda r, s: _on_compute(r, s.stage, lambda: r.compute(s, 0, s.kernel.numel)),
     MatMul: _matmul,
+    Attention: _attention,
     Copy: lambda r, s: _on_compute(r, s.stage, lambda: r.bufs[s.dst].copy_(r.bufs[s.src])),
     Collective: lambda r, s: _on_comm(r, s.stage, lambda: r.collective(s)),
     P2P: _p2p,

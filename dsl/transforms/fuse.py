@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from ..errors import TransformError
 from ..ir import Fuse, Program, Ref, Stmt
-from ..ops import COMM, ROW, is_combine
+from ..ops import COMM, LIBRARY, ROW, is_combine
 from ..printer import format_stmt
 from ._rebuild import need_program, verified
 from .naming import schedule_name
@@ -104,9 +104,9 @@ def fuse(
             raise TransformError(f"fuse: {format_stmt(s)}: already fused")
         if s.out.id in prefetched:
             raise TransformError(f"fuse: {format_stmt(s)}: prefetched; fuse first, then prefetch")
-        if s.op == "matmul":
+        if s.op in LIBRARY:
             raise TransformError(
-                f"fuse: {format_stmt(s)}: a matmul is not fused; overlap it instead"
+                f"fuse: {format_stmt(s)}: a {s.op} is a library call, not fused; overlap it instead"
             )
         if s.op in ROW:
             raise TransformError(

@@ -1,6 +1,6 @@
 """`schedule_name(program)`: the paper's name of a schedule, read off the program's structure.
 
-Each statement becomes a token: matmul `MM`, all_reduce `AR`, reduce_scatter `RS`, all_gather
+Each statement becomes a token: matmul `MM`, attention `ATT`, all_reduce `AR`, reduce_scatter `RS`, all_gather
 `AG`, p2p `P2P`, broadcast `BC`, reduce `RD`, all_to_all `A2A`, any computation `C` (a 0-d
 all_reduce, the combine step of a sliced reduction, counts as computation; an update is a write-back
 and gives no token). Runs of the same token collapse (`C-C` -> `C`, the all-gathers of several
@@ -25,6 +25,7 @@ from ..types import Sliced
 
 TOKENS = {
     "matmul": "MM",
+    "attention": "ATT",
     "all_reduce": "AR",
     "reduce_scatter": "RS",
     "all_gather": "AG",
