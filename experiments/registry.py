@@ -29,6 +29,7 @@ SHIPPED = (
     "model_parallel",
     "pipeline_parallel",
     "tensor_parallel",
+    "tp_attention",
     "fsdp_prefetch",
     "calibrate",
     "collectives",

@@ -92,7 +92,7 @@ BAD = [
     (
         ["experiment=nope"],
         "unknown experiment 'nope'; known: adam_fusion, autotune, calibrate, collectives, "
-        "fsdp_prefetch, lamb_fusion, model_parallel, paper, pipeline_parallel, tensor_parallel",
+        "fsdp_prefetch, lamb_fusion, model_parallel, paper, pipeline_parallel, tensor_parallel, tp_attention",
     ),
     (["experiment=paper", "predict_also=[{name: dgx9}]"], "bad predict_also entry 'dgx9'"),
     (["predict_also=[{name: dgx2, nodes: 0}]"], "bad predict_also entry 'dgx2'"),

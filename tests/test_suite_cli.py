@@ -28,7 +28,7 @@ from suite.errors import SuiteError
 TESTS = Path(__file__).resolve().parent
 KNOWN = (
     "known: adam_fusion, autotune, calibrate, collectives, fsdp_prefetch, lamb_fusion, "
-    "model_parallel, paper, pipeline_parallel, tensor_parallel, training, validate"
+    "model_parallel, paper, pipeline_parallel, tensor_parallel, tp_attention, training, validate"
 )
 
 

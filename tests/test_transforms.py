@@ -35,6 +35,12 @@ NAMES = {
         "AG-MM-C-ol(MM,RS)",
         "ol(AG,MM)-C-ol(MM,RS)",
     ],
+    "tp_attention": [
+        "AG-MM-ATT-MM-RS",
+        "ol(AG,MM)-ATT-MM-RS",
+        "AG-MM-ATT-ol(MM,RS)",
+        "ol(AG,MM)-ATT-ol(MM,RS)",
+    ],
 }
 
 
