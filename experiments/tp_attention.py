@@ -76,7 +76,7 @@ def verify_bindings(scale: str) -> list[dict[str, int]]:
 def points(scale: str, max_elements: int) -> list[dict[str, int]]:
     """Measured sizes (f32, CPU ranks): (S, B, H), S*B*H at most `max_elements`."""
     shapes = {
-        "smoke": [(256, 1, 512)],
+        "smoke": [(128, 1, 512)],
         "default": [(1024, 1, 512), (2048, 1, 512)],
         "paper": [(1024, 1, 512), (2048, 1, 1024)],
     }[scale]
