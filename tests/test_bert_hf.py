@@ -143,7 +143,7 @@ def test_the_option_composes():
     assert prevalidate(["experiment=training"]).experiment.model is None
     cfg = prevalidate(["experiment=training", "experiment.model=bert_base"])
     assert cfg.experiment.model == "bert_base"
-    assert set(training.MODELS) == {"bert_base", "bert_large"}
+    assert set(training.MODELS) == {"bert_base", "bert_large", "wide"}
 
 
 def test_an_unknown_model_is_named():

@@ -62,7 +62,7 @@ def _chained() -> dsl.Program:
     "make, args, why",
     [
         (fsdp, ("w1f",), "no statement before it"),
-        (fsdp, ("w2f", "w2f"), "all_gather is not one"),
+        (fsdp, ("w2f", "w2f"), "behind a library computation .matmul/attention., not all_gather"),
         (fsdp, ("h",), "expected a statement of kind all_gather"),
         (fsdp, ("w1f", "h"), "must come before it"),
         (_chained, ("sf", "h"), "its operand is computed at or after"),

@@ -8,8 +8,9 @@ program's statements and their order of meaning do not change, only when the gat
 happens, so every result is bit for bit the same.
 
 Preconditions (a `TransformError` naming the statement at fault): `gather` is an all_gather and
-`behind` a computation (a matmul or pointwise statement; not a collective: two collectives on one
-communicator do not run at once); `behind` comes before the gather in the body; the gather's
+`behind` a library computation (a matmul, an attention: a layer's compute; not a collective, as
+two collectives on one communicator do not run at once, and not a pointwise statement, which the
+lowering may put in one kernel with the gather's users); `behind` comes before the gather; the gather's
 operand is defined before `behind` (an input, or computed earlier), so that it can start there;
 neither is already prefetched, overlapped or in a fused group.
 """
@@ -20,7 +21,7 @@ from typing import Optional
 
 from ..errors import TransformError
 from ..ir import Prefetch, Program, Ref
-from ..ops import COMM
+from ..ops import LIBRARY
 from ..printer import format_stmt
 from ._rebuild import need_program, select, verified
 from .naming import schedule_name
@@ -43,8 +44,11 @@ def prefetch(p: Program, gather: Ref, behind: Optional[Ref] = None) -> Program:
         if b is None:
             raise TransformError(f"prefetch: behind {behind!r} is an input, not a statement")
     where = f"prefetch: {format_stmt(g)} behind {format_stmt(b)}"
-    if b.op in COMM or b.op == "update":
-        raise TransformError(f"{where}: it runs behind a computation, and {b.op} is not one")
+    if b.op not in LIBRARY:
+        raise TransformError(
+            f"{where}: it runs behind a library computation ({'/'.join(LIBRARY)}), not {b.op}"
+            " (a pointwise statement may share a kernel with the gather's users)"
+        )
     if order.index(b.out.id) >= at:
         raise TransformError(f"{where}: the statement it runs behind must come before it")
     source = g.values[0].id
