@@ -26,12 +26,13 @@ import numpy as np
 import torch
 
 from codegen.runtime.backend import NO_STREAMS
-from dsl import Builder, Local, P, Program, Sliced, bf16, f32, sym
+from dsl import Builder, Local, P, Program, Sliced, f32, sym
 from dsl.transforms import prefetch
 
-from .api import BaselineContext, PaperSetting
+from .api import BaselineContext
 from .kinds import Experiment
 from .registry import register
+from .tensor_parallel import one_node
 
 T, H, F = sym("T"), sym("H"), sym("F")
 
@@ -101,13 +102,7 @@ class LibraryFSDP:
 
 
 _POINTS = [{"T": 8192, "H": 8192, "F": 28672}]  # Llama 3 70B's MLP, 8192 tokens a rank
-PAPER = PaperSetting(
-    topologies=(("dgx_h100", 1), ("dgx_b200", 1)),
-    world_size=8,
-    dtype=bf16,
-    points={"smoke": _POINTS, "default": _POINTS, "paper": _POINTS},
-    world_on=lambda topo: topo.devices_per_node,
-)
+PAPER = one_node(_POINTS)
 
 EXPERIMENT = register(
     Experiment(

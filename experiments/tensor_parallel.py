@@ -190,13 +190,21 @@ _POINTS = [
     {"S": 2048, "B": 1, "H": 12288, "F": 49152},  # GPT-3 175B
     {"S": 8192, "B": 1, "H": 8192, "F": 28672},  # Llama 3 70B
 ]
-PAPER = PaperSetting(
-    topologies=(("dgx_h100", 1), ("dgx_b200", 1)),
-    world_size=8,
-    dtype=bf16,
-    points={"smoke": _POINTS[:1], "default": _POINTS, "paper": _POINTS},
-    world_on=lambda topo: topo.devices_per_node,
-)
+
+
+def one_node(points: list, smoke: int = 1) -> PaperSetting:
+    """The published setting of the beyond-the-paper experiments: one node of dgx_h100 and of
+    dgx_b200 (TP or FSDP over its 8 GPUs), bf16, at `points` (the first `smoke` at smoke scale)."""
+    return PaperSetting(
+        topologies=(("dgx_h100", 1), ("dgx_b200", 1)),
+        world_size=8,
+        dtype=bf16,
+        points={"smoke": points[:smoke], "default": points, "paper": points},
+        world_on=lambda topo: topo.devices_per_node,
+    )
+
+
+PAPER = one_node(_POINTS)
 
 EXPERIMENT = register(
     Experiment(

@@ -34,12 +34,13 @@ import torch
 
 from codegen.runtime.backend import NO_STREAMS
 from codegen.runtime.execute import heads
-from dsl import Builder, P, Program, Sliced, bf16, f32, sym
+from dsl import Builder, P, Program, Sliced, f32, sym
 from dsl.transforms import overlap
 
-from .api import BaselineContext, PaperSetting
+from .api import BaselineContext
 from .kinds import Experiment
 from .registry import register
+from .tensor_parallel import one_node
 
 S, B, H = sym("S"), sym("B"), sym("H")
 CHUNKS = 4
@@ -125,13 +126,7 @@ _POINTS = [
     {"S": 2048, "B": 1, "H": 12288},  # GPT-3 175B: 96 heads of 128
     {"S": 8192, "B": 1, "H": 8192},  # Llama 3 70B: 64 heads of 128 (GQA ignored)
 ]
-PAPER = PaperSetting(
-    topologies=(("dgx_h100", 1), ("dgx_b200", 1)),
-    world_size=8,
-    dtype=bf16,
-    points={"smoke": _POINTS[:1], "default": _POINTS, "paper": _POINTS},
-    world_on=lambda topo: topo.devices_per_node,
-)
+PAPER = one_node(_POINTS)
 
 EXPERIMENT = register(
     Experiment(

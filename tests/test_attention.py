@@ -12,12 +12,11 @@
 import numpy as np
 import pytest
 import torch
+from plan_ranks import run_plans
 
 import dsl
 from codegen.lower import lower
 from codegen.plan import Attention, walk
-from codegen.runtime.backend import CpuBackend
-from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
 from cost_model.closed_form import plan_us, step_us
 from cost_model.topology import load_topology
@@ -56,16 +55,6 @@ def _inputs(dtype=f32, seed=0):
     return {n: as_dtype(x, dtype) for n, x in xs.items()} if dtype is bf16 else xs
 
 
-def _rank(rank, world, comm, plans, inputs):
-    backend, outs = CpuBackend(comm=comm), []
-    for plan, inp in zip(plans, inputs):
-        runner = PlanRunner(plan, rank, {}, backend.groups(plan.stages), backend)
-        runner.load(inp[rank])
-        runner.run()
-        outs.append(runner.outputs())
-    return outs
-
-
 # -- the op ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [f32, bf16])
 @pytest.mark.parametrize("causal", [False, True])
@@ -89,7 +78,7 @@ def test_the_runtimes_library_step_computes_the_op():
     plans = [lower(p, SIZES, 1) for p in progs]
     assert [(s.causal, s.head_dim) for p in plans for s in p.steps] == [(False, D), (True, D)]
     xs = _inputs()
-    (outs,) = launch(_rank, 1, args=("ring", plans, [[xs]] * 2), timeout_s=120)
+    (outs,) = launch(run_plans, 1, args=("ring", plans, [[xs]] * 2), timeout_s=120)
     for p, out in zip(progs, outs):
         (expect,) = dsl.interpret(p, [xs], 1, SIZES)
         (bound,) = dsl.error_bounds(p, [xs], 1, SIZES)
@@ -172,7 +161,7 @@ def test_the_schedules_run_on_gloo_ranks_and_match_the_interpreter():
     plans = [lower(p, BLOCK, world) for p in progs]
     assert sum(isinstance(s, Attention) for s in walk(plans[0].steps)) == 1
     inputs = [dsl.random_inputs(p, world, BLOCK, np.random.default_rng(5)) for p in progs]
-    got = launch(_rank, world, args=("ring", plans, inputs), timeout_s=240)
+    got = launch(run_plans, world, args=("ring", plans, inputs), timeout_s=240)
     for k, p in enumerate(progs):
         expect = dsl.interpret(p, inputs[k], world, BLOCK)
         bounds = dsl.error_bounds(p, inputs[k], world, BLOCK)

@@ -13,11 +13,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from plan_ranks import run_plans
 
 import dsl
 from codegen.lower import lower
-from codegen.runtime.backend import CpuBackend
-from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
 from cost_model.closed_form import plan_us, step_us
 from cost_model.topology import load_topology
@@ -85,16 +84,6 @@ def test_prefetch_comes_last():
         fuse(q, first="w2f")
 
 
-def _rank(rank, world, comm, plans, inputs):
-    backend, outs = CpuBackend(comm=comm), []
-    for plan, inp in zip(plans, inputs):
-        runner = PlanRunner(plan, rank, {}, backend.groups(plan.stages), backend)
-        runner.load(inp[rank])
-        runner.run()
-        outs.append(runner.outputs())
-    return outs
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("comm, world", [("ring", 2), ("ring", 4), ("library", 2), ("shm", 2)])
 def test_the_prefetched_program_runs_as_the_plain_one(comm, world):
@@ -103,7 +92,7 @@ def test_the_prefetched_program_runs_as_the_plain_one(comm, world):
     plans = [lower(p, sizes, world) for p in progs]
     assert [type(s).__name__ for s in plans[1].steps] == ["Collective", "Prefetch", "MatMul"]
     inputs = dsl.random_inputs(progs[0], world, sizes, np.random.default_rng(1))
-    got = launch(_rank, world, args=(comm, plans, [inputs, inputs]), timeout_s=240)
+    got = launch(run_plans, world, args=(comm, plans, [inputs, inputs]), timeout_s=240)
     expect = dsl.interpret(progs[0], inputs, world, sizes)
     bounds = dsl.error_bounds(progs[0], inputs, world, sizes)
     for rank in range(world):

@@ -14,11 +14,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from plan_ranks import run_plans
 
 import dsl
 from codegen.lower import lower
-from codegen.runtime.backend import CpuBackend
-from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
 from cost_model.closed_form import plan_us, step_us
 from cost_model.topology import load_topology
@@ -78,16 +77,6 @@ def test_a_decomposition_that_would_change_the_result_or_is_not_rows_is_refused(
         overlap(prog(), "xg", chunks=2)
 
 
-def _rank(rank, world, comm, plans, inputs):
-    backend, outs = CpuBackend(comm=comm), []
-    for plan, inp in zip(plans, inputs):
-        runner = PlanRunner(plan, rank, {}, backend.groups(plan.stages), backend)
-        runner.load(inp[rank])
-        runner.run()
-        outs.append(runner.outputs())
-    return outs
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("comm, world", [("ring", 2), ("ring", 4), ("library", 2), ("shm", 2)])
 def test_the_decomposed_overlaps_match_the_interpreter(comm, world):
@@ -96,7 +85,7 @@ def test_the_decomposed_overlaps_match_the_interpreter(comm, world):
     plans = [lower(p, sizes, world) for p in progs]
     assert [type(p.steps[0]).__name__ for p in plans[1::2]] == ["Overlap", "Overlap"]
     inputs = [dsl.random_inputs(p, world, sizes, np.random.default_rng(3)) for p in progs]
-    got = launch(_rank, world, args=(comm, plans, inputs), timeout_s=240)
+    got = launch(run_plans, world, args=(comm, plans, inputs), timeout_s=240)
     for k, p in enumerate(progs):
         expect = dsl.interpret(p, inputs[k], world, sizes)
         bounds = dsl.error_bounds(p, inputs[k], world, sizes)
