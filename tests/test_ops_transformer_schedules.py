@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from plan_ranks import run_plans
 
 import dsl
 from codegen.lower import lower
 from codegen.plan import Compute, FusedCollective
 from codegen.runtime.backend import CpuBackend
-from codegen.runtime.execute import PlanRunner
 from codegen.runtime.launch import launch
 from dsl import Builder, Local, P, Replicated, Sliced, check_equivalent, f32, sym
 from dsl.errors import TransformError
@@ -97,18 +97,6 @@ def test_the_fused_plan_keeps_the_row_ops_outside_the_fused_collective():
 
 
 # -- the CPU runtime, 2 ranks ------------------------------------------------------------------------
-def _rank(rank, world, plans, inputs, kernel_list):
-    backend = CpuBackend(comm="ring")
-    kernels = backend.build(kernel_list)
-    outs = []
-    for plan, inp in zip(plans, inputs):
-        runner = PlanRunner(plan, rank, kernels, backend.groups(plan.stages), backend)
-        runner.load(inp[rank])
-        runner.run()
-        outs.append(runner.outputs())
-    return outs
-
-
 @pytest.mark.slow
 def test_every_schedule_runs_on_two_cpu_ranks_within_its_bounds():
     world, cases = 2, []
@@ -120,7 +108,7 @@ def test_every_schedule_runs_on_two_cpu_ranks_within_its_bounds():
     kernel_list = list({k.name: k for c in cases for k in c[1].kernels()}.values())
     CpuBackend().build(kernel_list)  # compile once here; the ranks load it from the cache
     plans, inputs = [c[1] for c in cases], [c[2] for c in cases]
-    results = launch(_rank, world, args=(plans, inputs, kernel_list), timeout_s=240)
+    results = launch(run_plans, world, args=("ring", plans, inputs), timeout_s=240)
     for k, (name, _, _, expect, bounds) in enumerate(cases):
         for rank in range(world):
             got = results[rank][k]
