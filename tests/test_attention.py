@@ -154,6 +154,7 @@ def test_the_blocks_schedules_are_equivalent_to_the_block(world):
         dsl.check_equivalent(block, sched, world, trials=1, bindings=BLOCK)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_the_schedules_run_on_gloo_ranks_and_match_the_interpreter():
     world = 2

@@ -146,6 +146,8 @@ def ranks():
     return launch(_rank, 2, timeout_s=600)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_one_bucket_has_per_tensor_trust_ratios(ranks):
     want = _reference()
     for r in ranks:
@@ -155,6 +157,8 @@ def test_one_bucket_has_per_tensor_trust_ratios(ranks):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_one_bucket_per_tensor_still_works(ranks):
     want = _reference()
     for r in ranks:
@@ -164,6 +168,8 @@ def test_one_bucket_per_tensor_still_works(ranks):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_one_ratio_per_bucket_differs(ranks):
     """per_tensor=False with one bucket: one trust ratio for all (what segments avoid)."""
     got, buckets = ranks[0]["per_bucket_ratio"]

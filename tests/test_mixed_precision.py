@@ -201,6 +201,8 @@ def ranks():
     return launch(_rank, 2, timeout_s=600)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_bf16_fused_adamw_trains_as_adamw_on_f32_masters(ranks):
     for r in ranks:
         fused, ref = (np.array(x) for x in r["bf16"])
@@ -209,6 +211,8 @@ def test_bf16_fused_adamw_trains_as_adamw_on_f32_masters(ranks):
         assert rel <= 1e-3, (rel, fused[-1], ref[-1])
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(ranks):
     for r in ranks:
         out, scales, ref_scales, skipped, scaler_state, _ = r["f16"]
@@ -226,12 +230,16 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(ranks):
         assert np.abs(fused - ref).max() <= 1e-3 * np.abs(ref).max(), np.abs(fused - ref).max()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_ranks_skip_alike_and_hold_the_same_weights(ranks):
     a, b = ([m for (_, ms) in r["f16"][0]["fused"] for m in ms] for r in ranks)
     assert a == b
     assert torch.equal(ranks[0]["f16"][-1], ranks[1]["f16"][-1])
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("kind", ["bf16", "f16"])
 def test_a_mixed_precision_checkpoint_resumes_as_without_interruption(ranks, kind):
     """The checkpoint holds the f32 master weights per parameter (`master_weight`, the
@@ -242,6 +250,8 @@ def test_a_mixed_precision_checkpoint_resumes_as_without_interruption(ranks, kin
         assert resumed["gathered"] == straight and resumed["sharded"] == straight
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("kind", ["bf16", "f16"])
 def test_fused_lamb_trains_in_mixed_precision(ranks, kind):
     """As FusedLAMB in f32 within 2% (the rounding of the inputs), the ranks alike."""

@@ -84,6 +84,7 @@ def test_prefetch_comes_last():
         fuse(q, first="w2f")
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("comm, world", [("ring", 2), ("ring", 4), ("library", 2), ("shm", 2)])
 def test_the_prefetched_program_runs_as_the_plain_one(comm, world):

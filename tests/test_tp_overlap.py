@@ -77,6 +77,7 @@ def test_a_decomposition_that_would_change_the_result_or_is_not_rows_is_refused(
         overlap(prog(), "xg", chunks=2)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("comm, world", [("ring", 2), ("ring", 4), ("library", 2), ("shm", 2)])
 def test_the_decomposed_overlaps_match_the_interpreter(comm, world):

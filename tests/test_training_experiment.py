@@ -99,6 +99,7 @@ def test_the_report_section_reads_the_table(measured):
     assert (out / "figures" / "training_loss.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_optimizer_bound_setting_and_a_target_in_every_sequence():
     """experiment.model=wide: a wide encoder, one short sequence a rank (the optimizer step a large
     share of the step); its data predict at least one position a sequence, as BERT's do (with 16
