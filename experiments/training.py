@@ -163,16 +163,19 @@ MODELS = {
 }
 
 
-def setting_of(settings) -> Setting:
-    """experiment.model's setting where one is named, else the scale's."""
-    if settings.model is None:
-        return SETTINGS[settings.scale]
-    if settings.model not in MODELS:
+def check_model(model) -> None:
+    """ValueError (one line) unless `model` is null or a name in MODELS."""
+    if model is not None and model not in MODELS:
         raise ValueError(
-            f"experiment.model={settings.model} is not a model of experiment=training; "
+            f"experiment.model={model} is not a model of experiment=training; "
             f"one of {sorted(MODELS)}, or null for the scale's encoder"
         )
-    return MODELS[settings.model]
+
+
+def setting_of(settings) -> Setting:
+    """experiment.model's setting where one is named, else the scale's."""
+    check_model(settings.model)
+    return SETTINGS[settings.scale] if settings.model is None else MODELS[settings.model]
 
 
 def median_ci(xs, seed: int = 0, n: int = 2000) -> tuple[float, float, float]:

@@ -219,6 +219,13 @@ def check_experiment(cfg: Config) -> ExperimentKind | None:
             check_experiment(run_config(cfg, exp.name))
         return None
     exp = load_experiment(cfg.experiment.name, cfg.experiment.module)
+    if exp.name == "training":  # its model: before the run directory is made, not in a rank
+        from experiments.training import check_model
+
+        try:
+            check_model(cfg.experiment.model)
+        except ValueError as e:
+            raise SuiteError(one_line(e)) from None
     if isinstance(
         exp, DerivedExperiment
     ):  # made from a target at run time (autotune): the target's

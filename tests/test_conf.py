@@ -94,6 +94,10 @@ BAD = [
         "unknown experiment 'nope'; known: adam_fusion, autotune, calibrate, collectives, "
         "fsdp_prefetch, lamb_fusion, model_parallel, paper, pipeline_parallel, tensor_parallel, tp_attention",
     ),
+    (
+        ["experiment=training", "experiment.model=nope"],
+        "experiment.model=nope is not a model of experiment=training",
+    ),
     (["experiment=paper", "predict_also=[{name: dgx9}]"], "bad predict_also entry 'dgx9'"),
     (["predict_also=[{name: dgx2, nodes: 0}]"], "bad predict_also entry 'dgx2'"),
     (["scale=huge"], "unknown scale 'huge'; known: default, paper, smoke"),
