@@ -13,6 +13,7 @@ The experiments themselves, their three kinds and the protocol the orchestration
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Protocol, runtime_checkable
@@ -44,6 +45,24 @@ class Baseline(Protocol):
     def step(self) -> None: ...
 
     def outputs(self) -> dict[str, np.ndarray]: ...
+
+
+class TimedCalls:
+    """A baseline's `compute_ms` and `library_ms` (`Baseline`'s) from the calls it times:
+    `timed(fn, library)` runs fn, adds its milliseconds to compute_ms, and to library_ms unless
+    `library` is False (a matmul or an attention, which the cost model times itself), and
+    returns fn's result."""
+
+    compute_ms = 0.0
+    library_ms = 0.0
+
+    def timed(self, fn, library: bool = True):
+        start = time.perf_counter()
+        out = fn()
+        ms = (time.perf_counter() - start) * 1e3
+        self.compute_ms += ms
+        self.library_ms += ms if library else 0.0
+        return out
 
 
 def with_defaults(program, inputs: dict) -> dict:

@@ -20,8 +20,6 @@ dgx_b200 for one MLP of Llama 3 70B (H 8192, F 28672, bf16) with 8192 tokens a r
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -29,7 +27,7 @@ from codegen.runtime.backend import NO_STREAMS
 from dsl import Builder, Local, P, Program, Sliced, f32, sym
 from dsl.transforms import prefetch
 
-from .api import BaselineContext
+from .api import BaselineContext, TimedCalls
 from .kinds import Experiment
 from .registry import register
 from .tensor_parallel import one_node
@@ -69,7 +67,7 @@ def points(scale: str, max_elements: int) -> list[dict[str, int]]:
     return [{"T": t, "H": h, "F": f} for t, h, f in shapes if t * h <= max_elements]
 
 
-class LibraryFSDP:
+class LibraryFSDP(TimedCalls):
     """See the module doc. `compute_ms`: the matmuls and GeLU; `library_ms`: the GeLU alone."""
 
     def __init__(self, ctx: BaselineContext):
@@ -81,21 +79,13 @@ class LibraryFSDP:
         self.compute_ms = self.library_ms = 0.0
         self.y = None
 
-    def _timed(self, fn, library: bool):
-        start = time.perf_counter()
-        out = fn()
-        ms = (time.perf_counter() - start) * 1e3
-        self.compute_ms += ms
-        self.library_ms += ms if library else 0.0
-        return out
-
     def step(self) -> None:
         t = self.t
         self.comm.all_gather(t["w1"].view(-1), self.w1f.view(-1))
-        h = self._timed(lambda: torch.matmul(t["x"], self.w1f), False)
-        a = self._timed(lambda: torch.nn.functional.gelu(h), True)
+        h = self.timed(lambda: torch.matmul(t["x"], self.w1f), False)
+        a = self.timed(lambda: torch.nn.functional.gelu(h), True)
         self.comm.all_gather(t["w2"].view(-1), self.w2f.view(-1))
-        self.y = self._timed(lambda: torch.matmul(a, self.w2f), False)
+        self.y = self.timed(lambda: torch.matmul(a, self.w2f), False)
 
     def outputs(self) -> dict[str, np.ndarray]:
         return {"y": self.y.float().cpu().numpy().copy()}

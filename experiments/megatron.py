@@ -21,7 +21,6 @@ torch's own dropout; checked
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import torch
@@ -29,7 +28,7 @@ import torch
 from codegen.runtime.backend import NO_STREAMS
 from dsl import Builder, Program, Replicated, Tensor, sym
 
-from .api import BaselineContext
+from .api import BaselineContext, TimedCalls
 
 B, S, H = sym("B"), sym("S"), sym("H")
 DROPOUT_P = 0.1
@@ -80,7 +79,7 @@ def torch_dropout_(t, seed: int, p: float):
     return t.view(-1).mul_(keep.to(t.dtype) * (1.0 / (1.0 - p))).view(t.shape)
 
 
-class MegatronBaseline:
+class MegatronBaseline(TimedCalls):
     """See the module doc. Inputs: x and weight (a matmul's operands) or y (partial sums), bias,
     residual; the output `out` on the ranks that hold it (every rank, or stage 1's)."""
 
@@ -95,26 +94,17 @@ class MegatronBaseline:
         self.out = torch.empty_like(self.t["residual"])
         self.y = self.t["y"].clone() if "y" in self.t else torch.empty_like(self.out)
 
-    def _timed(self, fn, library: bool = True) -> None:
-        """fn's time into compute_ms, and into library_ms unless it is a matmul (the cost model
-        times matmuls itself; the tail in torch ops it takes from here)."""
-        start = time.perf_counter()
-        fn()
-        ms = (time.perf_counter() - start) * 1e3
-        self.compute_ms += ms
-        self.library_ms += ms if library else 0.0
-
     def step(self) -> None:
         peer = (self.rank + self.P) % (self.stages * self.P)
         if self.stages > 1 and self.stage == 1:
             self.world.p2p(None, self.out.view(-1), peer, self.rank, 1).start().wait()
             return
         if "x" in self.t:
-            self._timed(lambda: torch.matmul(self.t["x"], self.t["weight"], out=self.y), False)
+            self.timed(lambda: torch.matmul(self.t["x"], self.t["weight"], out=self.y), False)
         else:
             self.y.copy_(self.t["y"])
         self.comm.all_reduce(self.y.view(-1), "sum")
-        self._timed(self._tail)
+        self.timed(self._tail)
         if self.stages > 1:
             self.world.p2p(self.out.view(-1), None, self.rank, peer, 1).start().wait()
 

@@ -31,8 +31,6 @@ and Llama 3 70B (H 8192, F 28672, S 8192) with TP 8 (one node), bf16.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -43,7 +41,7 @@ from dsl import Builder, P, Program, Sliced, bf16, f32, sym
 from dsl.transforms import overlap
 
 from . import tp_published
-from .api import BaselineContext, PaperSetting
+from .api import BaselineContext, PaperSetting, TimedCalls
 from .kinds import Experiment
 from .registry import register
 
@@ -86,7 +84,7 @@ def points(scale: str, max_elements: int) -> list[dict[str, int]]:
     return [{"S": s, "B": b, "H": h, "F": f} for s, b, h, f in shapes if s * b * h <= max_elements]
 
 
-class LibraryMLP:
+class LibraryMLP(TimedCalls):
     """See the module doc. `compute_ms`: its matmuls and GeLU; `library_ms`: the GeLU alone (the
     cost model times matmuls itself)."""
 
@@ -100,22 +98,15 @@ class LibraryMLP:
         self.z = torch.empty_like(x)
         self.compute_ms = self.library_ms = 0.0
 
-    def _timed(self, fn, library: bool) -> None:
-        start = time.perf_counter()
-        fn()
-        ms = (time.perf_counter() - start) * 1e3
-        self.compute_ms += ms
-        self.library_ms += ms if library else 0.0
-
     def _gelu(self) -> None:
         self.a = torch.nn.functional.gelu(self.h)
 
     def step(self) -> None:
         t = self.t
         self.comm.all_gather(t["x"].view(-1), self.xg.view(-1))
-        self._timed(lambda: torch.matmul(self.xg, t["w1"], out=self.h), False)
-        self._timed(self._gelu, True)
-        self._timed(lambda: torch.matmul(self.a, t["w2"], out=self.y), False)
+        self.timed(lambda: torch.matmul(self.xg, t["w1"], out=self.h), False)
+        self.timed(self._gelu, True)
+        self.timed(lambda: torch.matmul(self.a, t["w2"], out=self.y), False)
         self.comm.reduce_scatter(self.y.view(-1), self.z.view(-1), "sum")
 
     def outputs(self) -> dict[str, np.ndarray]:

@@ -27,8 +27,6 @@ heads, as multi-head attention does, so its k and v matmuls are 8x GQA's.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -37,7 +35,7 @@ from codegen.runtime.execute import heads
 from dsl import Builder, P, Program, Sliced, f32, sym
 from dsl.transforms import overlap
 
-from .api import BaselineContext
+from .api import BaselineContext, TimedCalls
 from .kinds import Experiment
 from .registry import register
 from .tensor_parallel import one_node
@@ -84,7 +82,7 @@ def points(scale: str, max_elements: int) -> list[dict[str, int]]:
     return [{"S": s, "B": b, "H": h} for s, b, h in shapes if s * b * h <= max_elements]
 
 
-class LibraryAttention:
+class LibraryAttention(TimedCalls):
     """See the module doc. `compute_ms`: its matmuls and attention; `library_ms`: 0 (the cost
     model times both itself)."""
 
@@ -99,11 +97,6 @@ class LibraryAttention:
         self.z = torch.empty_like(x)
         self.compute_ms = self.library_ms = 0.0
 
-    def _timed(self, fn) -> None:
-        start = time.perf_counter()
-        fn()
-        self.compute_ms += (time.perf_counter() - start) * 1e3
-
     def _attention(self) -> None:
         q, k, v = (heads(t, HEAD_DIM) for t in self.qkv)
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
@@ -113,9 +106,9 @@ class LibraryAttention:
         t = self.t
         self.comm.all_gather(t["x"].view(-1), self.xg.view(-1))
         for w, out in zip(("wq", "wk", "wv"), self.qkv):
-            self._timed(lambda: torch.matmul(self.xg, t[w], out=out))
-        self._timed(self._attention)
-        self._timed(lambda: torch.matmul(self.o, t["wo"], out=self.y))
+            self.timed(lambda: torch.matmul(self.xg, t[w], out=out), False)
+        self.timed(self._attention, False)
+        self.timed(lambda: torch.matmul(self.o, t["wo"], out=self.y), False)
         self.comm.reduce_scatter(self.y.view(-1), self.z.view(-1), "sum")
 
     def outputs(self) -> dict[str, np.ndarray]:

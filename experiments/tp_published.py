@@ -73,6 +73,7 @@ class Case:
     source: str
 
 
+FLUX = {"S": 4096, "B": 1, "H": 12288, "F": 49152}  # Flux's TP 8 M=4096 K=12288 N=49152
 CASES = (
     Case(
         "PyTorch fused_all_gather_matmul",
@@ -86,7 +87,7 @@ CASES = (
         "Flux AG+GEMM",
         "a800",
         "AG-MM",
-        {"S": 4096, "B": 1, "H": 12288, "F": 49152},
+        FLUX,
         {"NCCL + cuBLAS": 3099.0, "Flux": 2469.0},
         "bytedance/flux docs/performance_report.md",
     ),
@@ -94,7 +95,7 @@ CASES = (
         "Flux GEMM+RS",
         "a800",
         "MM-RS",
-        {"S": 4096, "B": 1, "H": 12288, "F": 49152},
+        FLUX,
         {"NCCL + cuBLAS": 3100.0, "Flux": 2508.0},
         "bytedance/flux docs/performance_report.md",
     ),
