@@ -1,4 +1,4 @@
-"""`build(kernels) -> {name: fn}`: compile a plan's kernels into one cached C++ extension module.
+"""`build(kernels) -> {name: fn}`: compile a plan's kernels into one cached shared library.
 
     fns = build(plan.kernels(), name="adam")
     fns[k.name](begin, end, rank, [tensor of buffer id for id in k.args()])
@@ -7,27 +7,28 @@ Contract
 - All kernels render (`CppRenderer.render_module`) into ONE translation unit; identical kernel
   functions appear once (in name order: the order of `kernels` does not matter), two different
   ones with the same name are a `BuildError`.
+- The module is a plain shared library (C ABI, no torch or Python header: about 0.2 s to compile
+  a module where a torch extension took 4 s), loaded with `ctypes`. Each function is wrapped as
+  a `CKernel`: it checks the tensors' count and dtypes (`CppRenderer.arg_dtypes`) and passes
+  their data pointers and `torch.get_num_threads()`; ctypes releases the GIL during the call.
 - The module's name is `<name or "coconet">_<hash>`, the hash covering the source, the compiler
-  flags, the CPU that `-march=native` resolves to, and the torch version: identical sources reuse
-  the compiled module, in this process (a dict) and across processes (the build cache).
-- The build cache is `$TORCH_EXTENSIONS_DIR` if set, else `torch_extensions/` in the suite's
-  cache (`codegen.cache.cache_dir`); each module builds in its own folder there (`<cache>/<module>/`, with `main.cpp`, the `.so`, and
-  `build.log` when a build fails).
-- Flags: `-O3 -fno-math-errno -ffp-contract=off -fopenmp` (+ `-march=native` where the compiler
-  accepts it); `-fno-math-errno` lets gcc vectorise sqrt, `-ffp-contract=off` keeps f32/f64
-  results bit-equal to `dsl.interpret` (no FMA contraction).
+  and its version, the flags and the CPU that `-march=native` resolves to: identical sources
+  reuse the compiled module, in this process (a dict) and across processes (the build cache).
+- The build cache is `$COCONET_KERNELS_DIR` if set, else `kernels/` in the suite's cache
+  (`codegen.cache.cache_dir`); each module builds in its own folder there (`<cache>/<module>/`,
+  with `main.cpp`, `<module>.so`, and `build.log` when a build fails).
+- Flags: `-O3 -fno-math-errno -ffp-contract=off -fopenmp -fPIC -shared` (+ `-march=native` where
+  the compiler accepts it); `-fno-math-errno` lets gcc vectorise sqrt, `-ffp-contract=off` keeps
+  f32/f64 results bit-equal to `dsl.interpret` (no FMA contraction). `$CXX` is the compiler
+  (default `c++`).
 - Concurrency: builds of one module are serialised by an `fcntl` lock on `<cache>/<module>.lock`
   (released by the OS if the holder dies), so ranks may call `build` at once: one compiles, the
-  others wait and then load the result. A stale lock left by torch's own builder is removed.
+  others wait and then load the result. The library is written under a temporary name and
+  renamed, so no process ever loads a half-written one.
 - A failed compile raises `BuildError` with a one-line message (the first compiler error) and the
   whole log in `.log` and in `<cache>/<module>/build.log`.
 - A cached module that is damaged (not an ELF file: a zero-byte `.so` a full disk left) or
   that will not load is said in one line and built again, once.
-- The modules' common headers (`render_cpp.INCLUDES`) are precompiled once per compiler, flags
-  and torch into the suite's cache (`codegen.cache.cache_dir()/prelude/<hash>/
-  coconet_prelude.h.gch`, built under its own lock, shared by every build cache) and each module
-  is compiled with `#include "coconet_prelude.h"` in their place: about 40% less compile time.
-  Without it (the header will not precompile) a module still builds, from the headers.
 - `write_sources(kernels, directory, name)` writes the same module source as
   `<directory>/<name>.cpp` (the run's `kernels/` folder) and returns its path.
 """
@@ -35,33 +36,43 @@ Contract
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import functools
 import hashlib
-import inspect
 import logging
 import os
 import re
-import shutil
 import subprocess
-import sysconfig
 import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Callable, Iterator, Optional, Sequence
+
+import torch
+
+from dsl.types import DType
 
 from . import cache
 from .plan import Kernel
 from .render import RenderError
-from .render_cpp import INCLUDES, CppRenderer
+from .render_cpp import CppRenderer
 
 log = logging.getLogger(__name__)
 
-CFLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp")
-LDFLAGS = ("-fopenmp",)
-PRELUDE = "coconet_prelude.h"  # INCLUDES, precompiled: each module includes this instead
+CFLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared")
+COMPILE_TIMEOUT_S = 600
+TORCH_DTYPE = {
+    DType.f16: torch.float16,
+    DType.bf16: torch.bfloat16,
+    DType.f32: torch.float32,
+    DType.f64: torch.float64,
+    DType.i32: torch.int32,
+    DType.i64: torch.int64,
+    DType.bool: torch.bool,
+}
 
-_LOADED: dict[str, ModuleType] = {}
+_LOADED: dict[str, ctypes.CDLL] = {}
+_KERNELS: dict[tuple[str, str], "CKernel"] = {}  # (module, kernel) -> its wrapper
 
 
 class BuildError(Exception):
@@ -74,7 +85,7 @@ class BuildError(Exception):
 
 def cache_dir() -> Path:
     """Where compiled modules live (created on first use)."""
-    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cache.cache_dir() / "torch_extensions")
+    path = Path(os.environ.get("COCONET_KERNELS_DIR") or cache.cache_dir() / "kernels")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -82,10 +93,9 @@ def cache_dir() -> Path:
 @functools.lru_cache(maxsize=None)
 def native_arch() -> Optional[str]:
     """The CPU `-march=native` resolves to (e.g. "znver3"), or None where it is not accepted."""
-    cxx = os.environ.get("CXX", "c++")
     try:
         out = subprocess.run(
-            [cxx, "-march=native", "-Q", "--help=target"],
+            [compiler(), "-march=native", "-Q", "--help=target"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -95,6 +105,20 @@ def native_arch() -> Optional[str]:
         return None
     found = re.search(r"^\s*-march=\s*(\S+)", out.stdout, re.M)
     return found.group(1) if out.returncode == 0 and found else None
+
+
+def compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(cxx: str) -> str:
+    """The first line of `cxx --version` ("" where it does not run): part of a module's key."""
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (out.stdout.splitlines() or [""])[0]
 
 
 def cflags() -> list[str]:
@@ -109,9 +133,8 @@ def module_source(kernels: Sequence[Kernel]) -> str:
 
 
 def module_name(source: str, name: Optional[str] = None) -> str:
-    key = "\n".join(
-        [source, " ".join(cflags() + list(LDFLAGS)), str(native_arch()), _torch_version(), PRELUDE]
-    )
+    cxx = compiler()
+    key = "\n".join([source, cxx, compiler_version(cxx), " ".join(cflags()), str(native_arch())])
     prefix = re.sub(r"\W", "_", name or "coconet")[:40]
     return f"{prefix}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
@@ -119,8 +142,15 @@ def module_name(source: str, name: Optional[str] = None) -> str:
 def build(kernels: Sequence[Kernel], name: Optional[str] = None) -> dict[str, Callable]:
     """Compile (or load from the cache) all `kernels` as one module; their functions by name."""
     source = module_source(kernels)
-    mod = _load(source, module_name(source, name))
-    return {k.name: getattr(mod, k.name) for k in kernels}
+    mname = module_name(source, name)
+    lib = _load(source, mname)
+    fns = {}
+    for k in kernels:
+        if (mname, k.name) not in _KERNELS:
+            fn = CKernel(k.name, getattr(lib, k.name), CppRenderer().arg_dtypes(k))
+            _KERNELS[mname, k.name] = fn
+        fns[k.name] = _KERNELS[mname, k.name]
+    return fns
 
 
 def write_sources(kernels: Sequence[Kernel], directory, name: Optional[str] = None) -> Path:
@@ -141,101 +171,86 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _load(source: str, mname: str) -> ModuleType:
+class CKernel:
+    """One compiled kernel: `fn(begin, end, rank, bufs)`, `bufs` the tensors of `Kernel.args()`
+    in order (contiguous; each of the dtype the kernel uses it as)."""
+
+    def __init__(self, name: str, fn, dtypes: Sequence[Optional[DType]]):
+        fn.argtypes = [
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int,
+        ]
+        fn.restype = None
+        self.name, self.fn = name, fn
+        self.dtypes = tuple(TORCH_DTYPE[d] if d is not None else None for d in dtypes)
+        self.pointers = ctypes.c_void_p * len(self.dtypes)
+
+    def __call__(self, begin: int, end: int, rank: int, bufs: Sequence[torch.Tensor]) -> None:
+        if len(bufs) != len(self.dtypes) or not all(map(_fits, bufs, self.dtypes)):
+            self._refuse(bufs)
+        ptrs = self.pointers(*[t.data_ptr() for t in bufs])
+        self.fn(begin, end, rank, ptrs, torch.get_num_threads())
+
+    def _refuse(self, bufs: Sequence[torch.Tensor]) -> None:
+        if len(bufs) != len(self.dtypes):
+            raise ValueError(f"{self.name} takes {len(self.dtypes)} buffers, not {len(bufs)}")
+        j, t, dt = next(
+            (j, t, d) for j, (t, d) in enumerate(zip(bufs, self.dtypes)) if not _fits(t, d)
+        )
+        raise TypeError(f"{self.name}: buffer {j} is {t.dtype}, the kernel reads {dt}")
+
+
+def _fits(t: torch.Tensor, dtype: Optional[torch.dtype]) -> bool:
+    return dtype is None or t.dtype is dtype
+
+
+def _load(source: str, mname: str) -> ctypes.CDLL:
     if mname in _LOADED:
         return _LOADED[mname]
-    from torch.utils.cpp_extension import load_inline
-
-    _ninja_on_path()
     root = cache_dir()
     directory = root / mname
     directory.mkdir(exist_ok=True)
-    extra = {}
-    if "no_implicit_headers" in inspect.signature(load_inline).parameters:
-        extra["no_implicit_headers"] = True  # the source includes lighter headers (~3x faster)
-    flags = cflags()
-    if INCLUDES in source:  # the same translation unit, its headers read precompiled
-        prelude = _prelude(precompile=not (directory / f"{mname}.so").exists())
-        source = source.replace(INCLUDES, f'#include "{PRELUDE}"\n', 1)
-        flags.append(f"-I{prelude}")
+    so = directory / f"{mname}.so"
     with _locked(root / f"{mname}.lock"):
-        (directory / "lock").unlink(missing_ok=True)  # torch's baton, stale if we hold the lock
         for attempt in (0, 1):
-            if attempt or not _whole(directory / f"{mname}.so"):
-                _drop(directory / f"{mname}.so")  # damaged, or it failed to load: build again
+            if attempt or not _whole(so):
+                _drop(so)  # damaged, or it failed to load: build again
+            if not so.exists():
+                _compile(source, directory, so)
             try:
-                mod = load_inline(
-                    mname,
-                    [source],
-                    extra_cflags=flags,
-                    extra_ldflags=list(LDFLAGS),
-                    build_directory=str(directory),
-                    verbose=False,
-                    **extra,
-                )
+                lib = ctypes.CDLL(str(so))
                 break
-            except ImportError as e:  # the cached module would not load: once more, rebuilt
+            except OSError as e:  # the cached module would not load: once more, rebuilt
                 if attempt:
                     raise _error(mname, directory, str(e)) from None
-            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-                raise _error(mname, directory, str(e)) from None
-    _LOADED[mname] = mod
-    return mod
+    _LOADED[mname] = lib
+    return lib
 
 
-def _prelude(precompile: bool = True) -> Path:
-    """The folder of `PRELUDE` and, where the compiler takes it (and `precompile`), its `.gch`.
-
-    The header is compiled with the flags torch's `load_inline` gives a module (its defines,
-    include folders, `-fPIC -std=c++20`) and ours; gcc uses the `.gch` only where they match and
-    otherwise reads the header itself, so a mismatch costs time, never correctness.
-    """
-    from torch.utils.cpp_extension import include_paths
-
-    cxx = os.environ.get("CXX", "c++")
-    python = sysconfig.get_path("include", scheme="posix_prefix")
-    flags = ["-DTORCH_API_INCLUDE_EXTENSION_H"]
-    for folder in include_paths("cpu") + ([python] if python else []):
-        flags += ["-isystem", folder]
-    flags += ["-fPIC", "-std=c++20"] + cflags()
-    key = "\n".join([INCLUDES, cxx, " ".join(flags), str(native_arch()), _torch_version()])
-    folder = cache.cache_dir() / "prelude" / hashlib.sha256(key.encode()).hexdigest()[:16]
-    header, pch = folder / PRELUDE, folder / f"{PRELUDE}.gch"
-    if pch.exists() or (folder / "failed.log").exists():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.with_suffix(".lock")):
-        if not header.exists():
-            header.write_text(INCLUDES)
-        if pch.exists() or (folder / "failed.log").exists() or not precompile:
-            return folder
-        fd, tmp = tempfile.mkstemp(suffix=".gch", dir=folder)
-        os.close(fd)
-        try:
-            out = subprocess.run(
-                [cxx, *flags, "-x", "c++-header", str(header), "-o", tmp],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                check=False,
-            )
-            ok = out.returncode == 0
-            log_text = out.stdout + out.stderr
-        except (OSError, subprocess.TimeoutExpired) as e:
-            ok, log_text = False, str(e)
-        if ok:
-            os.replace(tmp, pch)
-        else:
-            os.unlink(tmp)
-            (folder / "failed.log").write_text(log_text)
-            log.warning(f"the kernels' headers did not precompile (see {folder}/failed.log)")
-    return folder
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
+def _compile(source: str, directory: Path, so: Path) -> None:
+    """`main.cpp` in `directory`, compiled to `so` (written under a temporary name, renamed)."""
+    cpp = directory / "main.cpp"
+    cpp.write_text(source)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+    os.close(fd)
+    try:
+        out = subprocess.run(
+            [compiler(), *cflags(), str(cpp), "-o", tmp],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+            check=False,
+        )
+        ok, text = out.returncode == 0, out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        ok, text = False, str(e)
+    if not ok:
+        os.unlink(tmp)
+        raise _error(so.stem, directory, text)
+    os.replace(tmp, so)
 
 
 def _whole(so: Path) -> bool:
@@ -250,16 +265,6 @@ def _drop(so: Path) -> None:
     if so.exists():
         log.warning(f"the cached build {so} is damaged or would not load: building it again")
         so.unlink()
-
-
-def _ninja_on_path() -> None:
-    """torch runs `ninja` from PATH; where only the pip package has it, add its folder."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 def _error(mname: str, directory: Path, log: str) -> BuildError:

@@ -1,45 +1,45 @@
-"""`CppRenderer`: kernels as C++ functions with OpenMP, for torch's cpp_extension (CPU backend).
+"""`CppRenderer`: kernels as C++ functions with OpenMP behind a plain C ABI (CPU backend).
 
 Each kernel renders as
 
-    void NAME(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs)
+    extern "C" void NAME(int64_t begin, int64_t end, int64_t rank, void* const* bufs, int nt)
 
-(`at::Tensor` is `torch::Tensor`); `bufs[j]` is buffer `kernel.args()[j]`, contiguous, of the
-buffer's dtype (`data_ptr<T>()` checks the dtype). The loop is `#pragma omp parallel for simd`:
-contiguous accesses index `ptr[e + ro]` with the rank term `ro = rank * rank_stride` hoisted,
-so gcc vectorises the common case; `sum`s are `reduction(+: ...)` clauses (the `simd` allows the
-reassociation). The region uses `at::get_num_threads()` threads (follows `torch.set_num_threads`)
-and runs serially for chunks under `PARALLEL_MIN` elements. Bindings release the GIL.
+`bufs[j]` is the data pointer of buffer `kernel.args()[j]`, contiguous, of the buffer's dtype
+(`arg_dtypes(kernel)`; `codegen.build` checks the tensors against it before each call); `nt` is
+the OpenMP team's size (the caller passes `torch.get_num_threads()`). The loop is
+`#pragma omp parallel for simd`: contiguous accesses index `ptr[e + ro]` with the rank term
+`ro = rank * rank_stride` hoisted, so gcc vectorises the common case; `sum`s are
+`reduction(+: ...)` clauses (the `simd` allows the reassociation). The region runs serially for
+chunks under `PARALLEL_MIN` elements.
 
 A row kernel (`Renderer.row_walk`) renders with the same signature as an OpenMP loop over rows,
 each row's inner loops serial, in double.
 
-A module is `HEADER` (includes and the `cc_*` helpers: NaN-propagating max/min as numpy's,
-truncating integer division with x/0 = 0, integer pow, dropout's `mix32` hash, f16 storage as the
-compiler's `_Float16` where it exists and bf16 as bits with inline conversions, so loops over
-half types vectorise too) + functions + `PYBIND11_MODULE`. It needs `-fno-math-errno` (else sqrt blocks vectorisation) and
-`-ffp-contract=off` (no FMA contraction, so f32/f64 results match `dsl.interpret` exactly).
+A module is `HEADER` (the C++ standard headers and the `cc_*` helpers: NaN-propagating max/min as
+numpy's, truncating integer division with x/0 = 0, integer pow, dropout's `mix32` hash, f16
+storage as the compiler's `_Float16` where it exists (else `cc_half`, conversions in software,
+round to nearest even) and bf16 as bits with inline conversions, so loops over half types
+vectorise) + the functions. No torch or Python header: a module compiles in a fraction of a
+second. It needs `-fno-math-errno` (else sqrt blocks vectorisation) and `-ffp-contract=off` (no
+FMA contraction, so f32/f64 results match `dsl.interpret` exactly).
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 from dsl.types import DType
 
+from .plan import Kernel
 from .render import Renderer, Walk, helpers
 
 PARALLEL_MIN = 1 << 15  # elements; smaller chunks are not worth waking the OpenMP team
 
-# the headers every module includes, first in its source: `codegen.build` precompiles them once
-INCLUDES = r"""#include <ATen/core/Tensor.h>
-#include <ATen/Parallel.h>
-#include <torch/csrc/utils/pybind.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <cmath>
+# the headers every module includes, first in its source: the C++ standard library's only
+INCLUDES = r"""#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 """
 
 HEADER = (
@@ -58,11 +58,52 @@ template <class T> static inline T cc_dropout(T x, uint64_t index, uint32_t seed
   std::memcpy(&out, &bits, sizeof(T));
   return out;
 }
-// f16 storage: the compiler's _Float16 where it has one (conversions vectorise), else at::Half
-#if defined(__FLT16_MAX__)
+// f16 storage: the compiler's _Float16 where it has one (conversions vectorise), else cc_half
+// with the conversions in software (round to nearest even; NaN stays NaN, quiet)
+#if defined(__FLT16_MAX__) && !defined(CC_SOFT_HALF)
 typedef _Float16 cc_half;
 #else
-typedef at::Half cc_half;
+static inline float cc_h2f(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu, u;
+  if (exp == 0x1fu) u = sign | 0x7f800000u | (man << 13);  // inf, NaN
+  else if (exp) u = sign | ((exp + 112u) << 23) | (man << 13);  // normal: rebias 15 -> 127
+  else if (!man) u = sign;  // +-0
+  else {  // subnormal: normalise
+    uint32_t e = 113u;
+    while (!(man & 0x400u)) { man <<= 1; --e; }
+    u = sign | (e << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t cc_f2h(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((u >> 13) & 0x3ffu);  // NaN
+  if (u >= 0x477ff000u) return sign | 0x7c00u;  // 65520 and up round to inf
+  if (u >= 0x38800000u) {  // a normal half (2^-14 and up): rebias, round at bit 13
+    const uint32_t r = u - 0x38000000u;
+    return sign | static_cast<uint16_t>((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
+  }
+  const uint32_t e = u >> 23;  // a subnormal half or zero: units of 2^-24
+  if (e < 102u) return sign;
+  const uint32_t m = (u & 0x7fffffu) | 0x800000u, shift = 126u - e;
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return sign | static_cast<uint16_t>(q);
+}
+struct cc_half {
+  uint16_t bits;
+  cc_half() = default;
+  cc_half(float f) : bits(cc_f2h(f)) {}
+  operator float() const { return cc_h2f(bits); }
+};
 #endif
 // bf16 storage as bits: widening is exact; narrowing rounds to nearest even, NaN stays NaN (as
 // dsl.interpret.round_bf16)
@@ -102,7 +143,6 @@ class CppRenderer(Renderer):
         DType.i64: "int64_t",
         DType.bool: "bool",
     }
-    torch_type = {**storage_type, DType.f16: "at::Half", DType.bf16: "at::BFloat16"}  # data_ptr<T>
     inf, nan = "INFINITY", "NAN"
     int64_literal = "INT64_C({})"  # int64_t is `long` here: a `5LL` would not match cc_max<int64_t>
     # e.g. a bias's index e % 3072 in 64 bits stops the loop vectorising (4-5x slower on AVX2)
@@ -136,26 +176,28 @@ class CppRenderer(Renderer):
         k, i1 = w.kernel, self.indent
         args = k.args()
         lines = [
-            f"void {k.name}(int64_t begin, int64_t end, int64_t rank, std::vector<at::Tensor> bufs) {{",
-            f'{i1}TORCH_CHECK(bufs.size() == {len(args)}, "{k.name} takes {len(args)} buffers");',
+            f'extern "C" void {k.name}(int64_t begin, int64_t end, int64_t rank, '
+            "void* const* bufs, int nt) {"
         ]
         for buf in sorted(w.buffers):
-            t, tt = self.storage_type[w.buffers[buf]], self.torch_type[w.buffers[buf]]
-            ptr = f"bufs[{args.index(buf)}].data_ptr<{tt}>()"
-            lines.append(
-                f"{i1}{t}* b{buf} = {ptr if t == tt else f'reinterpret_cast<{t}*>({ptr})'};"
-            )
+            t = self.storage_type[w.buffers[buf]]
+            lines.append(f"{i1}{t}* b{buf} = static_cast<{t}*>(bufs[{args.index(buf)}]);")
         return lines + [
             f"{i1}const int64_t {name} = rank * {stride};"
             for stride, name in w.rank_offsets.items()
         ]
+
+    def arg_dtypes(self, k: Kernel) -> tuple[Optional[DType], ...]:
+        """The dtype each of `k.args()` is read or written as (None: the kernel does not use
+        it): what the caller's tensors must be."""
+        used = self.walk(k).buffers
+        return tuple(used.get(buf) for buf in k.args())
 
     def row_function(self, w: Walk) -> str:
         """A row kernel: the rows of [begin, end) in parallel, each row's loops serial."""
         i1, i2 = self.indent, self.indent * 2
         lines = self._head(w) + [
             f"{i1}const int64_t cc_len = {w.row}, cc_stop = (end + cc_len - 1) / cc_len;",
-            f"{i1}const int nt = at::get_num_threads();",
             f"{i1}#pragma omp parallel for num_threads(nt) if(parallel: end - begin >= {PARALLEL_MIN})",
             f"{i1}for (int64_t cc_row = begin / cc_len; cc_row < cc_stop; ++cc_row) {{",
             f"{i2}const int64_t cc_r = cc_row * cc_len;",
@@ -179,7 +221,6 @@ class CppRenderer(Renderer):
                 f"if(parallel: end - begin >= {PARALLEL_MIN}){clauses}"
             )
             lines += [
-                f"{i1}const int nt = at::get_num_threads();",
                 i1 + pragma,
                 f"{i1}for (int64_t e = begin; e < end; ++e) {{",
             ]
@@ -192,9 +233,4 @@ class CppRenderer(Renderer):
         return "\n".join(lines) + "\n"
 
     def module(self, names: list[str], functions: list[str]) -> str:
-        guard = "pybind11::call_guard<pybind11::gil_scoped_release>()"
-        binds = "".join(f'  m.def("{n}", &{n}, {guard});\n' for n in names)
-        return (
-            "\n".join([HEADER] + functions)
-            + f"\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{binds}}}\n"
-        )
+        return "\n".join([HEADER] + functions)

@@ -24,7 +24,7 @@ print("built", len(fns))
 
 
 def _build(cache) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache), "PYTHONPATH": str(PROJECT_ROOT)}
+    env = {**os.environ, "COCONET_KERNELS_DIR": str(cache), "PYTHONPATH": str(PROJECT_ROOT)}
     return subprocess.run(
         [sys.executable, "-c", BUILD],
         cwd=PROJECT_ROOT,

@@ -167,7 +167,7 @@ def test_a_kernel_that_does_not_compile_ends_the_run_with_exit_3(tmp_path):
     cxx.chmod(0o755)
     run_dir = tmp_path / "run"
     proc = _start(
-        run_dir, env={"CXX": str(cxx), "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
+        run_dir, env={"CXX": str(cxx), "COCONET_KERNELS_DIR": str(tmp_path / "extensions")}
     )
     code, err = _ended(proc, set())
     assert code == 3, err

@@ -168,8 +168,9 @@ def test_real_pipeline_rejects_odd_world_size(tmp_path):
 
 
 def test_caches_stay_inside_the_project():
-    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "TORCH_EXTENSIONS_DIR")}
-    code = "import os, suite; print(os.environ['MPLCONFIGDIR'], os.environ['TORCH_EXTENSIONS_DIR'])"
+    drop = ("MPLCONFIGDIR", "COCONET_CACHE_DIR", "COCONET_KERNELS_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    code = "import os, suite; from codegen import build; print(os.environ['MPLCONFIGDIR'], build.cache_dir())"
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=PROJECT_ROOT,
@@ -180,5 +181,5 @@ def test_caches_stay_inside_the_project():
     ).stdout.split()
     assert out == [
         str(PROJECT_ROOT / ".cache" / "matplotlib"),
-        str(PROJECT_ROOT / ".cache" / "torch_extensions"),
+        str(PROJECT_ROOT / ".cache" / "kernels"),
     ]
