@@ -50,8 +50,6 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from dsl.types import DType
-
 from .. import build as cpu_build
 from ..plan import Kernel
 from ..render_cpp import CppRenderer
@@ -59,15 +57,7 @@ from . import comm
 from .communicator import LibraryComm, RingComm
 from .shm_comm import ShmComm
 
-TORCH = {
-    DType.f16: torch.float16,
-    DType.bf16: torch.bfloat16,
-    DType.f32: torch.float32,
-    DType.f64: torch.float64,
-    DType.i32: torch.int32,
-    DType.i64: torch.int64,
-    DType.bool: torch.bool,
-}
+TORCH = cpu_build.TORCH_DTYPE  # DType -> torch dtype
 BACKENDS = {
     "cpu": "codegen.runtime.backend:CpuBackend",
     "cuda": "codegen.runtime.cuda_backend:CudaBackend",
