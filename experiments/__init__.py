@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 
+from codegen.runtime.rank import preload
+
 from . import harness, predict, registry
 from .api import (
     Baseline,
@@ -32,6 +34,7 @@ from .registry import RegistryError, get, load_module, names, register
 
 for _name in registry.SHIPPED:
     importlib.import_module(f"{__name__}.{registry.MODULES.get(_name, _name)}")
+preload(__name__)  # the ranks' fork server imports the experiments once, not each rank
 
 __all__ = [
     "Baseline",

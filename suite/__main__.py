@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from codegen.logs import configure, level_of
+from codegen.runtime.rank import preload
 
 from . import CONF_DIR, PROJECT_ROOT
 from .cli import holds_a_run, prevalidate, run_dir, user_experiment_overrides
@@ -64,6 +65,7 @@ def plugins_on_path() -> None:
 
 def main() -> None:
     configure()  # progress on stdout, warnings on stderr (codegen.logs); the run's level below
+    preload("suite.__main__")  # what each rank imports again as its main module: once, forked
     if sys.argv[1:2] == ["report"]:  # python -m suite report DIR
         from .report.__main__ import main as report_main
 

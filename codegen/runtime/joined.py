@@ -40,7 +40,8 @@ from typing import Callable, Optional
 import torch.distributed as dist
 
 from .failures import RankError, looks_like_echo
-from .launch import default_threads, dispatching, set_threads
+from .launch import default_threads, dispatching
+from .rank import set_threads
 from .rendezvous import serve_store
 
 ECHO_GRACE_S = 2.0  # after an echo, how long to wait for the root cause to be stored

@@ -71,27 +71,22 @@ torchrun set them in the launching shell.
 from __future__ import annotations
 
 import datetime
-import faulthandler
 import glob
-import multiprocessing as mp
 import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager, suppress
-from multiprocessing import reduction
+from contextlib import contextmanager
 from multiprocessing.connection import wait as _wait_ready
 
-from ..logs import configure
 from . import shm
 from .failures import RankError, failure, raise_failure, raise_timeout  # noqa: F401 (RankError)
+from .rank import HOST, Fd, context, rank_main, set_threads
 from .rendezvous import serve_store
 
-_HOST = "127.0.0.1"
 MALLOC_SETTINGS = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 _ECHO_GRACE_S = 1.0  # after a failure that looks like an echo, wait this long for its cause
 _STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this long
@@ -111,14 +106,6 @@ def cpu_cores() -> int:
 def default_threads(ranks_on_host: int) -> int:
     """Threads per rank so that `ranks_on_host` ranks share the cores without oversubscribing."""
     return max(1, cpu_cores() // max(1, ranks_on_host))
-
-
-def set_threads(threads: int) -> None:
-    """Use `threads` threads in torch and in OpenMP runtimes loaded from now on."""
-    import torch
-
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)
 
 
 def started_by_torchrun() -> bool:
@@ -145,8 +132,8 @@ def launch(
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     threads = threads_per_rank or default_threads(world_size)
     deadline = time.monotonic() + timeout_s
-    store = serve_store(_HOST, 0, None, datetime.timedelta(seconds=timeout_s))
-    ctx = _context()
+    store = serve_store(HOST, 0, None, datetime.timedelta(seconds=timeout_s))
+    ctx = context()
     procs, conns = [], []
     alive_r, alive_w = ctx.Pipe(duplex=False)  # the ranks' sign of this process: EOF when it dies
     stacks_dir = _stacks_dir()
@@ -158,7 +145,7 @@ def launch(
             for rank in range(world_size):
                 recv_end, send_end = ctx.Pipe(duplex=False)
                 proc = ctx.Process(
-                    target=_rank_main,
+                    target=rank_main,
                     name=f"rank{rank}",
                     args=(
                         rank,
@@ -172,7 +159,7 @@ def launch(
                         _stacks_path(stacks_dir.name, rank),
                         dict(os.environ),
                         alive_r,
-                        (_Fd(1), _Fd(2)),
+                        (Fd(1), Fd(2)),
                     ),
                 )
                 proc.start()
@@ -218,114 +205,6 @@ def _alive(pid: int) -> bool:
 
 def _stacks_path(folder: str, rank: int) -> str:
     return os.path.join(folder, f"rank{rank}.stacks")
-
-
-PRELOAD = (
-    "torch",
-    "torch.distributed",
-    "codegen.runtime.launch",
-    "experiments.harness",
-    "suite.cli",
-)
-
-
-def _context():
-    """The 'forkserver' context, its server importing `PRELOAD` once: a rank is a fork of it,
-    started in ~0.1 s, where a 'spawn'ed one imports torch afresh (1.5 s for two ranks here)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    return ctx
-
-
-class _Fd:
-    """One of the launching process's file descriptors, which the rank receives a duplicate of
-    (multiprocessing passes it, as it does a Pipe's): the rank's `int` once unpickled."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __reduce__(self):
-        return _detach, (reduction.DupFd(self.fd),)
-
-
-def _detach(dup) -> int:
-    return dup.detach()
-
-
-def _exit_with(alive) -> None:
-    """A daemon thread that ends this process once the launching process is gone: `alive` is
-    the read end of a pipe whose only write end that process holds, so its death (SIGKILL and
-    SIGTERM run no cleanup) is end-of-file here, and its ranks do not live on."""
-    import threading
-
-    def watch() -> None:
-        with suppress(EOFError, OSError):
-            while True:
-                alive.recv_bytes()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-launcher", daemon=True).start()
-
-
-def _rank_main(
-    rank, world_size, port, fn, args, timeout_s, threads, conn, stacks_path, env, alive, outs
-) -> None:
-    """Body of a spawned rank: init gloo, run fn, send ('ok', value) or ('err', ...) back.
-    SIGUSR1 dumps every thread's Python stack into `stacks_path` (read by the parent on a
-    timeout); the rank ends itself when its parent is gone. A terminal's Ctrl-C reaches every
-    process of its group: the ranks ignore SIGINT and leave it to the parent, which stops them
-    (no traceback from each rank)."""
-    os.environ.clear()  # the launching process's, as it was at the launch (not the server's)
-    os.environ.update(env)
-    for fd, dup in zip((1, 2), outs):  # its stdout and stderr as they are now (a test's capture)
-        os.dup2(dup, fd)
-        os.close(dup)
-    configure()  # the entry point's level, from the environment it exported
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with(alive)
-    stacks = open(stacks_path, "w")  # noqa: SIM115 - lives as long as the process
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    os.environ.update(
-        MASTER_ADDR=_HOST,
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-    )
-    failed = False
-    try:
-        import torch.distributed as dist
-
-        set_threads(threads)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(_HOST, port, None, False, timeout=timeout)
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
-        )
-        value = fn(rank, world_size, *args)
-        _send(conn, ("ok", value))
-    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
-        failed = True
-        with suppress(BaseException):  # if the pipe is gone, the exit code still tells
-            _send(conn, ("err", type(exc).__name__, str(exc), traceback.format_exc()))
-    finally:
-        conn.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    if failed:
-        os._exit(1)  # peers may be blocked on us; do not run gloo's teardown
-    try:  # leave together: a peer's teardown under a rank still in gloo aborted it once
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - the result is already with the parent
-        os._exit(0)
-
-
-def _send(conn, message) -> None:
-    # Plain pickle, not the pipe's ForkingPickler: that one shares tensors through file
-    # descriptors served by the sending process, which is about to exit.
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _collect(procs, conns, deadline: float, timeout_s: float, stacks_dir: str) -> list:
