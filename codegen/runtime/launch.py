@@ -4,8 +4,9 @@ Contract
 --------
 `launch(fn, world_size, args=(), timeout_s=120.0, *, threads_per_rank=None) -> list`
     Starts `world_size` processes (multiprocessing's 'forkserver' context: the server, started
-    by the first launch of a process, imports torch and the suite once (`codegen.runtime.rank`), and each rank
-    is a fork of it: 0.06 s to start two ranks here, where 'spawn' took 1.5 s). Rank r initialises
+    by the first launch of a process, imports torch and the suite once (`codegen.runtime.rank`),
+    and each rank is a fork of it: 0.06 s to start two ranks here, where 'spawn' took 1.5 s).
+    Rank r initialises
     `torch.distributed` with the gloo backend (a TCPStore hosted by the calling process, listening
     on 127.0.0.1 alone (`rendezvous.serve_store`), on a free port chosen by the OS, so there is
     no port race; the process group's timeout is
