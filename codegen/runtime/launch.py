@@ -40,8 +40,9 @@ Contract
     Children get the caller's `sys.path` and current folder (multiprocessing sends them), so
     project modules and test modules import in the ranks whether the project is installed or run
     from the repository root, and the caller's environment as it is at the launch (sent with the
-    rank's arguments: the server's own is the first launch's). Each child's environment carries MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE as torchrun would set them, and OMP_NUM_THREADS = threads per rank.
+    rank's arguments: the server's own is the first launch's). Each child's environment carries
+    MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE as torchrun would set
+    them, and OMP_NUM_THREADS = threads per rank.
 
 `init_from_env(timeout_s=120.0, *, threads_per_rank=None) -> (rank, world_size)`
     For processes started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set): initialises

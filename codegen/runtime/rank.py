@@ -1,14 +1,15 @@
 """The rank side of `codegen.runtime.launch`: how a rank process is started and what it runs.
 
 `context()` is multiprocessing's 'forkserver' context, its server importing `PRELOAD` once (the
-first launch of a process starts it; `preload(...)` adds modules): a rank is a fork of the server, two of them started in
-0.06 s here where a 'spawn'ed rank imports torch afresh (1.5 s for two). `rank_main(...)` is a
-rank's body: it takes the launching process's environment and its current stdout and stderr
-(`Fd`: a descriptor multiprocessing passes a duplicate of) as they were at the launch, ends
-itself when the launching process is gone (`_exit_with`: end-of-file on a pipe only that process
-writes to; the fork server, its parent, lives as long as its forks do), initialises gloo, runs
-the function and sends ('ok', value) or ('err', type, message, traceback) back, pickled plainly
-(`_send`). `set_threads(n)`: n threads for torch and for OpenMP runtimes loaded from then on.
+first launch of a process starts it; `preload(...)` adds modules): a rank is a fork of the
+server, two of them started in 0.06 s here where a 'spawn'ed rank imports torch afresh (1.5 s
+for two). `rank_main(...)` is a rank's body: it takes the launching process's environment and its
+current stdout and stderr (`Fd`: a descriptor multiprocessing passes a duplicate of) as they were
+at the launch, ends itself when the launching process is gone (`_exit_with`: end-of-file on a
+pipe only that process writes to; the fork server, its parent, lives as long as its forks do),
+initialises gloo, runs the function and sends ('ok', value) or ('err', type, message,
+traceback) back, pickled plainly (`_send`). `set_threads(n)`: n threads for torch and for OpenMP
+runtimes loaded from then on.
 """
 
 from __future__ import annotations
