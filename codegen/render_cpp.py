@@ -58,6 +58,17 @@ template <class T> static inline T cc_dropout(T x, uint64_t index, uint32_t seed
   std::memcpy(&out, &bits, sizeof(T));
   return out;
 }
+// a float's bits and back (memcpy: the type pun compilers optimise to a move)
+static inline uint32_t cc_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+static inline float cc_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 // f16 storage: the compiler's _Float16 where it has one (conversions vectorise), else cc_half
 // with the conversions in software (round to nearest even; NaN stays NaN, quiet)
 #if defined(__FLT16_MAX__) && !defined(CC_SOFT_HALF)
@@ -75,13 +86,10 @@ static inline float cc_h2f(uint16_t h) {
     while (!(man & 0x400u)) { man <<= 1; --e; }
     u = sign | (e << 23) | ((man & 0x3ffu) << 13);
   }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return cc_float(u);
 }
 static inline uint16_t cc_f2h(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  uint32_t u = cc_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   u &= 0x7fffffffu;
   if (u > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((u >> 13) & 0x3ffu);  // NaN
@@ -107,15 +115,9 @@ struct cc_half {
 #endif
 // bf16 storage as bits: widening is exact; narrowing rounds to nearest even, NaN stays NaN (as
 // dsl.interpret.round_bf16)
-static inline float cc_bf16_load(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+static inline float cc_bf16_load(uint16_t h) { return cc_float(static_cast<uint32_t>(h) << 16); }
 static inline uint16_t cc_bf16_store(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = cc_bits(f);
   const uint16_t nan = static_cast<uint16_t>((u >> 16) | 0x40u);
   const uint16_t rounded = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
   return f != f ? nan : rounded;
