@@ -6,7 +6,8 @@ Public surface: the IR (`Program`, `Stmt`, `Value`, ...), types and layouts, sym
 `dsl.transforms`, and the error classes (all derive from `DSLError`).
 """
 
-from .bounds import Bound, error_bounds, runs_agree, within
+from .bound_rules import Bound
+from .bounds import error_bounds, runs_agree, within
 from .builder import Builder, Tensor
 from .equivalence import EquivalenceError, check_equivalent, default_bindings, random_inputs
 from .errors import (

@@ -27,7 +27,8 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from .bounds import ULPS, Bound, _last_uses, _sqrt, _start, _step, gamma_u
+from .bound_rules import ULPS, Bound, _sqrt, gamma_u
+from .bounds import _last_uses, _start, _step
 from .errors import DSLError
 from .interpret import bind
 from .ir import Const, Program, Value
