@@ -37,6 +37,7 @@ from dsl.transforms import fuse, reorder, split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cuda_emulation import EmulatedModule  # noqa: E402
+from plan_ranks import run_built  # noqa: E402
 
 
 def _case(label, prog, world, b):
@@ -67,15 +68,8 @@ def _kernels(comm: str, kernel_list, workdir):
 
 
 def _rank(rank, world, comm, plans, inputs, kernel_list, workdir):
-    backend = CpuBackend(comm=comm)
     kernels = _kernels(comm, kernel_list, workdir)
-    outs = []
-    for plan, inp in zip(plans, inputs):
-        runner = PlanRunner(plan, rank, kernels, backend.groups(plan.stages), backend)
-        runner.load(inp[rank])
-        runner.run()
-        outs.append(runner.outputs())
-    return outs
+    return run_built(rank, CpuBackend(comm=comm), kernels, plans, inputs)
 
 
 def _check(cases, comm, world, workdir):
