@@ -86,7 +86,13 @@ class BuildError(Exception):
 def cache_dir() -> Path:
     """Where compiled modules live (created on first use)."""
     path = Path(os.environ.get("COCONET_KERNELS_DIR") or cache.cache_dir() / "kernels")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BuildError(
+            f"the kernel cache {path} cannot be made ({e.strerror}): "
+            "set COCONET_KERNELS_DIR to a writable folder"
+        ) from None
     return path
 
 

@@ -320,6 +320,14 @@ def test_write_sources_writes_the_module(tmp_path, compiled):
     assert path.read_text() == module_source(kernels)
 
 
+def test_an_unusable_kernel_cache_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("COCONET_KERNELS_DIR", str(tmp_path / "file" / "kernels"))
+    with pytest.raises(BuildError, match="COCONET_KERNELS_DIR") as err:
+        build_mod.cache_dir()
+    assert "\n" not in str(err.value)
+
+
 def test_a_compile_error_is_one_line_with_the_log_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("COCONET_KERNELS_DIR", str(tmp_path))
     monkeypatch.setattr(build_mod, "module_source", lambda kernels: "this is not C++;\n")
